@@ -1,0 +1,150 @@
+"""The small device interface the core uses. Nothing outside webdrift/gpu/ talks to WebGPU.
+
+Two backends implement it: native.py (wgpu-native through the `wgpu` package, desktop) and
+browser.py (navigator.gpu through Pyodide's FFI). The core only ever:
+  - creates buffers, writes bytes into them, and reads bytes back (reads are async: in the
+    browser a read is the only place the core awaits the GPU);
+  - compiles WGSL compute pipelines with an explicit binding list;
+  - builds bind groups once and submits lists of dispatches (one compute pass per submit).
+Departures from WebGPU: buffer usages are reduced to the four roles below; pipelines are cached
+by (source, entry point); timestamps are optional and exposed as a per-dispatch list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+# Buffer roles (each backend maps them to WebGPU usage flags)
+STORAGE = "storage"      # read/write in shaders, copy src/dst, writable from the host
+UNIFORM = "uniform"      # small per-step parameters, writable from the host
+READBACK = "readback"    # host-mappable staging for reads (MAP_READ | COPY_DST)
+
+# Binding kinds a pipeline declares, in @binding order of @group(0)
+READ = "read"            # var<storage, read>
+RW = "rw"                # var<storage, read_write>
+UNI = "uniform"          # var<uniform>
+
+
+@dataclass
+class Buffer:
+    """A GPU buffer. `handle` is the backend object; `size` in bytes."""
+    handle: Any
+    size: int
+    label: str = ""
+    usage: str = STORAGE
+
+
+@dataclass
+class Pipeline:
+    handle: Any
+    layout: Any
+    bindings: tuple[str, ...]
+    label: str = ""
+
+
+@dataclass
+class BindGroup:
+    handle: Any
+    buffers: tuple = ()
+
+
+@dataclass
+class Dispatch:
+    """One compute dispatch: a pipeline, its bind group and the workgroup counts."""
+    pipeline: Pipeline
+    bind_group: BindGroup
+    workgroups: tuple[int, int, int]
+    label: str = ""
+
+
+@dataclass
+class DeviceInfo:
+    adapter: str = ""
+    backend: str = ""
+    vendor: str = ""
+    features: set = field(default_factory=set)
+    limits: dict = field(default_factory=dict)
+
+
+class Device:
+    """Backend-independent device. Subclasses implement the `_`-free methods below."""
+
+    info: DeviceInfo
+
+    # -- capabilities ------------------------------------------------------------------
+    @property
+    def has_f16(self) -> bool:
+        return "shader-f16" in self.info.features
+
+    @property
+    def has_subgroups(self) -> bool:
+        return "subgroup" in self.info.features or "subgroups" in self.info.features
+
+    @property
+    def has_timestamps(self) -> bool:
+        return "timestamp-query" in self.info.features
+
+    @property
+    def max_binding_size(self) -> int:
+        return int(self.info.limits.get("max-storage-buffer-binding-size", 128 << 20))
+
+    @property
+    def max_buffer_size(self) -> int:
+        return int(self.info.limits.get("max-buffer-size", 256 << 20))
+
+    @property
+    def max_workgroups(self) -> int:
+        return int(self.info.limits.get("max-compute-workgroups-per-dimension", 65535))
+
+    # -- the interface ---------------------------------------------------------------
+    def create_buffer(self, size: int, usage: str = STORAGE, label: str = "") -> Buffer:
+        raise NotImplementedError
+
+    def write_buffer(self, buf: Buffer, data, offset: int = 0) -> None:
+        raise NotImplementedError
+
+    async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        raise NotImplementedError
+
+    def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
+                        label: str = "") -> Pipeline:
+        raise NotImplementedError
+
+    def create_bind_group(self, pipeline: Pipeline, buffers: list) -> BindGroup:
+        """buffers[i] binds to @binding(i): a Buffer, or (Buffer, offset, size)."""
+        raise NotImplementedError
+
+    def submit(self, dispatches: list[Dispatch], copies: list | None = None,
+               timestamps: "TimestampRecorder | None" = None) -> None:
+        """Encode the dispatches into one compute pass (then the buffer copies
+        [(src, src_off, dst, dst_off, size)]) and submit."""
+        raise NotImplementedError
+
+    def release_buffer(self, buf: Buffer) -> None:
+        """Free a buffer now (e.g. a temporary upload); using it afterwards is an error."""
+
+    def destroy(self) -> None:
+        pass
+
+    # -- helpers shared by the backends --------------------------------------------------
+    @staticmethod
+    def _pipeline_key(wgsl: str, entry: str, bindings: tuple[str, ...]) -> str:
+        return hashlib.sha1((entry + "|" + ",".join(bindings) + "|" + wgsl).encode()).hexdigest()
+
+
+class TimestampRecorder:
+    """Collects GPU timestamps around each dispatch (backend fills `ticks`)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.labels: list[str] = []
+        self.ticks_ns: list[tuple[int, int]] = []
+
+
+def check_workgroups(dev: Device, wg: tuple[int, int, int], label: str) -> None:
+    from ..errors import GPULimitError
+    m = dev.max_workgroups
+    if any(w > m for w in wg):
+        raise GPULimitError(f"dispatch {label!r} needs workgroups {wg}; the adapter allows {m} per dimension")

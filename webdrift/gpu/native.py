@@ -1,0 +1,207 @@
+"""Native backend of the device interface: wgpu-native through the `wgpu` package (desktop).
+
+The only module of webdrift that imports wgpu. Reads go through staging buffers kept in a
+pool (wgpu's queue.read_buffer allocates one per call); `queue.on_submitted_work_done_sync`
+is avoided (broken in wgpu 0.32) - a read is the synchronisation point.
+Departure from WebGPU: timestamps inside passes are not exposed by wgpu-py 0.32, so
+profiling puts each dispatch in its own pass with `timestamp_writes`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import wgpu
+
+from ..errors import GPUError, GPULimitError
+from .base import (READ, READBACK, RW, STORAGE, UNI, UNIFORM, BindGroup, Buffer, Device, DeviceInfo,
+                   Dispatch, Pipeline, TimestampRecorder, check_workgroups)
+
+_U = wgpu.BufferUsage
+_USAGE = {
+    STORAGE: _U.STORAGE | _U.COPY_DST | _U.COPY_SRC,
+    UNIFORM: _U.UNIFORM | _U.COPY_DST,
+    READBACK: _U.MAP_READ | _U.COPY_DST,
+}
+_BIND = {
+    READ: wgpu.BufferBindingType.read_only_storage,
+    RW: wgpu.BufferBindingType.storage,
+    UNI: wgpu.BufferBindingType.uniform,
+}
+_WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes")
+
+
+class NativeDevice(Device):
+    def __init__(self, power_preference: str = "high-performance"):
+        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except Exception as e:  # no Vulkan/Metal/D3D12 driver at all
+            raise GPUError(f"no WebGPU adapter found ({e}); on Linux without a GPU install "
+                           "mesa-vulkan-drivers (lavapipe)") from e
+        if adapter is None:
+            raise GPUError("no WebGPU adapter found; on Linux without a GPU install mesa-vulkan-drivers")
+        feats = [f for f in _WANTED_FEATURES if f in adapter.features]
+        # Ask for the adapter's real limits: WebGPU's defaults (128 MiB bindings) are too small.
+        limits = {k: v for k, v in adapter.limits.items()
+                  if k in ("max-storage-buffer-binding-size", "max-buffer-size",
+                           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                           "max-compute-workgroup-size-x", "max-storage-buffers-per-shader-stage",
+                           "max-compute-workgroups-per-dimension")}
+        try:
+            self._dev = adapter.request_device_sync(required_features=feats, required_limits=limits)
+        except Exception as e:
+            raise GPUError(f"could not create a WebGPU device on {adapter.info.get('device')}: {e}") from e
+        info = adapter.info
+        self.info = DeviceInfo(adapter=info.get("device", ""), backend=info.get("backend_type", ""),
+                               vendor=info.get("vendor", ""), features=set(self._dev.features),
+                               limits=dict(self._dev.limits))
+        self._queue = self._dev.queue
+        self._pipelines: dict[str, Pipeline] = {}
+        self._staging: dict[int, object] = {}
+        self.allocations = 0   # buffers created (the decode loop must not add any)
+
+    # -- buffers -----------------------------------------------------------------------
+    def create_buffer(self, size: int, usage: str = STORAGE, label: str = "") -> Buffer:
+        size = max(16, (int(size) + 15) // 16 * 16)
+        if usage == STORAGE and size > self.max_buffer_size:
+            raise GPULimitError(f"buffer {label!r} needs {size} bytes; the adapter's max-buffer-size is "
+                                f"{self.max_buffer_size}")
+        self.allocations += 1
+        h = self._dev.create_buffer(size=size, usage=_USAGE[usage], label=label)
+        return Buffer(h, size, label, usage)
+
+    def write_buffer(self, buf: Buffer, data, offset: int = 0) -> None:
+        mv = memoryview(data).cast("B")
+        n = mv.nbytes
+        if n % 4:  # WebGPU writes must be multiples of 4 bytes
+            mv = memoryview(bytes(mv) + b"\0" * (4 - n % 4))
+        self._queue.write_buffer(buf.handle, offset, mv)
+
+    def _staging_for(self, size: int):
+        cap = 1 << max(8, (size - 1).bit_length())
+        st = self._staging.get(cap)
+        if st is None:
+            st = self._dev.create_buffer(size=cap, usage=_USAGE[READBACK], label=f"staging{cap}")
+            self._staging[cap] = st
+        return st
+
+    def read_buffer_sync(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        size = buf.size - offset if size is None else size
+        aligned = (size + 3) // 4 * 4
+        st = self._staging_for(aligned)
+        enc = self._dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(buf.handle, offset, st, 0, aligned)
+        self._queue.submit([enc.finish()])
+        st.map_sync(wgpu.MapMode.READ, 0, aligned)
+        try:
+            data = bytes(st.read_mapped(0, aligned, copy=False))
+        finally:
+            st.unmap()
+        return data[:size]
+
+    async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        return self.read_buffer_sync(buf, offset, size)
+
+    # -- pipelines -----------------------------------------------------------------------
+    def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
+                        label: str = "") -> Pipeline:
+        bindings = tuple(bindings)
+        key = self._pipeline_key(wgsl, entry, bindings)
+        p = self._pipelines.get(key)
+        if p is not None:
+            return p
+        try:
+            module = self._dev.create_shader_module(code=wgsl, label=label)
+            bgl = self._dev.create_bind_group_layout(entries=[
+                {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": _BIND[k]}}
+                for i, k in enumerate(bindings)])
+            layout = self._dev.create_pipeline_layout(bind_group_layouts=[bgl])
+            handle = self._dev.create_compute_pipeline(layout=layout,
+                                                       compute={"module": module, "entry_point": entry})
+        except Exception as e:
+            raise GPUError(f"kernel {label!r} failed to compile: {e}") from e
+        p = Pipeline(handle, bgl, bindings, label)
+        self._pipelines[key] = p
+        return p
+
+    def create_bind_group(self, pipeline: Pipeline, buffers: list) -> BindGroup:
+        if len(buffers) != len(pipeline.bindings):
+            raise GPUError(f"kernel {pipeline.label!r} takes {len(pipeline.bindings)} bindings, got {len(buffers)}")
+        entries = []
+        for i, b in enumerate(buffers):
+            if isinstance(b, tuple):
+                buf, off, size = b
+            else:
+                buf, off, size = b, 0, b.size
+            if size > self.max_binding_size and pipeline.bindings[i] != UNI:
+                raise GPULimitError(f"binding {i} of kernel {pipeline.label!r} ({buf.label}) is {size} bytes; "
+                                    f"the adapter allows {self.max_binding_size} per binding")
+            entries.append({"binding": i, "resource": {"buffer": buf.handle, "offset": off, "size": size}})
+        h = self._dev.create_bind_group(layout=pipeline.layout, entries=entries)
+        return BindGroup(h, tuple(buffers))
+
+    # -- submission ----------------------------------------------------------------------
+    def submit(self, dispatches: list[Dispatch], copies: list | None = None,
+               timestamps: TimestampRecorder | None = None) -> None:
+        enc = self._dev.create_command_encoder()
+        if timestamps is None:
+            cp = enc.begin_compute_pass()
+            last_p = None
+            for d in dispatches:
+                if d.pipeline is not last_p:
+                    cp.set_pipeline(d.pipeline.handle)
+                    last_p = d.pipeline
+                cp.set_bind_group(0, d.bind_group.handle)
+                cp.dispatch_workgroups(*d.workgroups)
+            cp.end()
+        else:
+            self._encode_timed(enc, dispatches, timestamps)
+        for src, so, dst, do, n in copies or ():
+            enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
+        self._queue.submit([enc.finish()])
+
+    def _encode_timed(self, enc, dispatches: list[Dispatch], rec: TimestampRecorder) -> None:
+        n = len(dispatches)
+        qs = self._dev.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+        for i, d in enumerate(dispatches):
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                          "end_of_pass_write_index": 2 * i + 1})
+            cp.set_pipeline(d.pipeline.handle)
+            cp.set_bind_group(0, d.bind_group.handle)
+            cp.dispatch_workgroups(*d.workgroups)
+            cp.end()
+        resolve = self._dev.create_buffer(size=16 * n, usage=_U.QUERY_RESOLVE | _U.COPY_SRC)
+        enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
+        rec._pending = (resolve, [d.label for d in dispatches])
+
+    def read_timestamps(self, rec: TimestampRecorder) -> None:
+        resolve, labels = rec._pending
+        import struct
+        raw = self.read_buffer_sync(Buffer(resolve, resolve.size), 0, resolve.size)
+        vals = struct.unpack(f"<{len(labels) * 2}Q", raw)
+        rec.labels.extend(labels)
+        rec.ticks_ns.extend((vals[2 * i], vals[2 * i + 1]) for i in range(len(labels)))
+
+    def release_buffer(self, buf: Buffer) -> None:
+        buf.handle.destroy()
+
+    def check_dispatch(self, wg, label):
+        check_workgroups(self, wg, label)
+
+    def destroy(self) -> None:
+        try:
+            self._dev.destroy()
+        except Exception:
+            pass
+
+
+_default: NativeDevice | None = None
+
+
+def get_device() -> NativeDevice:
+    """The process-wide native device (created on first use)."""
+    global _default
+    if _default is None:
+        _default = NativeDevice()
+    return _default

@@ -1,0 +1,81 @@
+"""Loads WGSL kernel templates from wgsl/ and specialises them.
+
+Template syntax (deliberately tiny, no jinja2 so kernels need nothing beyond the stdlib):
+  {{NAME}}                   replaced by str(defines[NAME])
+  #if NAME / #elif NAME / #else / #endif   on their own lines; NAME is truthy in defines
+  (`#if !NAME` negates). Nesting is allowed.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import GPUError
+
+_SUB = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+
+
+@lru_cache(maxsize=None)
+def load_template(name: str) -> str:
+    """Text of wgsl/<name>.wgsl (installed as package data webdrift/wgsl, or the source tree)."""
+    here = Path(__file__).resolve().parent.parent
+    for d in (here / "wgsl", here.parent / "wgsl"):
+        p = d / f"{name}.wgsl"
+        if p.is_file():
+            return p.read_text()
+    try:
+        from importlib.resources import files
+        return (files("webdrift.wgsl") / f"{name}.wgsl").read_text()
+    except Exception as e:
+        raise GPUError(f"kernel template wgsl/{name}.wgsl not found") from e
+
+
+def _truthy(cond: str, defines: dict) -> bool:
+    cond = cond.strip()
+    if cond.startswith("!"):
+        return not _truthy(cond[1:], defines)
+    return bool(defines.get(cond))
+
+
+def render(text: str, defines: dict) -> str:
+    out: list[str] = []
+    stack: list[list[bool]] = []  # [this branch active, some branch taken, parent active]
+    active = True
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#if "):
+            taken = active and _truthy(s[4:], defines)
+            stack.append([taken, taken, active])
+            active = taken
+        elif s.startswith("#elif "):
+            top = stack[-1]
+            take = top[2] and not top[1] and _truthy(s[6:], defines)
+            top[0] = take
+            top[1] = top[1] or take
+            active = take
+        elif s == "#else":
+            top = stack[-1]
+            top[0] = top[2] and not top[1]
+            top[1] = True
+            active = top[0]
+        elif s == "#endif":
+            stack.pop()
+            active = stack[-1][0] if stack else True
+        elif active:
+            out.append(line)
+    if stack:
+        raise GPUError("unbalanced #if in kernel template")
+
+    def sub(m):
+        k = m.group(1)
+        if k not in defines:
+            raise GPUError(f"kernel template needs {{{{{k}}}}} but it was not defined")
+        return str(defines[k])
+    return _SUB.sub(sub, "\n".join(out)) + "\n"
+
+
+def specialise(name: str, defines: dict) -> str:
+    return render(load_template(name), defines)

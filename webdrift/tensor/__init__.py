@@ -1,0 +1,129 @@
+"""Tensor virtualization (ML Drift): logical tensors vs their physical GPU realizations.
+
+A *logical* tensor has axis semantics (Linear, HW, HWC, BHWC, BHWDC) and sizes; a *physical*
+storage says how its elements sit in a GPU buffer. Kernels never hand-write index math: this
+module emits WGSL accessor functions (`src_read(b, x, y, s) -> vec4<f32>`, `src_write(...)`)
+for the storage chosen, and kernel templates call those. Channels are read in 4-channel slices
+(S = ceil(C/4)); padding channels read as zero and are never written.
+
+Storages for activations (f32):
+  linear  - dense BHWC, channel fastest: index = ((b*H + y)*W + x)*C + c   (array<f32>)
+  sliced  - ML Drift's HSWBC4: index = ((y*S + s)*W + x)*B + b, one vec4 per slice (array<vec4<f32>>)
+
+Weights of a linear layer (O outputs, I inputs) are laid out as a permutation of ML Drift's
+(G, S_O, O4, HWD, S_I, I4) axes (G = HWD = 1 for linear layers); see weight_layout.py.
+Must not: import numpy or wgpu (this runs in Pyodide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+
+AXES = {"Linear": "C", "HW": "HW", "HWC": "HWC", "BHWC": "BHWC", "BHWDC": "BHWDC"}
+LAYOUTS = ("linear", "sliced")
+
+
+def slices(c: int) -> int:
+    """S = ceil(C / 4): the number of 4-channel slices."""
+    return (c + 3) // 4
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """A logical activation tensor: BHWC sizes (other axis sets map onto BHWC) + physical layout.
+
+    For LLM activations: B = 1, H = 1, W = tokens (capacity), C = channels.
+    """
+    name: str
+    c: int
+    w: int = 1
+    h: int = 1
+    b: int = 1
+    layout: str = "linear"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise InvalidArgumentError(f"tensor {self.name!r}: layout {self.layout!r} is not one of {LAYOUTS}")
+
+    @property
+    def s(self) -> int:
+        return slices(self.c)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the physical storage (sliced storage pads C up to 4*S)."""
+        c = self.c if self.layout == "linear" else 4 * self.s
+        return self.b * self.h * self.w * c * 4
+
+    @classmethod
+    def from_axes(cls, name: str, axes: str, shape: tuple[int, ...], layout: str = "linear") -> "TensorDesc":
+        """Map a logical tensor with named axes onto BHWC (D folds into H for BHWDC)."""
+        if axes not in AXES.values() or len(axes) != len(shape):
+            raise InvalidArgumentError(f"tensor {name!r}: axes {axes!r} do not fit shape {shape}")
+        d = dict(zip(axes, shape))
+        h = d.get("H", 1) * d.get("D", 1)
+        return cls(name, c=d.get("C", 1), w=d.get("W", 1), h=h, b=d.get("B", 1), layout=layout)
+
+
+def accessor_wgsl(t: TensorDesc, binding: int, writable: bool = True) -> str:
+    """WGSL declaration + accessors for tensor t bound at @binding(binding).
+
+    Emits: const {n}_B/_H/_W/_C/_S; fn {n}_read(b, x, y, s) -> vec4<f32>;
+    fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1.
+    """
+    n = t.name
+    mode = "read_write" if writable else "read"
+    out = [f"// {n}: logical BHWC ({t.b}, {t.h}, {t.w}, {t.c}), S = {t.s}, physical '{t.layout}'",
+           f"const {n}_B: u32 = {t.b}u; const {n}_H: u32 = {t.h}u; const {n}_W: u32 = {t.w}u;",
+           f"const {n}_C: u32 = {t.c}u; const {n}_S: u32 = {t.s}u;"]
+    if t.layout == "linear":
+        out += [
+            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<f32>;",
+            f"fn {n}_idx(b: u32, x: u32, y: u32, c: u32) -> u32 {{ return ((b * {n}_H + y) * {n}_W + x) * {n}_C + c; }}",
+            f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c)]; }}",
+            f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{",
+            f"  let i = {n}_idx(b, x, y, 4u * s);",
+        ]
+        if t.c % 4 == 0:
+            out.append(f"  return vec4<f32>({n}_buf[i], {n}_buf[i + 1u], {n}_buf[i + 2u], {n}_buf[i + 3u]);")
+        else:  # the last slice is partial: padding channels read as zero
+            out += [f"  var v = vec4<f32>(0.0);",
+                    f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k < {n}_C) {{ v[k] = {n}_buf[i + k]; }} }}",
+                    f"  return v;"]
+        out.append("}")
+        if writable:
+            out += [
+                f"fn {n}_write1(b: u32, x: u32, y: u32, c: u32, v: f32) {{ {n}_buf[{n}_idx(b, x, y, c)] = v; }}",
+                f"fn {n}_write(b: u32, x: u32, y: u32, s: u32, v: vec4<f32>) {{",
+                f"  let i = {n}_idx(b, x, y, 4u * s);",
+                f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k < {n}_C) {{ {n}_buf[i + k] = v[k]; }} }}",
+                "}",
+            ]
+    else:  # sliced HSWBC4
+        out += [
+            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<vec4<f32>>;",
+            f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return ((y * {n}_S + s) * {n}_W + x) * {n}_B + b; }}",
+            f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{ return {n}_buf[{n}_idx(b, x, y, s)]; }}",
+            f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c / 4u)][c % 4u]; }}",
+        ]
+        if writable:
+            out += [
+                f"fn {n}_write(b: u32, x: u32, y: u32, s: u32, v: vec4<f32>) {{",
+                f"  var m = v;",  # keep padding channels zero
+                f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k >= {n}_C) {{ m[k] = 0.0; }} }}",
+                f"  {n}_buf[{n}_idx(b, x, y, s)] = m;",
+                "}",
+                f"fn {n}_write1(b: u32, x: u32, y: u32, c: u32, v: f32) {{ {n}_buf[{n}_idx(b, x, y, c / 4u)][c % 4u] = v; }}",
+            ]
+    return "\n".join(out) + "\n"
+
+
+# --- host-side packing (used by tests and uploads; pure Python over flat lists/bytes) --------
+
+def host_index(t: TensorDesc, b: int, x: int, y: int, c: int) -> int:
+    """Element index (in f32 units) of logical element (b, x, y, c) in t's physical storage."""
+    if t.layout == "linear":
+        return ((b * t.h + y) * t.w + x) * t.c + c
+    return (((y * t.s + c // 4) * t.w + x) * t.b + b) * 4 + c % 4
