@@ -108,6 +108,10 @@ class Device:
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         raise NotImplementedError
 
+    async def map_read(self, buf: Buffer, size: int) -> bytes:
+        """Map a READBACK buffer (filled by a copy in an earlier submit) and return its bytes."""
+        raise NotImplementedError
+
     def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
                         label: str = "") -> Pipeline:
         raise NotImplementedError

@@ -103,6 +103,14 @@ class NativeDevice(Device):
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         return self.read_buffer_sync(buf, offset, size)
 
+    async def map_read(self, buf: Buffer, size: int) -> bytes:
+        h = buf.handle
+        h.map_sync(wgpu.MapMode.READ, 0, buf.size)
+        try:
+            return bytes(h.read_mapped(0, size, copy=False))
+        finally:
+            h.unmap()
+
     # -- pipelines -----------------------------------------------------------------------
     def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
                         label: str = "") -> Pipeline:

@@ -67,13 +67,13 @@ class TensorDesc:
         return cls(name, c=d.get("C", 1), w=d.get("W", 1), h=h, b=d.get("B", 1), layout=layout)
 
 
-def accessor_wgsl(t: TensorDesc, binding: int, writable: bool = True) -> str:
+def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable: bool = True) -> str:
     """WGSL declaration + accessors for tensor t bound at @binding(binding).
 
     Emits: const {n}_B/_H/_W/_C/_S; fn {n}_read(b, x, y, s) -> vec4<f32>;
     fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1.
     """
-    n = t.name
+    n = name or t.name
     mode = "read_write" if writable else "read"
     out = [f"// {n}: logical BHWC ({t.b}, {t.h}, {t.w}, {t.c}), S = {t.s}, physical '{t.layout}'",
            f"const {n}_B: u32 = {t.b}u; const {n}_H: u32 = {t.h}u; const {n}_W: u32 = {t.w}u;",

@@ -1,0 +1,60 @@
+"""webdrift: LLM inference on the GPU through WebGPU, on the desktop (wgpu-native) and in the
+browser (Pyodide), from one Python core.
+
+    import webdrift
+    eng = webdrift.load("smollm2-135m")
+    print(eng.generate("Why is the sky blue?", max_new_tokens=32).text)
+"""
+
+from __future__ import annotations
+
+from .errors import (ContextLengthError, DownloadError, GPUError, GPULimitError, InvalidArgumentError,
+                     ModelFileError, ModelNotFoundError, TokenizerError, UnsupportedModelError, WebdriftError)
+
+__version__ = "0.1.0"
+__all__ = ["load", "Engine", "WebdriftError", "InvalidArgumentError", "ModelNotFoundError", "ModelFileError",
+           "UnsupportedModelError", "TokenizerError", "ContextLengthError", "DownloadError", "GPUError",
+           "GPULimitError"]
+
+
+def make_tokenizer(source):
+    """The tokenizer described by a ModelSource (GGUF metadata or an HF tokenizer.json)."""
+    from .tokenizer import Tokenizer
+    info = source.tokenizer_info
+    if info.get("kind") == "gguf":
+        return Tokenizer.from_gguf_metadata(info["metadata"])
+    if info.get("kind") == "hf":
+        return Tokenizer.from_tokenizer_json(info["tokenizer_json"], info.get("tokenizer_config"))
+    raise TokenizerError(f"{source.path}: the model has no tokenizer")
+
+
+def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
+         device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
+         progress=None):
+    """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
+
+    max_context: KV-cache length allocated once (default min(model context, 2048)).
+    weight_format: runtime weight format ("f32", "f16", "q8", "q4"); default keeps the file's
+    quantization losslessly (Q8_0 -> q8, Q4_0/Q4_1 -> q4, F16 -> f16, F32/BF16 -> f32).
+    layout: physical layout of activations ("linear" or "sliced").
+    """
+    from .hub import resolve_model
+    from .runtime.engine import Engine
+    from .weights.source import open_model_source
+    if weight_format is not None and weight_format not in ("f32", "f16", "q8", "q4"):
+        raise InvalidArgumentError(f"weight_format={weight_format!r}: choose one of f32, f16, q8, q4")
+    path = resolve_model(model, auto_pull=auto_pull)
+    source = open_model_source(path)
+    tok = make_tokenizer(source)
+    if device is None:
+        from .gpu.native import get_device
+        device = get_device()
+    return Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
+                  prefill_chunk=prefill_chunk, layout=layout, progress=progress)
+
+
+def __getattr__(name):
+    if name == "Engine":
+        from .runtime.engine import Engine
+        return Engine
+    raise AttributeError(name)

@@ -1,0 +1,160 @@
+"""Kernel classes for the transformer's operators; each specialises its template in wgsl/.
+
+  EmbeddingKernel    wgsl/embedding.wgsl         gather rows of a (vocab, dim) weight
+  RMSNormKernel      wgsl/rms_norm.wgsl          RMSNorm (+ fused residual add / accumulate)
+  LinearKernel       wgsl/matvec.wgsl (decode) or wgsl/matmul.wgsl (prefill): stage-aware
+  RopeQKVKernel      wgsl/rope_qkv.wgsl          RoPE + Q relayout + in-place KV append
+  AttentionKernel    wgsl/attention.wgsl + attention_combine.wgsl (split over the cache)
+  SampleKernel       wgsl/sample.wgsl            greedy / temperature / top-k / top-p
+Binding 0 of every kernel is the Step uniform (kernels/step.py). Activation tensors are bound
+read_write (they share one arena buffer, and WebGPU forbids read-only and writable views of one
+buffer in the same dispatch).
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from ..gpu.base import READ, RW, UNI, Device
+from ..tensor import TensorDesc, accessor_wgsl
+from .base import Kernel, ceil_div
+from .step import STEP_DECL
+from .weights import GPUWeight
+
+
+def _f(x: float) -> str:
+    r = repr(float(x))
+    return r if ("e" in r or "." in r) else r + ".0"
+
+
+class EmbeddingKernel(Kernel):
+    template = "embedding"
+
+    def __init__(self, dev: Device, w: GPUWeight, out: TensorDesc, scale: float = 1.0, nt: str = "step.n_tokens"):
+        self.out = out
+        d = {"STEP_DECL": STEP_DECL, "W_DECL": w.wgsl("w", 2),
+             "OUT_DECL": accessor_wgsl(out, 2 + w.n_bindings, "out"), "SCALE": _f(scale), "NT": nt}
+        super().__init__(dev, d, (UNI, RW) + (READ,) * w.n_bindings + (RW,), "embedding")
+
+    def workgroups(self, t: int):
+        return (ceil_div(self.out.s, 64), t, 1)
+
+
+class RMSNormKernel(Kernel):
+    template = "rms_norm"
+
+    def __init__(self, dev: Device, x: TensorDesc, out: TensorDesc, eps: float, w_offset: float = 0.0,
+                 add_input: TensorDesc | None = None, accumulate: bool = False, last_row: bool = False):
+        d = {"STEP_DECL": STEP_DECL, "X_DECL": accessor_wgsl(x, 1, "x"),
+             "OUT_DECL": accessor_wgsl(out, 2, "out"),
+             "W_BINDING": 3, "EPS": _f(eps), "W_OFFSET": _f(w_offset), "ADD_INPUT": add_input is not None,
+             "ACCUMULATE": accumulate, "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens"}
+        binds = (UNI, RW, RW, READ)
+        if add_input is not None:
+            r = add_input
+            d["R_DECL"] = accessor_wgsl(r, 4, "r")
+            binds += (RW,)
+        super().__init__(dev, d, binds, "rms_norm")
+
+    def workgroups(self, t: int):
+        return (t, 1, 1)
+
+
+class LinearKernel(Kernel):
+    """y = x W^T, stage-aware: `stage="decode"` -> matvec.wgsl, `"prefill"` -> matmul.wgsl."""
+
+    def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
+                 w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
+                 act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
+                 rows: int = 4, wg: int = 64):
+        self.template = "matvec" if stage == "decode" else "matmul"
+        self.stage, self.w, self.rows = stage, w, rows
+        b = 3
+        d = {"STEP_DECL": STEP_DECL,
+             "X_DECL": accessor_wgsl(x, 1, "x"),
+             "Y_DECL": accessor_wgsl(y, 2, "y"),
+             "W_DECL": w.wgsl("w", b), "DUAL": w2 is not None, "BIAS": bias, "RESIDUAL": residual,
+             "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),
+             "ROWS": rows, "WG": wg, "RED": 2 * rows * wg,
+             "NT": "1u" if x_last_row else "step.n_tokens", "XROW": "step.last_row" if x_last_row else "t"}
+        binds = (UNI, RW, RW) + (READ,) * w.n_bindings
+        b += w.n_bindings
+        if w2 is not None:
+            d["W2_DECL"] = w2.wgsl("w2", b)
+            binds += (READ,) * w2.n_bindings
+            b += w2.n_bindings
+        if bias:
+            d["BIAS_BINDING"] = b
+            binds += (READ,)
+        if x_last_row and stage != "decode":
+            raise ValueError("x_last_row is a decode-kernel option")
+        super().__init__(dev, d, binds, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")
+
+    def workgroups(self, t: int):
+        if self.stage == "decode":
+            return (ceil_div(self.w.o, self.rows), t, 1)
+        return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)
+
+
+class RopeQKVKernel(Kernel):
+    template = "rope_qkv"
+
+    def __init__(self, dev: Device, qkv: TensorDesc, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
+                 cap: int, rope_half: bool, qk_norm: bool = False, eps: float = 1e-6, w_offset: float = 0.0):
+        self.n_slots = n_heads + 2 * n_kv
+        d = {"STEP_DECL": STEP_DECL,
+             "QKV_DECL": accessor_wgsl(qkv, 1, "qkv"),
+             "Q_DECL": accessor_wgsl(q_rel, 2, "q"),
+             "H": n_heads, "KVH": n_kv, "DH": head_dim, "HALF": head_dim // 2, "GROUP": n_heads // n_kv,
+             "CAP": cap, "ROPE_HALF": rope_half, "QK_NORM": qk_norm, "EPS": _f(eps), "W_OFFSET": _f(w_offset)}
+        binds = (UNI, RW, RW, RW, RW, READ) + ((READ, READ) if qk_norm else ())
+        super().__init__(dev, d, binds, "rope_qkv")
+
+    def workgroups(self, t: int):
+        return (self.n_slots, t, 1)
+
+
+class AttentionKernel(Kernel):
+    template = "attention"
+    CHUNK = 256
+
+    def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
+                 rows_cap: int, scale: float, window: int = 0, softcap: float | None = None):
+        self.nsplit = ceil_div(cap, self.CHUNK)
+        self.group, self.n_kv = n_heads // n_kv, n_kv
+        d = {"STEP_DECL": STEP_DECL,
+             "Q_DECL": accessor_wgsl(q_rel, 1, "q"),
+             "DH": head_dim, "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
+             "ROWS_CAP": rows_cap, "SCALE": _f(scale), "WINDOW": window or 0,
+             "SOFTCAP": softcap is not None, "CAP_ATTN": _f(softcap or 1.0)}
+        super().__init__(dev, d, (UNI, RW, RW, RW, RW), "attention")
+
+    def workgroups(self, t: int):
+        return (self.nsplit, t * self.group, self.n_kv)
+
+
+class AttentionCombineKernel(Kernel):
+    template = "attention_combine"
+
+    def __init__(self, dev: Device, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int, nsplit: int,
+                 rows_cap: int):
+        self.group, self.n_kv = n_heads // n_kv, n_kv
+        d = {"STEP_DECL": STEP_DECL, "OUT_DECL": accessor_wgsl(out, 2, "out"),
+             "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "ROWS_CAP": rows_cap,
+             "WG": min(256, max(32, head_dim))}
+        super().__init__(dev, d, (UNI, RW, RW), "attention_combine")
+
+    def workgroups(self, t: int):
+        return (t * self.group, self.n_kv, 1)
+
+
+class SampleKernel(Kernel):
+    template = "sample"
+
+    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row"):
+        d = {"STEP_DECL": STEP_DECL,
+             "L_DECL": accessor_wgsl(logits, 1, "l"),
+             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row}
+        super().__init__(dev, d, (UNI, RW, RW, RW), "sample")
+
+    def workgroups(self, t: int = 1):
+        return (1, 1, 1)

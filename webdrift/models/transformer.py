@@ -1,0 +1,381 @@
+"""The decoder-only transformer (Llama / SmolLM / Qwen2; Gemma 3 options) on the GPU.
+
+Two jobs, kept apart like gpt-fast's load hook vs model:
+  1. load: turn the file's tensors into runtime GPU weights (kernels/convert.py), e.g. the
+     file's separate Q, K, V become one fused `wqkv` (rows [q | k | v]) so a layer reads its
+     input once; and allocate the KV cache once for the maximum context;
+  2. build: the op graph of one forward pass for a stage (prefill: GEMM kernels, T tokens;
+     decode: GEMV kernels, 1 token; score: all-row logits), planned into one arena.
+Per layer (llama):  h = norm(x); qkv = h Wqkv (+b); rope+relayout+KV append; attention;
+                    x += attn Wo;  h2 = norm(x); a = silu(h2 Wg) * (h2 Wu); x += a Wd
+Must not: import numpy or wgpu (runs in Pyodide); per-token work lives in runtime/.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from ..errors import GPULimitError, UnsupportedModelError
+from ..gpu.base import STORAGE, Buffer, Device, Dispatch
+from ..graph import Graph, T
+from ..kernels.base import ceil_div
+from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
+from ..kernels.ops import (AttentionCombineKernel, AttentionKernel, EmbeddingKernel, LinearKernel,
+                           RMSNormKernel, RopeQKVKernel, SampleKernel)
+from ..kernels.weights import GPUWeight
+from .config import ModelConfig
+
+CHUNK = AttentionKernel.CHUNK
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: Buffer
+    wqkv: GPUWeight
+    bqkv: Buffer | None
+    wo: GPUWeight
+    ffn_norm: Buffer
+    w_gate: GPUWeight
+    w_up: GPUWeight
+    w_down: GPUWeight
+    k_cache: Buffer             # (KVH, CAP, DH) f32
+    v_cache: Buffer             # (KVH, DH, CAP) f32
+    q_norm: Buffer | None = None
+    k_norm: Buffer | None = None
+    post_attn_norm: Buffer | None = None
+    post_ffn_norm: Buffer | None = None
+
+
+def rope_inv_freq(cfg: ModelConfig, theta: float) -> list[float]:
+    """inv_freq[i] = theta^(-2i/d), with HF's llama3 / linear rope_scaling applied."""
+    d = cfg.head_dim
+    inv = [1.0 / (theta ** (2 * i / d)) for i in range(d // 2)]
+    rs = cfg.rope_scaling or {}
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind == "linear":
+        inv = [f / float(rs["factor"]) for f in inv]
+    elif kind == "llama3":
+        import math
+        factor, lo, hi = float(rs["factor"]), float(rs.get("low_freq_factor", 1.0)), float(rs.get("high_freq_factor", 4.0))
+        old = float(rs.get("original_max_position_embeddings", 8192))
+        lo_wl, hi_wl = old / lo, old / hi
+        out = []
+        for f in inv:
+            wl = 2 * math.pi / f
+            if wl < hi_wl:
+                out.append(f)
+            elif wl > lo_wl:
+                out.append(f / factor)
+            else:
+                sm = (old / wl - lo) / (hi - lo)
+                out.append((1 - sm) * f / factor + sm * f)
+        inv = out
+    elif kind not in (None, "default"):
+        raise UnsupportedModelError(f"rope_scaling type {kind!r} is not supported (linear, llama3)")
+    return inv
+
+
+class GPUModel:
+    """Runtime weights + KV cache of one model on one device."""
+
+    def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
+                 progress=None):
+        self.dev, self.cfg, self.cap = dev, source.config, max_context
+        cfg = self.cfg
+        if cfg.n_heads % cfg.n_kv_heads:
+            raise UnsupportedModelError(f"{source.path}: {cfg.n_heads} heads is not a multiple of {cfg.n_kv_heads} KV heads")
+        if cfg.head_dim % 2 or cfg.head_dim > 512:
+            raise UnsupportedModelError(f"{source.path}: head_dim {cfg.head_dim} is not supported (even, <= 512)")
+        self.weight_format = weight_format
+        self._src = source
+        self._progress = progress
+        self._done = 0
+        self._total = len(source.tensors)
+        self.weight_bytes = 0
+        self._check_memory()
+        self.tok_embd = self._matrix(["token_embd.weight"], "token_embd")
+        self.layers = [self._layer(i) for i in range(cfg.n_layers)]
+        self.output_norm = self._vector("output_norm.weight")
+        if cfg.tied_embeddings or "output.weight" not in source.tensors:
+            self.output = self.tok_embd
+        else:
+            self.output = self._matrix(["output.weight"], "output")
+        self.inv_freq = self._f32_buffer(rope_inv_freq(cfg, cfg.rope_theta), "inv_freq")
+        self.inv_freq_local = (self._f32_buffer(rope_inv_freq(cfg, cfg.rope_local_theta), "inv_freq_local")
+                               if cfg.rope_local_theta else self.inv_freq)
+        self._src = None
+
+    # -- loading ---------------------------------------------------------------------------
+    def _check_memory(self) -> None:
+        cfg = self.cfg
+        kv = 2 * cfg.n_layers * cfg.kv_dim * self.cap * 4
+        per_layer = cfg.kv_dim * self.cap * 4
+        if per_layer > self.dev.max_binding_size:
+            raise GPULimitError(f"the KV cache of one layer needs {per_layer} bytes at max_context={self.cap}; "
+                                f"the adapter allows {self.dev.max_binding_size} per binding: use a shorter max_context")
+        self.kv_bytes = kv
+
+    def _tick(self, name: str, nbytes: int) -> None:
+        self._done += 1
+        self.weight_bytes += nbytes
+        if self._progress:
+            self._progress(self._done, self._total, name)
+
+    def _vector(self, name: str) -> Buffer:
+        t = self._src.tensors[name]
+        n = t.shape[0]
+        w = allocate_weight(self.dev, name, "f32", 1, n, "OI")
+        if t.type_name not in SOURCE_TYPES:
+            raise UnsupportedModelError(f"{name}: tensor type {t.type_name} is not supported for vectors")
+        upload_rows(self.dev, w, t.type_name, t.raw(), 1)
+        self._tick(name, w.nbytes)
+        return w.buffers[0]
+
+    def _f32_buffer(self, values: list[float], label: str) -> Buffer:
+        b = self.dev.create_buffer(4 * len(values), label=label)
+        self.dev.write_buffer(b, struct.pack(f"<{len(values)}f", *values))
+        return b
+
+    def _matrix(self, names: list[str], label: str) -> GPUWeight:
+        """Rows of the named tensors stacked into one runtime weight (Q|K|V fuse this way)."""
+        ts = [self._src.tensors[n] for n in names]
+        i = ts[0].shape[1]
+        o = sum(t.shape[0] for t in ts)
+        types = {t.type_name for t in ts}
+        for t in ts:
+            if t.type_name not in SOURCE_TYPES and not hasattr(t, "to_numpy"):
+                raise UnsupportedModelError(f"{t.name}: tensor type {t.type_name} is not supported "
+                                            f"(supported: {', '.join(SOURCE_TYPES)})")
+        fmt = self.weight_format or (default_format(ts[0].type_name) if len(types) == 1 else "f32")
+        if fmt in ("q8", "q4") and any(default_format(t.type_name) != fmt for t in ts):
+            fmt = "f16"   # requantizing float weights needs the quantizer (issue #4); keep exact-ish f16
+        w = allocate_weight(self.dev, label, fmt, o, i, "OI")
+        row0 = 0
+        for t in ts:
+            src_type, raw = t.type_name, None
+            if src_type not in SOURCE_TYPES:  # e.g. K-quants: dequantize on the host (desktop only)
+                raw, src_type = t.to_numpy().astype("float32").tobytes(), "F32"
+            upload_rows(self.dev, w, src_type, raw if raw is not None else t.raw(), t.shape[0], row0)
+            row0 += t.shape[0]
+        for n in names:
+            self._tick(n, 0)
+        self.weight_bytes += w.nbytes
+        return w
+
+    def _layer(self, i: int) -> LayerWeights:
+        cfg, p = self.cfg, f"blk.{i}."
+        bqkv = None
+        if cfg.qkv_bias:   # the three biases end to end in one f32 buffer (q_dim + 2 kv_dim)
+            bqkv = self.dev.create_buffer(4 * (cfg.q_dim + 2 * cfg.kv_dim), label=p + "bqkv")
+            off = 0
+            for n in ("attn_q", "attn_k", "attn_v"):
+                b = self._src.tensors[p + n + ".bias"]
+                tmp = allocate_weight(self.dev, b.name, "f32", 1, b.shape[0], "OI")
+                upload_rows(self.dev, tmp, b.type_name, b.raw(), 1)
+                self.dev.submit([], copies=[(tmp.buffers[0], 0, bqkv, off, 4 * b.shape[0])])
+                self.dev.release_buffer(tmp.buffers[0])
+                off += 4 * b.shape[0]
+        cap, dh, kvh = self.cap, cfg.head_dim, cfg.n_kv_heads
+        lw = LayerWeights(
+            attn_norm=self._vector(p + "attn_norm.weight"),
+            wqkv=self._matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], p + "wqkv"),
+            bqkv=bqkv,
+            wo=self._matrix([p + "attn_output.weight"], p + "wo"),
+            ffn_norm=self._vector(p + "ffn_norm.weight"),
+            w_gate=self._matrix([p + "ffn_gate.weight"], p + "w_gate"),
+            w_up=self._matrix([p + "ffn_up.weight"], p + "w_up"),
+            w_down=self._matrix([p + "ffn_down.weight"], p + "w_down"),
+            k_cache=self.dev.create_buffer(kvh * cap * dh * 4, STORAGE, p + "k_cache"),
+            v_cache=self.dev.create_buffer(kvh * dh * cap * 4, STORAGE, p + "v_cache"),
+        )
+        if cfg.qk_norm:
+            lw.q_norm = self._vector(p + "attn_q_norm.weight")
+            lw.k_norm = self._vector(p + "attn_k_norm.weight")
+        if cfg.post_norms:
+            lw.post_attn_norm = self._vector(p + "post_attention_norm.weight")
+            lw.post_ffn_norm = self._vector(p + "post_ffw_norm.weight")
+        return lw
+
+
+class Program:
+    """One stage's forward pass: a planned graph bound to buffers, as dispatch lists.
+
+    `dispatches(t, head)` returns the prebuilt list for t tokens (workgroup counts padded to a
+    bucket so the list changes rarely); head=False leaves out final norm / LM head / sampling.
+    """
+
+    def __init__(self, model: GPUModel, stage: str, capacity: int, all_logits: bool, layout: str,
+                 step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None):
+        self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
+        self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
+        self.graph = self._build_graph(layout)
+        self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
+            "min-storage-buffer-offset-alignment", 256))))
+        self.arena = arena
+        self._ops = None
+        self._cache: dict = {}
+
+    def bind(self, arena: Buffer) -> None:
+        self.arena = arena
+
+    # -- graph -----------------------------------------------------------------------------
+    def _build_graph(self, layout: str) -> Graph:
+        m, cfg = self.model, self.model.cfg
+        g = Graph(self.capacity, layout)
+        group = cfg.n_heads // cfg.n_kv_heads
+        nsplit = ceil_div(m.cap, CHUNK)
+        g.tensor("x", cfg.dim)
+        for i in range(cfg.n_layers):
+            g.tensor(f"h{i}", cfg.dim)
+            g.tensor(f"qkv{i}", cfg.q_dim + 2 * cfg.kv_dim)
+            g.tensor(f"q{i}", cfg.head_dim, T * group, b=cfg.n_kv_heads)
+            g.tensor(f"part{i}", nsplit * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
+            g.tensor(f"attn{i}", cfg.q_dim)
+            g.tensor(f"h2_{i}", cfg.dim)
+            g.tensor(f"act{i}", cfg.ffn_dim)
+            if cfg.post_norms:
+                g.tensor(f"proj{i}", cfg.dim)
+                g.tensor(f"ffo{i}", cfg.dim)
+        rows = T if self.all_logits else 1
+        g.tensor("xl", cfg.dim, rows)
+        g.tensor("logits", cfg.vocab_size, rows)
+
+        g.op("embedding", [], ["x"], ("embed",))
+        for i in range(cfg.n_layers):
+            g.op(f"L{i}.attn_norm", ["x"], [f"h{i}"], ("norm", i, "attn"))
+            g.op(f"L{i}.qkv", [f"h{i}"], [f"qkv{i}"], ("qkv", i))
+            g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
+            g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
+            g.op(f"L{i}.attn_combine", [f"part{i}"], [f"attn{i}"], ("combine", i))
+            if cfg.post_norms:
+                g.op(f"L{i}.o_proj", [f"attn{i}"], [f"proj{i}"], ("oproj", i))
+                g.op(f"L{i}.post_attn_norm", [f"proj{i}"], ["x"], ("postnorm", i, "attn"))
+            else:
+                g.op(f"L{i}.o_proj+residual", [f"attn{i}", "x"], ["x"], ("oproj", i))
+            g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
+            g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
+            if cfg.post_norms:
+                g.op(f"L{i}.down", [f"act{i}"], [f"ffo{i}"], ("down", i))
+                g.op(f"L{i}.post_ffn_norm", [f"ffo{i}"], ["x"], ("postnorm", i, "ffn"))
+            else:
+                g.op(f"L{i}.down+residual", [f"act{i}", "x"], ["x"], ("down", i))
+        g.op("output_norm", ["x"], ["xl"], ("final_norm",))
+        g.op("lm_head", ["xl"], ["logits"], ("lm_head",))
+        if not self.all_logits:
+            g.op("sample", ["logits"], [], ("sample",))
+        return g
+
+    # -- kernels and bind groups (built once) ------------------------------------------------
+    def _arena(self, name: str):
+        t = self.graph.tensors[name]
+        return (self.arena, t.offset, t.desc.nbytes)
+
+    def _build_ops(self) -> list:
+        m, cfg, dev, g = self.model, self.model.cfg, self.model.dev, self.graph
+        D = g.desc
+        a = self._arena
+        stage = "decode" if self.stage == "decode" else "prefill"
+        group = cfg.n_heads // cfg.n_kv_heads
+        rows_cap = self.capacity * group
+        nsplit = ceil_div(m.cap, CHUNK)
+        scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
+        ops = []
+        for node in g.ops:
+            kind = node.build[0]
+            head = node.label in ("output_norm", "lm_head", "sample")
+            if kind == "embed":
+                k = EmbeddingKernel(dev, m.tok_embd, D("x"), cfg.embed_scale)
+                binds = [self.step_buf, self.ids_buf] + m.tok_embd.buffers + [a("x")]
+            elif kind == "norm":
+                i, which = node.build[1], node.build[2]
+                lw = m.layers[i]
+                out = f"h{i}" if which == "attn" else f"h2_{i}"
+                k = RMSNormKernel(dev, D("x"), D(out), cfg.norm_eps, cfg.norm_weight_offset)
+                binds = [self.step_buf, a("x"), a(out), lw.attn_norm if which == "attn" else lw.ffn_norm]
+            elif kind == "postnorm":
+                i, which = node.build[1], node.build[2]
+                lw = m.layers[i]
+                src = f"proj{i}" if which == "attn" else f"ffo{i}"
+                k = RMSNormKernel(dev, D(src), D("x"), cfg.norm_eps, cfg.norm_weight_offset, accumulate=True)
+                binds = [self.step_buf, a(src), a("x"), lw.post_attn_norm if which == "attn" else lw.post_ffn_norm]
+            elif kind == "qkv":
+                i = node.build[1]
+                lw = m.layers[i]
+                k = LinearKernel(dev, stage, D(f"h{i}"), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None)
+                binds = [self.step_buf, a(f"h{i}"), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
+            elif kind == "rope":
+                i = node.build[1]
+                lw = m.layers[i]
+                k = RopeQKVKernel(dev, D(f"qkv{i}"), D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap,
+                                  rope_half=cfg.rope_style == "half", qk_norm=cfg.qk_norm, eps=cfg.norm_eps,
+                                  w_offset=cfg.norm_weight_offset)
+                freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
+                binds = [self.step_buf, a(f"qkv{i}"), a(f"q{i}"), lw.k_cache, lw.v_cache, freq]
+                if cfg.qk_norm:
+                    binds += [lw.q_norm, lw.k_norm]
+            elif kind == "attn":
+                i = node.build[1]
+                lw = m.layers[i]
+                k = AttentionKernel(dev, D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap, rows_cap,
+                                    scale, window=cfg.sliding_window if cfg.layer_is_sliding(i) else 0)
+                binds = [self.step_buf, a(f"q{i}"), lw.k_cache, lw.v_cache, a(f"part{i}")]
+            elif kind == "combine":
+                i = node.build[1]
+                k = AttentionCombineKernel(dev, D(f"attn{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, nsplit,
+                                           rows_cap)
+                binds = [self.step_buf, a(f"part{i}"), a(f"attn{i}")]
+            elif kind == "oproj":
+                i = node.build[1]
+                lw = m.layers[i]
+                out = f"proj{i}" if cfg.post_norms else "x"
+                k = LinearKernel(dev, stage, D(f"attn{i}"), D(out), lw.wo, residual=not cfg.post_norms)
+                binds = [self.step_buf, a(f"attn{i}"), a(out)] + lw.wo.buffers
+            elif kind == "gateup":
+                i = node.build[1]
+                lw = m.layers[i]
+                k = LinearKernel(dev, stage, D(f"h2_{i}"), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act)
+                binds = [self.step_buf, a(f"h2_{i}"), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
+            elif kind == "down":
+                i = node.build[1]
+                lw = m.layers[i]
+                out = f"ffo{i}" if cfg.post_norms else "x"
+                k = LinearKernel(dev, stage, D(f"act{i}"), D(out), lw.w_down, residual=not cfg.post_norms)
+                binds = [self.step_buf, a(f"act{i}"), a(out)] + lw.w_down.buffers
+            elif kind == "final_norm":
+                k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
+                                  last_row=not self.all_logits)
+                binds = [self.step_buf, a("x"), a("xl"), m.output_norm]
+            elif kind == "lm_head":
+                lm_stage = "decode" if not self.all_logits else stage
+                k = LinearKernel(dev, lm_stage, D("xl"), D("logits"), m.output, softcap=cfg.final_logit_softcap,
+                                 rows=4 if m.output.o // 4 <= dev.max_workgroups else 8)
+                binds = [self.step_buf, a("xl"), a("logits")] + m.output.buffers
+            elif kind == "sample":
+                k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u")
+                binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf]
+            else:  # pragma: no cover
+                raise AssertionError(kind)
+            bg = dev.create_bind_group(k.pipeline, binds)
+            ops.append((node.label, k, bg, head))
+        return ops
+
+    def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:
+        """The dispatch list for t tokens (t <= capacity); cached per (bucket, head)."""
+        bucket = t if self.stage == "decode" else min(self.capacity, ceil_div(t, 64) * 64)
+        key = (bucket, head)
+        lst = self._cache.get(key)
+        if lst is None:
+            if self._ops is None:
+                self._ops = self._build_ops()
+            lst = []
+            for label, k, bg, is_head in self._ops:
+                if is_head and not head:
+                    continue
+                rows = 1 if (is_head and not self.all_logits and label != "output_norm") else bucket
+                if label == "output_norm" and not self.all_logits:
+                    rows = 1
+                wg = k.workgroups(rows)
+                lst.append(Dispatch(k.pipeline, bg, wg, label))
+            self._cache[key] = lst
+        return lst

@@ -1,0 +1,337 @@
+"""Engine: a loaded model + tokenizer, and generation (the host loop).
+
+The host loop does almost nothing per token: a decode step is one 48-byte uniform write and a
+prebuilt dispatch list; the sampled token stays on the GPU as the next step's embedding input;
+step t+1 is submitted before step t's token is read back (through a ring of staging buffers),
+and stop conditions are handled with that one-step lag (the extra step's output is discarded).
+The core is async (`agenerate`) because in the browser a GPU read must be awaited; the
+desktop's sync API (`generate`, `stream`) drives it with a private event loop.
+Must not: import numpy or wgpu at module level (Pyodide); numpy only in `logits()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+import time
+from dataclasses import dataclass, field
+
+from ..errors import ContextLengthError, InvalidArgumentError
+from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
+from ..kernels.step import STEP_BYTES, pack_step
+from ..models.transformer import GPUModel, Program
+
+RING = 4          # staging buffers for token read-back
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    tokenize_s: float = 0.0
+    prefill_s: float = 0.0        # until the first token is on the host
+    decode_s: float = 0.0
+    total_s: float = 0.0
+    finish_reason: str = ""       # "eos", "length", "context", "stopped"
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        n = self.new_tokens - 1
+        return n / self.decode_s if self.decode_s > 0 and n > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+                "tokenize_s": round(self.tokenize_s, 6), "prefill_s": round(self.prefill_s, 6),
+                "decode_s": round(self.decode_s, 6), "total_s": round(self.total_s, 6),
+                "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2), "finish_reason": self.finish_reason}
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]                  # new tokens only
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    stop_at_eos: bool = True
+
+    @classmethod
+    def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True):
+        def bad(name, v, want):
+            raise InvalidArgumentError(f"{name}={v!r}: {want}")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            bad("max_new_tokens", max_new_tokens, "must be an integer >= 0")
+        try:
+            temperature = float(temperature)
+        except (TypeError, ValueError):
+            bad("temperature", temperature, "must be a number >= 0")
+        if not temperature >= 0.0 or temperature == float("inf"):
+            bad("temperature", temperature, "must be a finite number >= 0 (0 = greedy)")
+        if top_k is None:
+            top_k = 0
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+            bad("top_k", top_k, "must be None or an integer >= 0 (0 or None = no top-k)")
+        if top_p is None:
+            top_p = 1.0
+        try:
+            top_p = float(top_p)
+        except (TypeError, ValueError):
+            bad("top_p", top_p, "must be a number in (0, 1]")
+        if not 0.0 < top_p <= 1.0:
+            bad("top_p", top_p, "must be in (0, 1]")
+        if seed is None:
+            seed = random.getrandbits(32)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            bad("seed", seed, "must be None or an integer")
+        return cls(max_new_tokens, temperature, top_k, top_p, seed & 0xFFFFFFFF, bool(stop_at_eos))
+
+
+class Engine:
+    """A model ready to generate. Create with `webdrift.load(...)`."""
+
+    def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
+                 weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
+                 progress=None):
+        cfg = source.config
+        self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
+        limit = cfg.max_position or 2048
+        if max_context is None:
+            max_context = min(limit, 2048)
+        if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context:
+            raise InvalidArgumentError(f"max_context={max_context!r}: must be a positive integer")
+        if max_context > limit:
+            raise InvalidArgumentError(f"max_context={max_context} exceeds the model's context length {limit}")
+        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise InvalidArgumentError(f"prefill_chunk={prefill_chunk!r}: must be a positive integer")
+        self.max_context = max_context
+        self.prefill_chunk = min(prefill_chunk, max_context)
+        t0 = time.perf_counter()
+        self.model = GPUModel(dev, source, max_context, weight_format, progress)
+        # shared per-engine buffers
+        self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
+        self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
+        self.out_tokens = dev.create_buffer(4 * (max_context + 1), STORAGE, "out_tokens")      # (steps) u32
+        self.ring = [dev.create_buffer(16, READBACK, f"token_ring{i}") for i in range(RING)]
+        self._layout = layout
+        self.decode = Program(self.model, "decode", 1, False, layout, self.step_buf, self.ids_buf, self.out_tokens)
+        self.prefill = Program(self.model, "prefill", self.prefill_chunk, False, layout, self.step_buf,
+                               self.ids_buf, self.out_tokens)
+        self._score: Program | None = None
+        self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
+        self.decode.bind(self.arena)
+        self.prefill.bind(self.arena)
+        self.load_s = time.perf_counter() - t0
+        self._busy = False
+        self._stop_requested = False
+
+    # -- public API ------------------------------------------------------------------------
+    def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 stop_at_eos: bool = True) -> GenerationResult:
+        """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids)."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+        return _run(self.agenerate(prompt, sp))
+
+    def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+               stop_at_eos: bool = True):
+        """Yield text pieces as tokens are produced (the pieces concatenate to the full text)."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+        loop = asyncio.new_event_loop()
+        agen = self.aevents(prompt, sp)
+        try:
+            while True:
+                try:
+                    kind, value = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    break
+                if kind == "text":
+                    yield value
+        finally:
+            loop.run_until_complete(agen.aclose())
+            loop.close()
+
+    def chat(self, messages: list[dict], **kw) -> GenerationResult:
+        """Generate the assistant's reply to a conversation, using the model's chat template."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return self.generate(ids, **kw)
+
+    def stop(self) -> None:
+        """Ask a running generation to stop after the current token."""
+        self._stop_requested = True
+
+    def encode_prompt(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+            v = self.config.vocab_size
+            for k, i in enumerate(prompt):
+                if not 0 <= i < v:
+                    raise InvalidArgumentError(f"prompt token {k} is {i}; ids must be in [0, {v})")
+            return list(prompt)
+        raise InvalidArgumentError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
+
+    # -- the loop ---------------------------------------------------------------------------
+    def _check_fits(self, n: int) -> None:
+        if n == 0:
+            raise InvalidArgumentError("the prompt is empty: give at least one token")
+        if n >= self.max_context:
+            raise ContextLengthError(f"the prompt has {n} tokens; this engine's context is {self.max_context} "
+                                     f"(load with a larger max_context, up to {self.config.max_position})")
+
+    def _submit_prompt(self, ids: list[int], sp: SamplingParams, head_last: bool, program=None) -> None:
+        """Prefill in chunks of prefill_chunk tokens; the last chunk ends in LM head + sampling."""
+        program = program or self.prefill
+        chunk = program.capacity
+        pos = 0
+        while pos < len(ids):
+            part = ids[pos:pos + chunk]
+            last = pos + len(part) == len(ids)
+            self.dev.write_buffer(self.ids_buf, struct.pack(f"<{len(part)}I", *part))
+            self.dev.write_buffer(self.step_buf, pack_step(len(part), pos, 0, sp.seed, sp.temperature,
+                                                           sp.top_k, sp.top_p))
+            yield pos, part, program.dispatches(len(part), head=head_last and last)
+            pos += len(part)
+
+    async def agenerate(self, prompt, sp: SamplingParams, on_text=None) -> GenerationResult:
+        """Generate to completion; on_text(piece) is called for each text piece."""
+        result = None
+        async for kind, value in self.aevents(prompt, sp):
+            if kind == "text" and on_text:
+                on_text(value)
+            elif kind == "done":
+                result = value
+        return result
+
+    async def aevents(self, prompt, sp: SamplingParams):
+        """Async generator of ("text", piece) events, then one ("done", GenerationResult)."""
+        if self._busy:
+            raise InvalidArgumentError("this engine is already generating; wait for it or use another engine")
+        self._busy, self._stop_requested = True, False
+        try:
+            async for ev in self._aevents(prompt, sp):
+                yield ev
+        finally:
+            self._busy = False
+
+    async def _aevents(self, prompt, sp: SamplingParams):
+        st = GenerationStats()
+        t0 = time.perf_counter()
+        ids = self.encode_prompt(prompt)
+        st.tokenize_s = time.perf_counter() - t0
+        self._check_fits(len(ids))
+        st.prompt_tokens = len(ids)
+        budget = min(sp.max_new_tokens, self.max_context - len(ids))
+        eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids) if sp.stop_at_eos else set()
+        dec = self.tokenizer.stream_decoder()
+        out: list[int] = []
+        pieces: list[str] = []
+        if budget <= 0:
+            st.finish_reason = "length" if sp.max_new_tokens == 0 else "context"
+            st.total_s = time.perf_counter() - t0
+            yield "done", GenerationResult("", [], st)
+            return
+        dev = self.dev
+        t_pf = time.perf_counter()
+        for pos, part, disp in self._submit_prompt(ids, sp, head_last=True):
+            copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
+            dev.submit(disp, copies)
+        pos = len(ids)
+        decode_list = self.decode.dispatches(1)
+        submitted = 1             # tokens whose step has been submitted
+        read = 0
+        t_dec = None
+        finish = "length"
+        while read < submitted:
+            # keep one step in flight: submit step `submitted` before reading token `read`
+            if submitted < budget and not self._stop_requested and submitted == read + 1:
+                dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
+                                                          sp.temperature, sp.top_k, sp.top_p))
+                dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)])
+                submitted += 1
+            raw = await dev.map_read(self.ring[read % RING], 4)
+            tok = struct.unpack("<I", raw)[0]
+            read += 1
+            if read == 1:
+                st.prefill_s = time.perf_counter() - t_pf
+                t_dec = time.perf_counter()
+            if tok in eos:
+                finish = "eos"
+                break
+            out.append(tok)
+            piece = dec.push(tok)
+            if piece:
+                pieces.append(piece)
+                yield "text", piece
+            if self._stop_requested:
+                finish = "stopped"
+                break
+            if read == budget and budget < sp.max_new_tokens:
+                finish = "context"
+        if finish != "eos" and finish != "stopped" and read < budget:
+            finish = "stopped"
+        # drain a step still in flight (its token is discarded)
+        while read < submitted:
+            await dev.map_read(self.ring[read % RING], 4)
+            read += 1
+        tail = dec.flush()
+        if tail:
+            pieces.append(tail)
+            yield "text", tail
+        st.new_tokens = len(out) + (1 if finish == "eos" else 0)
+        if t_dec is not None:
+            st.decode_s = time.perf_counter() - t_dec
+        st.total_s = time.perf_counter() - t0
+        st.finish_reason = finish
+        yield "done", GenerationResult("".join(pieces), out, st)
+
+    # -- teacher-forced logits ---------------------------------------------------------------
+    def logits(self, ids: list[int]):
+        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced."""
+        import numpy as np
+        ids = self.encode_prompt(list(ids))
+        self._check_fits(len(ids))
+        if self._score is None:
+            self._score = Program(self.model, "prefill", min(64, self.prefill_chunk), True, self._layout,
+                                  self.step_buf, self.ids_buf, self.out_tokens)
+            if self._score.arena_bytes > self.arena.size:
+                self.arena = self.dev.create_buffer(self._score.arena_bytes, STORAGE, "arena")
+                self.decode = Program(self.model, "decode", 1, False, self._layout, self.step_buf, self.ids_buf,
+                                      self.out_tokens, self.arena)
+                self.prefill = Program(self.model, "prefill", self.prefill_chunk, False, self._layout,
+                                       self.step_buf, self.ids_buf, self.out_tokens, self.arena)
+            self._score.bind(self.arena)
+        V = self.config.vocab_size
+        out = np.empty((len(ids), V), np.float32)
+        sp = SamplingParams()
+        lt = self._score.graph.tensors["logits"]
+        for pos, part, disp in self._submit_prompt(ids, sp, head_last=True, program=self._score):
+            self.dev.submit(disp)
+            if self._layout != "linear":
+                raise InvalidArgumentError("logits() reads the linear activation layout only")
+            raw = _run(self.dev.read_buffer(self.arena, lt.offset, len(part) * V * 4))
+            out[pos:pos + len(part)] = np.frombuffer(raw, np.float32).reshape(len(part), V)
+        return out
+
+
+def _run(coro):
+    """Run a coroutine to completion on a private loop (desktop sync API)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        loop.close()

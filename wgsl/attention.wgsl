@@ -1,0 +1,80 @@
+// Attention over the KV cache, split over the cache length (flash-decoding), phase 1 of 2.
+// Scores = K . q is a matrix-vector product with the K cache as weights (O = position), and the
+// output V . softmax is one with the V cache as weights (O = DH): the "KV cache as convolution
+// weights" view. Each workgroup handles one query row (a query head of one token), one KV head
+// and one CHUNK of key positions; it writes an unnormalised partial result:
+//   part[(kvh, row, split)] = (acc[0..DH), running max m, sum l)
+// Causal: key k is visible to the token at position p iff k <= p (and k > p - WINDOW when
+// sliding). Splits past the last visible key write m = -inf and are skipped by the combine.
+// Dispatch: (NSPLIT, T * GROUP, KVH).
+{{STEP_DECL}}
+{{Q_DECL}}
+@group(0) @binding(2) var<storage, read_write> kc: array<f32>;   // (KVH, CAP, DH)
+@group(0) @binding(3) var<storage, read_write> vc: array<f32>;   // (KVH, DH, CAP)
+@group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
+const DH: u32 = {{DH}}u;
+const GROUP: u32 = {{GROUP}}u;
+const CAP: u32 = {{CAP}}u;
+const CHUNK: u32 = {{CHUNK}}u;
+const NSPLIT: u32 = {{NSPLIT}}u;
+const ROWS_CAP: u32 = {{ROWS_CAP}}u;
+const SCALE: f32 = {{SCALE}};
+const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
+var<workgroup> qs: array<f32, {{DH}}>;
+var<workgroup> sc: array<f32, {{CHUNK}}>;
+var<workgroup> red: array<f32, {{CHUNK}}>;
+
+@compute @workgroup_size({{CHUNK}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let split = wid.x;
+  let row = wid.y;
+  let kvh = wid.z;
+  if (row >= step.n_tokens * GROUP) { return; }
+  let p = step.pos0 + row / GROUP;                 // this query's position
+  let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
+  var lo = 0u;
+  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let k0 = split * CHUNK;
+  if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
+    if (lid == 0u) { part[out + DH] = -3.0e38; part[out + DH + 1u] = 0.0; }
+    return;
+  }
+  for (var d = lid; d < DH; d += CHUNK) { qs[d] = q_read1(kvh, row, 0u, d); }
+  workgroupBarrier();
+  let k = k0 + lid;
+  var s = -3.0e38;
+  if (k <= p && k >= lo) {
+    let kb = (kvh * CAP + k) * DH;
+    var acc = 0.0;
+    for (var d = 0u; d < DH; d++) { acc += qs[d] * kc[kb + d]; }
+    s = acc * SCALE;
+#if SOFTCAP
+    s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
+#endif
+  }
+  red[lid] = s;
+  workgroupBarrier();
+  for (var st = CHUNK / 2u; st > 0u; st >>= 1u) {
+    if (lid < st) { red[lid] = max(red[lid], red[lid + st]); }
+    workgroupBarrier();
+  }
+  let m = red[0];
+  workgroupBarrier();
+  var e = 0.0;
+  if (k <= p && k >= lo) { e = exp(s - m); }
+  sc[lid] = e;
+  red[lid] = e;
+  workgroupBarrier();
+  for (var st = CHUNK / 2u; st > 0u; st >>= 1u) {
+    if (lid < st) { red[lid] += red[lid + st]; }
+    workgroupBarrier();
+  }
+  let nvis = min(p + 1u - k0, CHUNK);              // keys k0 .. k0 + nvis - 1 may be visible
+  for (var d = lid; d < DH; d += CHUNK) {
+    let vb = (kvh * DH + d) * CAP + k0;
+    var acc = 0.0;
+    for (var j = 0u; j < nvis; j++) { acc += sc[j] * vc[vb + j]; }
+    part[out + d] = acc;
+  }
+  if (lid == 0u) { part[out + DH] = m; part[out + DH + 1u] = red[0]; }
+}

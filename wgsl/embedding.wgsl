@@ -1,0 +1,17 @@
+// Embedding lookup: out[t, :] = E[ids[t], :] * SCALE for t < n_tokens.
+//   ids: array<u32> (T_cap) token ids of this step (host-written for prompts; the sampler writes
+//        ids[0] itself during decode, so the token never visits the host)
+//   E  : weight (vocab, dim) in any runtime format (dequantized by its accessor)
+{{STEP_DECL}}
+@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
+{{W_DECL}}
+{{OUT_DECL}}
+const SCALE: f32 = {{SCALE}};
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = wid.y;
+  let s = wid.x * 64u + lid;
+  if (t >= {{NT}} || s >= out_S) { return; }
+  out_write(0u, t, 0u, s, w_read4(ids[t], s) * SCALE);
+}

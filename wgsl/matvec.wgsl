@@ -1,0 +1,80 @@
+// Decode-stage linear layer (GEMV-like "fully connected" kernel):
+//   y[t, o] = sum_i x[t, i] * W[o, i]  (+ bias[o]) (+ y[t, o] when RESIDUAL)
+//   DUAL: y[t, o] = act(x.Wg[o]) * (x.Wu[o])  (fused gate/up + SiLU or GELU-tanh)
+//   SOFTCAP: y = CAP * tanh(y / CAP)  (Gemma's final logit soft-capping)
+// One workgroup computes ROWS outputs of one token; its WG threads split the input slices and
+// reduce through workgroup memory. Dispatch: (ceil(O / ROWS), tokens).
+{{STEP_DECL}}
+{{X_DECL}}
+{{Y_DECL}}
+{{W_DECL}}
+#if DUAL
+{{W2_DECL}}
+#endif
+#if BIAS
+@group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
+#endif
+const ROWS: u32 = {{ROWS}}u;
+const WG: u32 = {{WG}}u;
+var<workgroup> red: array<f32, {{RED}}>;
+
+fn act(g: f32) -> f32 {
+#if GELU
+  let c = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+  return 0.5 * g * (1.0 + tanh(c));
+#else
+  return g / (1.0 + exp(-g));
+#endif
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = wid.y;
+  if (t >= {{NT}}) { return; }
+  let o0 = wid.x * ROWS;
+  var acc: array<f32, {{ROWS}}>;
+#if DUAL
+  var acc2: array<f32, {{ROWS}}>;
+#endif
+  for (var s = lid; s < w_SI; s += WG) {
+    let xv = x_read(0u, {{XROW}}, 0u, s);
+    for (var r = 0u; r < ROWS; r++) {
+      let o = min(o0 + r, w_O - 1u);
+      acc[r] += dot(xv, w_read4(o, s));
+#if DUAL
+      acc2[r] += dot(xv, w2_read4(o, s));
+#endif
+    }
+  }
+#if DUAL
+  for (var r = 0u; r < ROWS; r++) { red[r * WG + lid] = acc[r]; red[(ROWS + r) * WG + lid] = acc2[r]; }
+  let NRED = 2u * ROWS;
+#else
+  for (var r = 0u; r < ROWS; r++) { red[r * WG + lid] = acc[r]; }
+  let NRED = ROWS;
+#endif
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k >>= 1u) {
+    if (lid < k) {
+      for (var r = 0u; r < NRED; r++) { red[r * WG + lid] += red[r * WG + lid + k]; }
+    }
+    workgroupBarrier();
+  }
+  if (lid < ROWS && o0 + lid < w_O) {
+    let o = o0 + lid;
+    var v = red[lid * WG];
+#if BIAS
+    v += bias[o];
+#endif
+#if DUAL
+    v = act(v) * red[(ROWS + lid) * WG];
+#endif
+#if SOFTCAP
+    v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
+#endif
+#if RESIDUAL
+    v += y_read1(0u, t, 0u, o);
+#endif
+    y_write1(0u, t, 0u, o, v);
+  }
+}
