@@ -1,9 +1,20 @@
+#if SUBGROUP
+#if SUBGROUP_ENABLE
+enable subgroups;
+#endif
+#endif
 // Decode-stage linear layer (GEMV-like "fully connected" kernel):
 //   y[t, o] = sum_i x[t, i] * W[o, i]  (+ bias[o]) (+ y[t, o] when RESIDUAL)
 //   DUAL: y[t, o] = act(x.Wg[o]) * (x.Wu[o])  (fused gate/up + SiLU or GELU-tanh)
 //   SOFTCAP: y = CAP * tanh(y / CAP)  (Gemma's final logit soft-capping)
-// One workgroup computes ROWS outputs of one token; its WG threads split the input slices and
-// reduce through workgroup memory. Dispatch: (ceil(O / ROWS), tokens).
+// Two variants, chosen per device by measurement (kernels/autotune.py):
+//   split (default): one workgroup computes ROWS outputs of one token; its WG threads split the
+//     input slices and reduce through workgroup memory. Dispatch: (ceil(O / ROWS), tokens).
+//   SUBGROUP: each subgroup (warp) computes one output at a time, its lanes striding the input
+//     slices (coalesced), reduced with subgroupAdd; WG/sg_size rows in flight per workgroup, each
+//     workgroup covers ROWS rows. No workgroup barriers. Dispatch: (ceil(O / ROWS), tokens).
+//   ROW_PER_THREAD: each invocation computes one output over all inputs; no barriers (CPU
+//     adapters such as lavapipe run barriers slowly). Dispatch: (ceil(O / WG), tokens).
 {{STEP_DECL}}
 {{X_DECL}}
 {{Y_DECL}}
@@ -27,6 +38,68 @@ fn act(g: f32) -> f32 {
 #endif
 }
 
+fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
+  var v = acc;
+#if BIAS
+  v += bias[o];
+#endif
+#if DUAL
+  v = act(v) * acc2;
+#endif
+#if SOFTCAP
+  v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
+#endif
+#if RESIDUAL
+  v += y_read1(0u, t, 0u, o);
+#endif
+  y_write1(0u, t, 0u, o, v);
+}
+
+#if SUBGROUP
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
+  let t = wid.y;
+  if (t >= {{NT}}) { return; }
+  let nsg = WG / sg;
+  let sgi = lid / sg;
+  for (var r = sgi; r < ROWS; r += nsg) {
+    let o = wid.x * ROWS + r;
+    if (o >= w_O) { break; }
+    var acc = 0.0;
+    var acc2 = 0.0;
+    for (var s = lane; s < w_SI; s += sg) {
+      let xv = x_read(0u, {{XROW}}, 0u, s);
+      acc += dot(xv, w_read4(o, s));
+#if DUAL
+      acc2 += dot(xv, w2_read4(o, s));
+#endif
+    }
+    acc = subgroupAdd(acc);
+#if DUAL
+    acc2 = subgroupAdd(acc2);
+#endif
+    if (lane == 0u) { epilogue(t, o, acc, acc2); }
+  }
+}
+#elif ROW_PER_THREAD
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let t = wid.y;
+  let o = wid.x * WG + lid;
+  if (t >= {{NT}} || o >= w_O) { return; }
+  var acc = 0.0;
+  var acc2 = 0.0;
+  for (var s = 0u; s < w_SI; s++) {
+    let xv = x_read(0u, {{XROW}}, 0u, s);
+    acc += dot(xv, w_read4(o, s));
+#if DUAL
+    acc2 += dot(xv, w2_read4(o, s));
+#endif
+  }
+  epilogue(t, o, acc, acc2);
+}
+#else
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = wid.y;
@@ -61,20 +134,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   if (lid < ROWS && o0 + lid < w_O) {
-    let o = o0 + lid;
-    var v = red[lid * WG];
-#if BIAS
-    v += bias[o];
-#endif
 #if DUAL
-    v = act(v) * red[(ROWS + lid) * WG];
+    epilogue(t, o0 + lid, red[lid * WG], red[(ROWS + lid) * WG]);
+#else
+    epilogue(t, o0 + lid, red[lid * WG], 0.0);
 #endif
-#if SOFTCAP
-    v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
-#endif
-#if RESIDUAL
-    v += y_read1(0u, t, 0u, o);
-#endif
-    y_write1(0u, t, 0u, o, v);
   }
 }
+#endif

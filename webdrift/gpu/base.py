@@ -66,12 +66,14 @@ class DeviceInfo:
     vendor: str = ""
     features: set = field(default_factory=set)
     limits: dict = field(default_factory=dict)
+    is_cpu: bool = False          # a software adapter (lavapipe, SwiftShader): prefers barrier-free kernels
 
 
 class Device:
     """Backend-independent device. Subclasses implement the `_`-free methods below."""
 
     info: DeviceInfo
+    wgsl_subgroup_enable = False   # whether WGSL must say `enable subgroups;` (Tint yes, naga no)
 
     # -- capabilities ------------------------------------------------------------------
     @property

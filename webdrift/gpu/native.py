@@ -55,7 +55,8 @@ class NativeDevice(Device):
         info = adapter.info
         self.info = DeviceInfo(adapter=info.get("device", ""), backend=info.get("backend_type", ""),
                                vendor=info.get("vendor", ""), features=set(self._dev.features),
-                               limits=dict(self._dev.limits))
+                               limits=dict(self._dev.limits),
+                               is_cpu=info.get("adapter_type") == "CPU" or "llvmpipe" in info.get("device", ""))
         self._queue = self._dev.queue
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}

@@ -32,6 +32,8 @@ class Kernel:
         self.defines = dict(defines)
         self.defines.setdefault("F16", dev.has_f16)
         self.defines.setdefault("SUBGROUPS", dev.has_subgroups)
+        # Tint (browsers) wants `enable subgroups;`; naga (wgpu-native) rejects it
+        self.defines.setdefault("SUBGROUP_ENABLE", dev.wgsl_subgroup_enable)
         self.label = label or self.template
         self.source = specialise(self.template, self.defines)
         self.pipeline = dev.create_pipeline(self.source, bindings, label=self.label)

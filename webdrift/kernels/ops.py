@@ -65,16 +65,16 @@ class LinearKernel(Kernel):
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
                  w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
-                 rows: int = 4, wg: int = 64):
+                 rows: int = 4, wg: int = 64, variant: str = "split"):
         self.template = "matvec" if stage == "decode" else "matmul"
-        self.stage, self.w, self.rows = stage, w, rows
+        self.stage, self.w, self.rows, self.variant, self.wg = stage, w, rows, variant, wg
         b = 3
         d = {"STEP_DECL": STEP_DECL,
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": w.wgsl("w", b), "DUAL": w2 is not None, "BIAS": bias, "RESIDUAL": residual,
              "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),
-             "ROWS": rows, "WG": wg, "RED": 2 * rows * wg,
+             "ROWS": rows, "WG": wg, "RED": 2 * rows * wg, "ROW_PER_THREAD": variant == "row", "SUBGROUP": variant == "subgroup",
              "NT": "1u" if x_last_row else "step.n_tokens", "XROW": "step.last_row" if x_last_row else "t"}
         binds = (UNI, RW, RW) + (READ,) * w.n_bindings
         b += w.n_bindings
@@ -91,7 +91,8 @@ class LinearKernel(Kernel):
 
     def workgroups(self, t: int):
         if self.stage == "decode":
-            return (ceil_div(self.w.o, self.rows), t, 1)
+            per_wg = self.wg if self.variant == "row" else self.rows
+            return (ceil_div(self.w.o, per_wg), t, 1)
         return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
+from ..kernels.autotune import choose_gemv
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
 from ..kernels.ops import (AttentionCombineKernel, AttentionKernel, EmbeddingKernel, LinearKernel,
@@ -80,7 +81,7 @@ class GPUModel:
     """Runtime weights + KV cache of one model on one device."""
 
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
-                 progress=None):
+                 progress=None, autotune: bool = True):
         self.dev, self.cfg, self.cap = dev, source.config, max_context
         cfg = self.cfg
         if cfg.n_heads % cfg.n_kv_heads:
@@ -88,6 +89,7 @@ class GPUModel:
         if cfg.head_dim % 2 or cfg.head_dim > 512:
             raise UnsupportedModelError(f"{source.path}: head_dim {cfg.head_dim} is not supported (even, <= 512)")
         self.weight_format = weight_format
+        self.autotune = autotune
         self._src = source
         self._progress = progress
         self._done = 0
@@ -280,6 +282,9 @@ class Program:
         rows_cap = self.capacity * group
         nsplit = ceil_div(m.cap, CHUNK)
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
+        # device specialisation: decode GEMVs use the variant measured fastest on this adapter
+        def mv_for(w, w2=None):
+            return choose_gemv(dev, w, w2, enabled=m.autotune) if stage == "decode" else {}
         ops = []
         for node in g.ops:
             kind = node.build[0]
@@ -302,7 +307,7 @@ class Program:
             elif kind == "qkv":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = LinearKernel(dev, stage, D(f"h{i}"), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None)
+                k = LinearKernel(dev, stage, D(f"h{i}"), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None, **mv_for(lw.wqkv))
                 binds = [self.step_buf, a(f"h{i}"), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
             elif kind == "rope":
                 i = node.build[1]
@@ -329,18 +334,18 @@ class Program:
                 i = node.build[1]
                 lw = m.layers[i]
                 out = f"proj{i}" if cfg.post_norms else "x"
-                k = LinearKernel(dev, stage, D(f"attn{i}"), D(out), lw.wo, residual=not cfg.post_norms)
+                k = LinearKernel(dev, stage, D(f"attn{i}"), D(out), lw.wo, residual=not cfg.post_norms, **mv_for(lw.wo))
                 binds = [self.step_buf, a(f"attn{i}"), a(out)] + lw.wo.buffers
             elif kind == "gateup":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = LinearKernel(dev, stage, D(f"h2_{i}"), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act)
+                k = LinearKernel(dev, stage, D(f"h2_{i}"), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act, **mv_for(lw.w_gate, lw.w_up))
                 binds = [self.step_buf, a(f"h2_{i}"), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
             elif kind == "down":
                 i = node.build[1]
                 lw = m.layers[i]
                 out = f"ffo{i}" if cfg.post_norms else "x"
-                k = LinearKernel(dev, stage, D(f"act{i}"), D(out), lw.w_down, residual=not cfg.post_norms)
+                k = LinearKernel(dev, stage, D(f"act{i}"), D(out), lw.w_down, residual=not cfg.post_norms, **mv_for(lw.w_down))
                 binds = [self.step_buf, a(f"act{i}"), a(out)] + lw.w_down.buffers
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
@@ -348,8 +353,10 @@ class Program:
                 binds = [self.step_buf, a("x"), a("xl"), m.output_norm]
             elif kind == "lm_head":
                 lm_stage = "decode" if not self.all_logits else stage
-                k = LinearKernel(dev, lm_stage, D("xl"), D("logits"), m.output, softcap=cfg.final_logit_softcap,
-                                 rows=4 if m.output.o // 4 <= dev.max_workgroups else 8)
+                lm = choose_gemv(dev, m.output, enabled=m.autotune) if lm_stage == "decode" else {}
+                if lm.get("rows", 4) * dev.max_workgroups < m.output.o:
+                    lm = dict(lm, rows=ceil_div(m.output.o, dev.max_workgroups))
+                k = LinearKernel(dev, lm_stage, D("xl"), D("logits"), m.output, softcap=cfg.final_logit_softcap, **lm)
                 binds = [self.step_buf, a("xl"), a("logits")] + m.output.buffers
             elif kind == "sample":
                 k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u")

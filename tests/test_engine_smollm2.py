@@ -1,0 +1,87 @@
+"""SmolLM2-135M-Instruct (the default model, Q4_1/Q8_0 GGUF) through webdrift on desktop
+WebGPU vs transformers (the GGUF dequantized, fp32, CPU) on the same token ids."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import webdrift  # noqa: E402
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+    "<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(scope="module")
+def ref_model(smollm2_gguf_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    p = smollm2_gguf_path
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return model, tok
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_gguf_path):
+    return webdrift.load(str(smollm2_gguf_path), max_context=512)
+
+
+def test_prompt_tokenization_matches_hf(engine, ref_model):
+    _, tok = ref_model
+    for p in PROMPTS:
+        assert engine.encode_prompt(p) == tok.encode(p)
+
+
+def test_teacher_forced_logits(engine, ref_model):
+    model, tok = ref_model
+    # one long sequence: 270 tokens crosses the attention kernel's 256-key split and two prefill
+    # chunks of the score program
+    ids = tok.encode(" ".join(PROMPTS) * 4)[:270]
+    assert len(ids) == 270
+    got = engine.logits(ids)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    top1 = (got.argmax(1) == want.argmax(1)).mean()
+    assert cos.min() >= 0.999, cos.min()
+    assert top1 >= 0.98, top1
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_continuation(engine, ref_model, prompt):
+    model, tok = ref_model
+    ids = tok.encode(prompt)
+    out = engine.generate(prompt, max_new_tokens=16, temperature=0.0, stop_at_eos=False)
+    with torch.no_grad():
+        g = model.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+    assert out.token_ids == g[0, len(ids):].tolist()
+    assert out.text == tok.decode(out.token_ids)
+
+
+def test_stream_pieces_concatenate_to_text(engine):
+    pieces = list(engine.stream(PROMPTS[0], max_new_tokens=8))
+    out = engine.generate(PROMPTS[0], max_new_tokens=8)
+    assert "".join(pieces) == out.text
+
+
+def test_sampling_is_seeded(engine):
+    a = engine.generate(PROMPTS[0], max_new_tokens=6, temperature=0.8, top_k=40, top_p=0.9, seed=7)
+    b = engine.generate(PROMPTS[0], max_new_tokens=6, temperature=0.8, top_k=40, top_p=0.9, seed=7)
+    assert a.token_ids == b.token_ids and len(a.token_ids) > 0
+
+
+def test_bad_input(engine):
+    with pytest.raises(webdrift.ContextLengthError, match="512"):
+        engine.generate([5] * 600, max_new_tokens=1)
+    with pytest.raises(webdrift.InvalidArgumentError, match="top_p"):
+        engine.generate("hi", top_p=1.5)
+    with pytest.raises(webdrift.InvalidArgumentError, match="temperature"):
+        engine.generate("hi", temperature=-1)
+    with pytest.raises(webdrift.InvalidArgumentError, match="49152"):
+        engine.generate([1, 2, 49152])
+    with pytest.raises(webdrift.ModelNotFoundError, match="no-such-model"):
+        webdrift.load("no-such-model")

@@ -1,0 +1,103 @@
+"""Kernel choice per device and stage, by measurement at first use (ML Drift's adaptive kernel
+selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the candidates are
+timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
+cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
+Without timestamp queries the static choice for the adapter kind is used.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..gpu.base import UNIFORM, Device, TimestampRecorder
+from ..tensor import TensorDesc
+from .step import STEP_BYTES, pack_step
+
+CANDIDATES = (
+    {"variant": "split", "rows": 4, "wg": 64},
+    {"variant": "subgroup", "rows": 8, "wg": 256},
+    {"variant": "subgroup", "rows": 32, "wg": 256},
+    {"variant": "row", "rows": 1, "wg": 64},
+)
+_memory: dict[str, dict] = {}
+
+
+def _cache_path() -> str | None:
+    base = os.environ.get("WEBDRIFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "webdrift")
+    try:
+        os.makedirs(base, exist_ok=True)
+    except OSError:
+        return None
+    return os.path.join(base, "kernel_choices.json")
+
+
+def _load_file() -> dict:
+    p = _cache_path()
+    if p and os.path.exists(p):
+        try:
+            with open(p) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+    return {}
+
+
+def static_choice(dev: Device) -> dict:
+    if dev.info.is_cpu:
+        return {"variant": "row", "rows": 1, "wg": 64}
+    if dev.has_subgroups:
+        return {"variant": "subgroup", "rows": 8, "wg": 256}
+    return {"variant": "split", "rows": 4, "wg": 64}
+
+
+def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
+    """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused)."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    if key in _memory:
+        return _memory[key]
+    disk = _load_file()
+    if key in disk:
+        _memory[key] = disk[key]
+        return disk[key]
+    if not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps"):
+        return static_choice(dev)
+    from .ops import LinearKernel
+    x = TensorDesc("x", w.i, 1)
+    y = TensorDesc("y", w.o, 1)
+    xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, 0))
+    best, best_ns, timings = None, None, {}
+    for cand in CANDIDATES:
+        if cand["variant"] == "subgroup" and not dev.has_subgroups:
+            continue
+        try:
+            k = LinearKernel(dev, "decode", x, y, w, w2=w2, **cand)
+        except Exception:
+            continue
+        d = k.dispatch([sb, xb, yb] + w.buffers + (w2.buffers if w2 else []), k.workgroups(1))
+        dev.submit([d])                                  # warm up
+        rec = TimestampRecorder(3)
+        dev.submit([d, d, d], timestamps=rec)
+        dev.read_timestamps(rec)
+        ns = min(b - a for a, b in rec.ticks_ns)
+        timings[f"{cand['variant']}/{cand['rows']}/{cand['wg']}"] = ns
+        if ns > 0 and (best_ns is None or ns < best_ns):
+            best, best_ns = cand, ns
+    for b in (xb, yb, sb):
+        dev.release_buffer(b)
+    best = dict(best or static_choice(dev))
+    _memory[key] = best
+    p = _cache_path()
+    if p:
+        disk = _load_file()
+        disk[key] = best
+        try:
+            with open(p + ".tmp", "w") as f:
+                json.dump(disk, f, indent=1, sort_keys=True)
+            os.replace(p + ".tmp", p)
+        except OSError:
+            pass
+    return best

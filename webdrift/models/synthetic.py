@@ -1,0 +1,220 @@
+"""Random-weight models in the exact shapes and GGUF storage types of real ones, for speed tables.
+
+`synthetic_source(name, quant)` returns a ModelSource-like object (the duck type GPUModel loads:
+`.path`, `.config`, `.tensors[name] -> .name, .shape, .type_name, .raw()`) whose matrices are
+random bytes in a GGUF block layout (F16, Q8_0 or Q4_1) and whose norm weights are F32 ones.
+The bytes go through the normal GPU conversion path at load, so the runtime weights are exactly
+the formats a real file of that type gives. Decode speed does not depend on the values; they are
+only kept finite and small (every f16 scale / value field is set to a small normal number) so no
+kernel meets inf or NaN.
+
+Generation is cheap: one pool of random bytes per storage type (a few MiB, block aligned) is
+tiled to each tensor's size, so loading an 8B shape costs a memcpy per tensor, not an RNG pass.
+Desktop only (imports numpy when bytes are first made); not for the browser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    tied: bool
+    rope_theta: float = 500000.0
+    rope_scaling: dict | None = None
+    max_position: int = 131072
+
+
+_LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                 "original_max_position_embeddings": 8192}
+_LLAMA32_ROPE = dict(_LLAMA31_ROPE, factor=32.0)
+
+# The shapes of the models ML Drift and friends report on (HF config.json values).
+PRESETS: dict[str, Shape] = {
+    "tiny": Shape(128, 2, 4, 2, 32, 256, 512, True, 10000.0, None, 4096),   # CI: seconds on lavapipe
+    "smollm2-135m": Shape(576, 30, 9, 3, 64, 1536, 49152, True, 100000.0, None, 8192),
+    "llama-3.2-1b": Shape(2048, 16, 32, 8, 64, 8192, 128256, True, 500000.0, _LLAMA32_ROPE),
+    "llama-3.2-3b": Shape(3072, 28, 24, 8, 128, 8192, 128256, True, 500000.0, _LLAMA32_ROPE),
+    "llama-3.1-8b": Shape(4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0, _LLAMA31_ROPE),
+}
+
+# --quant -> the GGUF storage type of every matrix (norms stay F32, as in real GGUF files)
+QUANTS: dict[str, str] = {"f16": "F16", "q8": "Q8_0", "q4": "Q4_1"}
+
+# GGUF block layouts: (bytes per block, elements per block)
+_BLOCK = {"F32": (4, 1), "F16": (2, 1), "Q8_0": (34, 32), "Q4_1": (20, 32)}
+
+
+def check_choice(what: str, value: str, choices) -> None:
+    if value not in choices:
+        raise InvalidArgumentError(f"{what}={value!r} is not known; choose one of: {', '.join(choices)}")
+
+
+def synthetic_config(name: str) -> ModelConfig:
+    check_choice("synthetic model", name, PRESETS)
+    s = PRESETS[name]
+    return ModelConfig(arch="llama", vocab_size=s.vocab_size, dim=s.dim, n_layers=s.n_layers, n_heads=s.n_heads,
+                       n_kv_heads=s.n_kv_heads, head_dim=s.head_dim, ffn_dim=s.ffn_dim, norm_eps=1e-5,
+                       rope_theta=s.rope_theta, rope_style="half", max_position=s.max_position,
+                       tied_embeddings=s.tied, bos_token_id=None, eos_token_ids=[], name=f"synthetic-{name}",
+                       rope_scaling=s.rope_scaling)
+
+
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Canonical (GGUF) name -> numpy-order shape of every tensor of a llama-family model."""
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.vocab_size, cfg.dim),
+                                          "output_norm.weight": (cfg.dim,)}
+    if not cfg.tied_embeddings:
+        shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        shapes.update({
+            p + "attn_norm.weight": (cfg.dim,),
+            p + "attn_q.weight": (cfg.q_dim, cfg.dim),
+            p + "attn_k.weight": (cfg.kv_dim, cfg.dim),
+            p + "attn_v.weight": (cfg.kv_dim, cfg.dim),
+            p + "attn_output.weight": (cfg.dim, cfg.q_dim),
+            p + "ffn_norm.weight": (cfg.dim,),
+            p + "ffn_gate.weight": (cfg.ffn_dim, cfg.dim),
+            p + "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
+            p + "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
+        })
+    return shapes
+
+
+def stored_bytes(type_name: str, shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    bb, be = _BLOCK[type_name]
+    return n // be * bb
+
+
+_POOLS: dict[str, bytes] = {}
+_POOL_BLOCKS = 1 << 17       # blocks per pool: 4.3 MiB of Q8_0, 2.6 MiB of Q4_1, 256 KiB of F16
+
+
+def _pool(type_name: str) -> bytes:
+    """Random bytes of whole blocks of type_name, every f16 field a small finite number."""
+    p = _POOLS.get(type_name)
+    if p is not None:
+        return p
+    import numpy as np
+    rng = np.random.default_rng(0x5EED)
+    bb, _ = _BLOCK[type_name]
+    raw = rng.integers(0, 256, size=(_POOL_BLOCKS, bb), dtype=np.uint8)
+
+    def small_f16(n: int, exponent: int, sign: bool) -> np.ndarray:
+        # f16 bits: sign | exponent field (5 bits) | random mantissa -> magnitude 2^(exponent-15) * [1, 2)
+        m = rng.integers(0, 1 << 10, size=n, dtype=np.uint16)
+        s = (rng.integers(0, 2, size=n, dtype=np.uint16) << 15) if sign else np.uint16(0)
+        return (m | np.uint16(exponent << 10) | s).astype(np.uint16)
+
+    if type_name == "F32":          # norm weights: ones
+        raw = np.ones(_POOL_BLOCKS, np.float32).view(np.uint8).reshape(_POOL_BLOCKS, 4)
+    elif type_name == "F16":        # values in +-[2^-7, 2^-6)
+        raw = small_f16(_POOL_BLOCKS, 8, True).view(np.uint8).reshape(_POOL_BLOCKS, 2)
+    elif type_name == "Q8_0":       # d in [2^-12, 2^-11), q random int8
+        raw[:, 0:2] = small_f16(_POOL_BLOCKS, 3, False).view(np.uint8).reshape(-1, 2)
+    elif type_name == "Q4_1":       # d in [2^-10, 2^-9), m = -8 d (values centred on 0)
+        d = small_f16(_POOL_BLOCKS, 5, False)
+        m = (-8.0 * d.view(np.float16).astype(np.float32)).astype(np.float16).view(np.uint16)
+        raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
+        raw[:, 2:4] = m.view(np.uint8).reshape(-1, 2)
+    p = raw.tobytes()
+    _POOLS[type_name] = p
+    return p
+
+
+class SyntheticTensor:
+    """One tensor of a synthetic model: canonical name, numpy-order shape, GGUF type, raw bytes."""
+
+    __slots__ = ("name", "shape", "type_name")
+
+    def __init__(self, name: str, shape: tuple[int, ...], type_name: str):
+        self.name, self.shape, self.type_name = name, shape, type_name
+
+    @property
+    def nbytes(self) -> int:
+        return stored_bytes(self.type_name, self.shape)
+
+    def raw(self) -> bytes:
+        n = self.nbytes
+        pool = _pool(self.type_name)
+        if n <= len(pool):
+            return pool[:n]
+        return (pool * (n // len(pool) + 1))[:n]
+
+    def __repr__(self) -> str:
+        return f"SyntheticTensor({self.name!r}, {self.shape}, {self.type_name})"
+
+
+class SyntheticSource:
+    """A ModelSource (see weights/source.py) of random weights; no tokenizer (feed token ids)."""
+
+    format = "synthetic"
+    tokenizer_info: dict = {}
+    chat_template = None
+
+    def __init__(self, name: str, quant: str):
+        check_choice("synthetic model", name, PRESETS)
+        check_choice("quant", quant, QUANTS)
+        self.name, self.quant = name, quant
+        self.path = f"synthetic:{name}:{quant}"
+        self.config = synthetic_config(name)
+        qt = QUANTS[quant]
+        self.tensors = {n: SyntheticTensor(n, s, "F32" if len(s) == 1 else qt)
+                        for n, s in tensor_shapes(self.config).items()}
+
+    @property
+    def n_params(self) -> int:
+        total = 0
+        for t in self.tensors.values():
+            n = 1
+            for d in t.shape:
+                n *= d
+            total += n
+        return total
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def __repr__(self) -> str:
+        return f"SyntheticSource({self.name!r}, {self.quant}, {self.n_params / 1e6:.0f}M params)"
+
+
+class NullTokenizer:
+    """Stands in for a tokenizer when a benchmark feeds token ids: no text, no EOS."""
+
+    eos_token_ids: list[int] = []
+
+    def encode(self, text, add_special_tokens: bool = True):
+        raise InvalidArgumentError("this model has no tokenizer (synthetic weights): pass a list of token ids")
+
+    def stream_decoder(self):
+        return _NullDecoder()
+
+
+class _NullDecoder:
+    def push(self, token: int) -> str:
+        return ""
+
+    def flush(self) -> str:
+        return ""
+
+
+def synthetic_source(name: str, quant: str = "q4") -> SyntheticSource:
+    """A random-weight model with `name`'s shapes (PRESETS) stored as `quant` (QUANTS)."""
+    return SyntheticSource(name, quant)
