@@ -57,6 +57,7 @@ class Dispatch:
     bind_group: BindGroup
     workgroups: tuple[int, int, int]
     label: str = ""
+    raw: tuple | None = None      # backend's cached raw handles (filled on first submit)
 
 
 @dataclass

@@ -86,7 +86,8 @@ _JS_HELPERS = r"""
   },
   adapterInfo(adapter) {
     const i = adapter.info || {};
-    return [i.vendor || "", i.architecture || "", i.device || "", i.description || ""];
+    return [i.vendor || "", i.architecture || "", i.device || "", i.description || "",
+            !!(i.isFallbackAdapter || adapter.isFallbackAdapter)];
   },
   features(obj) { return Array.from(obj.features); },
   limit(obj, name) { const v = obj.limits[name]; return v === undefined ? -1 : v; },
@@ -125,6 +126,8 @@ def webgpu_missing_message(reason: str) -> str:
 
 class BrowserDevice(Device):
     """A GPUDevice from navigator.gpu. Create with `await create_browser_device()`."""
+
+    wgsl_subgroup_enable = True    # Tint wants `enable subgroups;` before subgroup built-ins
 
     def __init__(self, adapter, device, info: DeviceInfo):
         self._adapter, self._dev, self.info = adapter, device, info
@@ -362,15 +365,17 @@ async def create_browser_device(power_preference: str = "high-performance") -> B
                                                    "requiredLimits": limits}))
     except Exception as e:
         raise GPUError(f"could not create a WebGPU device: {e}") from e
-    vendor, arch, dev_name, desc = h.adapterInfo(adapter).to_py()
+    vendor, arch, dev_name, desc, fallback = h.adapterInfo(adapter).to_py()
     name = desc or dev_name or " ".join(x for x in (vendor, arch) if x) or "WebGPU adapter"
+    software = bool(fallback) or any("swiftshader" in x.lower() or "llvmpipe" in x.lower()
+                                     for x in (arch, dev_name, desc))
     dev_limits = {}
     for k in _ALL_LIMITS:
         v = h.limit(device, k)
         if v >= 0:
             dev_limits[_kebab(k)] = int(v)
     info = DeviceInfo(adapter=name, backend="WebGPU (browser)", vendor=vendor,
-                      features=set(h.features(device).to_py()), limits=dev_limits)
+                      features=set(h.features(device).to_py()), limits=dev_limits, is_cpu=software)
     dev = BrowserDevice(adapter, device, info)
     dev.architecture = arch
     return dev

@@ -10,8 +10,15 @@ profiling puts each dispatch in its own pass with `timestamp_writes`.
 from __future__ import annotations
 
 import os
+import weakref
 
 import wgpu
+
+try:  # wgpu-native's C entry points: the hot encode loop calls them directly (see submit)
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi
+    from wgpu.backends.wgpu_native._ffi import lib as _lib
+except Exception:  # pragma: no cover - another wgpu build: fall back to the Python API
+    _ffi = _lib = None
 
 from ..errors import GPUError, GPULimitError
 from .base import (READ, READBACK, RW, STORAGE, UNI, UNIFORM, BindGroup, Buffer, Device, DeviceInfo,
@@ -61,6 +68,9 @@ class NativeDevice(Device):
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}
         self.allocations = 0   # buffers created (the decode loop must not add any)
+        self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
+        self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
+        self.peak_bytes = 0              # high-water mark of bytes_allocated (reset it freely)
 
     # -- buffers -----------------------------------------------------------------------
     def create_buffer(self, size: int, usage: str = STORAGE, label: str = "") -> Buffer:
@@ -70,7 +80,14 @@ class NativeDevice(Device):
                                 f"{self.max_buffer_size}")
         self.allocations += 1
         h = self._dev.create_buffer(size=size, usage=_USAGE[usage], label=label)
-        return Buffer(h, size, label, usage)
+        buf = Buffer(h, size, label, usage)
+        self.bytes_allocated += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes_allocated)
+        buf._freed = weakref.finalize(buf, self._forget, size)   # released or garbage-collected
+        return buf
+
+    def _forget(self, size: int) -> None:
+        self.bytes_allocated -= size
 
     def write_buffer(self, buf: Buffer, data, offset: int = 0) -> None:
         mv = memoryview(data).cast("B")
@@ -156,13 +173,30 @@ class NativeDevice(Device):
         enc = self._dev.create_command_encoder()
         if timestamps is None:
             cp = enc.begin_compute_pass()
-            last_p = None
-            for d in dispatches:
-                if d.pipeline is not last_p:
-                    cp.set_pipeline(d.pipeline.handle)
-                    last_p = d.pipeline
-                cp.set_bind_group(0, d.bind_group.handle)
-                cp.dispatch_workgroups(*d.workgroups)
+            if _lib is not None:
+                # wgpu-py's set_bind_group allocates a cffi array per call (~10 us); a decode step
+                # is hundreds of dispatches, so encode through the C API with cached raw handles.
+                h, null = cp._internal, _ffi.NULL
+                set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
+                disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
+                last_p = None
+                for d in dispatches:
+                    raw = d.raw
+                    if raw is None:
+                        raw = d.raw = (d.pipeline.handle._internal, d.bind_group.handle._internal) + tuple(d.workgroups)
+                    if raw[0] is not last_p:
+                        set_p(h, raw[0])
+                        last_p = raw[0]
+                    set_bg(h, 0, raw[1], 0, null)
+                    disp(h, raw[2], raw[3], raw[4])
+            else:
+                last_p = None
+                for d in dispatches:
+                    if d.pipeline is not last_p:
+                        cp.set_pipeline(d.pipeline.handle)
+                        last_p = d.pipeline
+                    cp.set_bind_group(0, d.bind_group.handle)
+                    cp.dispatch_workgroups(*d.workgroups)
             cp.end()
         else:
             self._encode_timed(enc, dispatches, timestamps)
@@ -194,6 +228,9 @@ class NativeDevice(Device):
 
     def release_buffer(self, buf: Buffer) -> None:
         buf.handle.destroy()
+        freed = getattr(buf, "_freed", None)
+        if freed is not None:
+            freed()   # runs _forget once
 
     def check_dispatch(self, wg, label):
         check_workgroups(self, wg, label)

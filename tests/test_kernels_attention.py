@@ -1,0 +1,131 @@
+"""AttentionKernel + AttentionCombineKernel (wgsl/attention.wgsl, attention_combine.wgsl) vs a
+numpy causal softmax attention with GQA grouping: positions crossing the 256-key chunks, sliding
+windows, attention soft-capping and the score scale. The caches are filled with random values
+directly: K (KVH, CAP, DH), V (KVH, DH, CAP); queries as q_rel (B = KVH, W = T * GROUP, C = DH)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
+from webdrift.kernels.ops import AttentionCombineKernel, AttentionKernel
+from webdrift.tensor import TensorDesc
+
+SENTINEL = 3.25
+
+
+def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None):
+    """q_rel (KVH, T*G, DH), kc (KVH, CAP, DH), vc (KVH, DH, CAP) -> out (T, H*DH), float64."""
+    kvh_n, rows, dh = q_rel.shape
+    T = rows // group
+    out = np.zeros((T, kvh_n * group * dh))
+    for kvh in range(kvh_n):
+        for row in range(rows):
+            t, g = divmod(row, group)
+            p = pos0 + t
+            lo = max(0, p + 1 - window) if window else 0
+            s = kc[kvh, lo: p + 1].astype(np.float64) @ q_rel[kvh, row].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            h = kvh * group + g
+            out[t, h * dh:(h + 1) * dh] = vc[kvh, :, lo: p + 1].astype(np.float64) @ w
+    return out
+
+
+def random_inputs(kvh, rows, dh, cap, seed):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((kvh, rows, dh)).astype(np.float32),      # q_rel
+            rng.standard_normal((kvh, cap, dh)).astype(np.float32),       # K cache
+            rng.standard_normal((kvh, dh, cap)).astype(np.float32))       # V cache
+
+
+def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, out_layout="linear",
+                  q_layout="linear", t_cap=None, seed=0):
+    group = H // KVH
+    scale = scale if scale is not None else DH ** -0.5
+    t_cap = t_cap or T
+    rows_cap = t_cap * group
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    q_d = TensorDesc("q", DH, rows_cap, b=KVH, layout=q_layout)
+    out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap)
+    comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
+    part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
+    ob = upload(out_d, fill=SENTINEL)
+    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], T, pos0=pos0)
+    run(comb, [part, ob], T, pos0=pos0)
+    got = download(out_d, ob)
+    assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
+    return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap)
+
+
+def assert_close(got, ref):
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])
+def test_attention_gqa(pos0, T):
+    """SmolLM2's heads (H=9, KVH=3, DH=64), CAP=512: decode and prefill, across the 256 split."""
+    assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20))
+
+
+def test_attention_long_prefill_crossing_chunks():
+    """pos0 = 0, T = 300 with CAP = 512: early rows see one chunk, later rows two."""
+    assert_close(*run_attention(2, 1, 32, 512, 0, 300, out_layout="sliced"))
+
+
+def test_attention_decode_four_splits():
+    assert_close(*run_attention(4, 2, 64, 1024, 900, 1))
+
+
+@pytest.mark.parametrize("H,KVH,DH,q_layout", [(4, 4, 32, "linear"), (4, 1, 128, "sliced"), (2, 1, 256, "linear")])
+def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout):
+    assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout))
+
+
+@pytest.mark.parametrize("window,pos0,T", [(16, 250, 20), (4, 0, 9), (300, 200, 120), (1, 10, 3)])
+def test_attention_sliding_window(window, pos0, T):
+    """Key k is visible from position p iff p - WINDOW < k <= p (Gemma 3's local layers)."""
+    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120))
+
+
+@pytest.mark.parametrize("pos0,T", [(0, 4), (250, 20)])
+def test_attention_softcap_and_scale(pos0, T):
+    """Large scores (scale 1) soft-capped at 5: the cap changes the result a lot."""
+    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20)
+    assert_close(got, ref)
+    uncapped = attention_ref(*random_inputs(2, T * 2, 32, 512, 0), pos0, 2, 1.0)
+    assert np.abs(uncapped - ref).max() > 0.1
+    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20)
+    assert_close(got2, ref_uncapped)
+
+
+def test_attention_partials_layout():
+    """Phase 1 writes part[(kvh, row, split)] = (sum_k e_k V[:, k], m, l) with m the chunk's max
+    score and e_k = exp(s_k - m), l = sum e_k; a split with no visible key has m = -3e38, l = 0."""
+    H, KVH, DH, cap, scale = 2, 2, 32, 768, 0.2
+    q, kc, vc = random_inputs(KVH, 2, DH, cap, 3)
+    q_d = TensorDesc("q", DH, 2, b=KVH)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, 2, scale)
+    assert att.nsplit == 3
+    part = device().create_buffer(KVH * 2 * 3 * (DH + 2) * 4)
+    pos0 = 299                                   # rows at positions 299, 300: splits 0 and 1 visible
+    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], 2, pos0=pos0)
+    got = read_f32(part, KVH * 2 * 3 * (DH + 2)).reshape(KVH, 2, 3, DH + 2)
+    for kvh in range(KVH):
+        for row in range(2):
+            p = pos0 + row
+            for split in range(3):
+                k0, k1 = 256 * split, min(256 * split + 256, p + 1)
+                if k0 > p:
+                    assert got[kvh, row, split, DH] == np.float32(-3.0e38)
+                    assert got[kvh, row, split, DH + 1] == 0
+                    continue
+                s = kc[kvh, k0:k1].astype(np.float64) @ q[kvh, row] * scale
+                e = np.exp(s - s.max())
+                np.testing.assert_allclose(got[kvh, row, split, DH], s.max(), rtol=1e-5, atol=1e-5)
+                np.testing.assert_allclose(got[kvh, row, split, DH + 1], e.sum(), rtol=1e-5)
+                np.testing.assert_allclose(got[kvh, row, split, :DH], vc[kvh, :, k0:k1] @ e, rtol=1e-4, atol=1e-4)

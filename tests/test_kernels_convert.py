@@ -1,0 +1,146 @@
+"""GPU weight conversion (kernels/convert.py, wgsl/convert.wgsl): raw GGUF / safetensors bytes of
+every source type -> every runtime format and weight layout, decoded on the host from the
+documented buffer formats and compared with gguf.quants.dequantize / numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device, source_bytes
+from webdrift.errors import UnsupportedModelError
+from webdrift.kernels.convert import allocate_weight, upload_rows
+from webdrift.tensor.weight_layout import WeightLayout
+
+FLOAT_SOURCES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+
+
+def _flat_index(layout: str, o: np.ndarray, i: np.ndarray, n_i: int) -> np.ndarray:
+    """Element index of W[o, i] per the documented orders (written here, not taken from webdrift)."""
+    si = (n_i + 3) // 4
+    if layout == "OI":        # (S_O, O4, S_I, I4): padded rows, row-major
+        return o * (4 * si) + i
+    assert layout == "OI4O4"  # (S_O, S_I, O4, I4): 4x4 blocks
+    return (((o // 4) * si + i // 4) * 4 + o % 4) * 4 + i % 4
+
+
+def read_dense(w) -> tuple[np.ndarray, np.ndarray | None]:
+    """Host decode of a GPUWeight's buffers -> (O, I) float32, plus the padding of float formats."""
+    dev = device()
+    raw = [dev.read_buffer_sync(b) for b in w.buffers]
+    O, I = w.o, w.i
+    if w.fmt in ("f32", "f16"):
+        flat = np.frombuffer(raw[0], np.float32 if w.fmt == "f32" else np.float16).astype(np.float32)
+        lay = "OI" if w.layout.order == WeightLayout.named("OI", 1, 1).order else "OI4O4"
+        o, i = np.meshgrid(np.arange(O), np.arange(I), indexing="ij")
+        dense = flat[_flat_index(lay, o, i, I)]
+        # the padded input columns of real rows must hold zeros (kernels read whole slices)
+        ip = np.arange(I, 4 * ((I + 3) // 4))
+        pad = flat[_flat_index(lay, *np.meshgrid(np.arange(O), ip, indexing="ij"), I)] if ip.size else None
+        return dense, pad
+    if w.fmt == "q8":   # data (O, I/4) u32 = int8 bytes in element order; scale (O, I/32) f32
+        q = np.frombuffer(raw[0], np.int8)[: O * I].reshape(O, I).astype(np.float32)
+        s = np.frombuffer(raw[1], np.float32)[: O * I // 32].reshape(O, I // 32)
+        return q * np.repeat(s, 32, axis=1), None
+    assert w.fmt == "q4"  # data (O, I/8) u32, element 8k+n at nibble n of word k; sm (O, I/32) f16x2
+    d = np.frombuffer(raw[0], np.uint32)[: O * I // 8].reshape(O, I // 8)
+    q = np.stack([(d >> (4 * n)) & 15 for n in range(8)], axis=-1).reshape(O, I).astype(np.float32)
+    sm = np.frombuffer(raw[1], np.float16)[: O * I // 16].reshape(O, I // 32, 2).astype(np.float32)
+    return q * np.repeat(sm[..., 0], 32, axis=1) + np.repeat(sm[..., 1], 32, axis=1), None
+
+
+def _convert(src: str, fmt: str, layout: str, O: int, I: int, seed: int = 0):
+    x = np.random.default_rng(seed).standard_normal((O, I)).astype(np.float32)
+    raw, ref = source_bytes(x, src)
+    w = allocate_weight(device(), "w", fmt, O, I, layout)
+    upload_rows(device(), w, src, raw, O)
+    return w, ref
+
+
+def _check_float(w, ref, fmt):
+    got, pad = read_dense(w)
+    if fmt == "f16":   # one f16 rounding of the decoded value (pack2x16float may round either way)
+        np.testing.assert_allclose(got, ref, rtol=2.0**-10, atol=1e-7)
+    else:
+        np.testing.assert_array_equal(got, ref)
+    if pad is not None:
+        assert not pad.any(), "padding columns must be zero"
+
+
+@pytest.mark.parametrize("layout", ["OI", "OI4O4"])
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+@pytest.mark.parametrize("src", FLOAT_SOURCES)
+def test_convert_to_float(src, fmt, layout):
+    # O not a multiple of 4; I not a multiple of 4 where the source allows it (blocks need 32)
+    O, I = 37, (67 if src in ("F32", "F16", "BF16") else 96)
+    w, ref = _convert(src, fmt, layout, O, I)
+    _check_float(w, ref, fmt)
+
+
+@pytest.mark.parametrize("src,fmt", [("Q8_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4")])
+@pytest.mark.parametrize("shape", [(37, 96), (5, 1536)])
+def test_convert_lossless_quant(src, fmt, shape):
+    w, ref = _convert(src, fmt, "OI", *shape)
+    got, _ = read_dense(w)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("src,fmt", [("F32", "f16"), ("Q4_0", "q4"), ("Q8_0", "q8")])
+def test_convert_row_offset_concatenates(src, fmt):
+    """Two tensors uploaded at row0 = 0 and 11 land in one weight (e.g. a fused Q|K|V)."""
+    I = 64
+    a = np.random.default_rng(1).standard_normal((11, I)).astype(np.float32)
+    b = np.random.default_rng(2).standard_normal((6, I)).astype(np.float32)
+    w = allocate_weight(device(), "w", fmt, 17, I, "OI4O4")
+    for x, row0 in ((a, 0), (b, 11)):
+        raw, _ = source_bytes(x, src)
+        upload_rows(device(), w, src, raw, x.shape[0], row0)
+    ref = np.concatenate([source_bytes(a, src)[1], source_bytes(b, src)[1]])
+    if fmt == "f16":
+        _check_float(w, ref, fmt)
+    else:
+        np.testing.assert_array_equal(read_dense(w)[0], ref)
+
+
+class _SmallGridDevice:
+    """The real device with a tiny workgroup limit, to exercise the 2-D (x, y) dispatch grid."""
+    max_workgroups = 3
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+
+@pytest.mark.parametrize("src,fmt", [("F32", "f32"), ("Q4_1", "q4")])
+def test_convert_two_dimensional_grid(src, fmt):
+    O, I = 29, 64      # f32: 29 * 16 units = 8 workgroups > 3 -> a (3, 3) grid with a ragged end
+    x = np.random.default_rng(3).standard_normal((O, I)).astype(np.float32)
+    raw, ref = source_bytes(x, src)
+    dev = _SmallGridDevice(device())
+    w = allocate_weight(dev, "w", fmt, O, I, "OI")
+    upload_rows(dev, w, src, raw, O)
+    np.testing.assert_array_equal(read_dense(w)[0], ref)
+
+
+@pytest.mark.parametrize("src,fmt", [("F32", "q8"), ("F16", "q4"), ("Q4_0", "q8"), ("Q8_0", "q4"),
+                                     ("Q6_K", "f32")])
+def test_convert_rejects_unsupported(src, fmt):
+    w = allocate_weight(device(), "w", fmt, 4, 32, "OI")
+    with pytest.raises(UnsupportedModelError):
+        upload_rows(device(), w, src, b"\0" * 256, 4)
+
+
+def test_quant_formats_need_blocks_of_32():
+    with pytest.raises(UnsupportedModelError):
+        allocate_weight(device(), "w", "q8", 4, 48)
+
+
+def test_weight_layout_index_matches_documented_orders():
+    for name in ("OI", "OI4O4"):
+        lay = WeightLayout.named(name, 7, 13)
+        o, i = np.meshgrid(np.arange(7), np.arange(13), indexing="ij")
+        got = np.vectorize(lay.index)(o, i)
+        np.testing.assert_array_equal(got, _flat_index(name, o, i, 13))
+        assert lay.n_elements == 8 * 16

@@ -1,0 +1,195 @@
+"""LinearKernel (wgsl/matvec.wgsl for decode, wgsl/matmul.wgsl for prefill) vs numpy: every
+weight format, odd sizes, the fusions (bias, residual, DUAL gate/up + SiLU / GELU-tanh, softcap,
+x_last_row), every decode variant the autotuner may pick, and that only rows t < n_tokens are
+written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device, download, f32_buffer, make_weight, run, upload
+from webdrift.kernels.autotune import CANDIDATES
+from webdrift.kernels.ops import LinearKernel
+from webdrift.tensor import TensorDesc
+
+SENTINEL = 1234.5
+CAP = 136   # token capacity of x and y: one shader per variant serves every T <= 130 (compiles are slow)
+
+
+def silu(g):
+    return g / (1.0 + np.exp(-g))
+
+
+def gelu_tanh(g):
+    return 0.5 * g * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (g + 0.044715 * g ** 3)))
+
+
+def run_linear(stage, T, W, fmt, *, layout="OI", act_layout="linear", w2=None, bias=None, y0=None,
+               act="silu", softcap=None, x_last_row=False, cap=CAP, seed=0, tuning=None):
+    """Run y = linear(x) for random x (T, I); returns (x, dense W, dense W2, y rows [0, cap))."""
+    O, I = W.shape
+    x = np.random.default_rng(seed).standard_normal((T, I)).astype(np.float32)
+    xd = TensorDesc("x", I, cap, layout=act_layout)
+    yd = TensorDesc("y", O, cap, layout=act_layout)
+    gw, wref = make_weight(W, fmt, layout)
+    bufs = [upload(xd, x), upload(yd, y0, fill=SENTINEL)] + gw.buffers
+    w2ref = None
+    if w2 is not None:
+        gw2, w2ref = make_weight(w2, fmt, layout, name="w2")
+        bufs += gw2.buffers
+    if bias is not None:
+        bufs.append(f32_buffer(bias))
+    k = LinearKernel(device(), stage, xd, yd, gw, w2=gw2 if w2 is not None else None, bias=bias is not None,
+                     residual=y0 is not None, act=act, softcap=softcap, x_last_row=x_last_row, **(tuning or {}))
+    run(k, bufs, T)
+    return x, wref, w2ref, download(yd, bufs[1])
+
+
+def assert_close(got, ref, rtol=2e-5):
+    ref = np.asarray(ref)
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=rtol * max(1.0, float(np.abs(ref).max())) * 4)
+
+
+def _weights(O, I, seed=1):
+    return np.random.default_rng(seed).standard_normal((O, I)).astype(np.float32) / np.sqrt(I)
+
+
+# -- every format, odd sizes ---------------------------------------------------------------------
+
+CASES = [  # (fmt, layout, O, I)
+    ("f32", "OI", 45, 67), ("f32", "OI4O4", 45, 67), ("f16", "OI", 45, 67), ("f16", "OI4O4", 45, 67),
+    ("q8", "OI", 45, 576), ("q4", "OI", 45, 576), ("f32", "OI4O4", 6, 576), ("f16", "OI4O4", 46, 1536),
+    ("q8", "OI", 7, 1536),
+]
+
+
+@pytest.mark.parametrize("fmt,layout,O,I", CASES)
+@pytest.mark.parametrize("stage,T", [("decode", 1), ("decode", 3), ("prefill", 1), ("prefill", 65),
+                                     ("prefill", 130)])
+def test_linear_formats(stage, T, fmt, layout, O, I):
+    """T = 65 and 130 leave the last 64-row prefill tile partly valid: rows T.. must stay untouched."""
+    W = _weights(O, I)
+    x, wref, _, y = run_linear(stage, T, W, fmt, layout=layout)
+    assert_close(y[:T], x.astype(np.float64) @ wref.T.astype(np.float64))
+    assert (y[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
+
+
+@pytest.mark.parametrize("stage,T", [("decode", 1), ("prefill", 3)])
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_linear_many_rows(stage, T, fmt):
+    """O = 4097: a ragged last workgroup of outputs (decode: 4 rows, prefill: 64 columns)."""
+    W = _weights(4097, 128, seed=2)
+    x, wref, _, y = run_linear(stage, T, W, fmt)
+    assert_close(y[:T], x.astype(np.float64) @ wref.T.astype(np.float64))
+    assert (y[T:] == SENTINEL).all()
+
+
+# -- fusions -------------------------------------------------------------------------------------
+
+STAGES = [("decode", 3), ("prefill", 65)]
+
+
+@pytest.mark.parametrize("stage,T", STAGES)
+@pytest.mark.parametrize("act_layout", ["linear", "sliced"])
+def test_linear_bias(stage, T, act_layout):
+    W = _weights(45, 67)
+    b = np.random.default_rng(5).standard_normal(45).astype(np.float32)
+    x, wref, _, y = run_linear(stage, T, W, "f32", bias=b, act_layout=act_layout)
+    assert_close(y[:T], x @ wref.T + b)
+
+
+@pytest.mark.parametrize("stage,T", STAGES)
+@pytest.mark.parametrize("act_layout", ["linear", "sliced"])
+def test_linear_residual(stage, T, act_layout):
+    W = _weights(45, 576)
+    y0 = np.random.default_rng(6).standard_normal((T, 45)).astype(np.float32)
+    x, wref, _, y = run_linear(stage, T, W, "q8", y0=y0, act_layout=act_layout)
+    assert_close(y[:T], x @ wref.T + y0)
+    assert (y[T:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("stage,T", STAGES)
+@pytest.mark.parametrize("act,fn", [("silu", silu), ("gelu_tanh", gelu_tanh)])
+@pytest.mark.parametrize("fmt,I", [("f16", 67), ("q4", 576)])
+def test_linear_dual_gate_up(stage, T, act, fn, fmt, I):
+    Wg, Wu = _weights(45, I, seed=7) * 3, _weights(45, I, seed=8)
+    x, wg, wu, y = run_linear(stage, T, Wg, fmt, w2=Wu, act=act)
+    x = x.astype(np.float64)
+    assert_close(y[:T], fn(x @ wg.T) * (x @ wu.T))
+    assert (y[T:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("stage,T", STAGES)
+def test_linear_softcap(stage, T):
+    W = _weights(45, 67) * 8          # outputs ~ N(0, 8): well into tanh's saturation at cap 5
+    x, wref, _, y = run_linear(stage, T, W, "f32", softcap=5.0)
+    ref = 5.0 * np.tanh((x @ wref.T) / 5.0)
+    assert np.abs(x @ wref.T).max() > 10
+    assert_close(y[:T], ref)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "q4"])
+def test_linear_decode_x_last_row(fmt):
+    """LM head on the last prompt row: reads x row T-1, writes y row 0 only."""
+    T = 5
+    W = _weights(45, 576)
+    x, wref, _, y = run_linear("decode", T, W, fmt, x_last_row=True)
+    assert_close(y[0], x[T - 1] @ wref.T)
+    assert (y[1:] == SENTINEL).all()
+
+
+# -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
+
+VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}") for c in CANDIDATES] + [
+    pytest.param({"variant": "split", "rows": 1, "wg": 32}, id="split1x32")]
+
+
+def _needs(tuning):
+    if tuning["variant"] == "subgroup" and not device().has_subgroups:
+        pytest.skip("the adapter has no subgroups")
+
+
+@pytest.mark.parametrize("tuning", VARIANTS)
+@pytest.mark.parametrize("fmt,layout,O,I", [("f32", "OI4O4", 45, 67), ("f16", "OI", 45, 67), ("q8", "OI", 45, 576),
+                                            ("q4", "OI", 45, 576), ("q4", "OI", 4097, 128)])
+def test_linear_decode_variants(tuning, fmt, layout, O, I):
+    _needs(tuning)
+    T = 3
+    x, wref, _, y = run_linear("decode", T, _weights(O, I), fmt, layout=layout, tuning=tuning)
+    assert_close(y[:T], x.astype(np.float64) @ wref.T.astype(np.float64))
+    assert (y[T:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("tuning", VARIANTS)
+@pytest.mark.parametrize("fusion", ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"])
+def test_linear_decode_variant_fusions(tuning, fusion):
+    _needs(tuning)
+    T, O, I = 2, 45, 576
+    rng = np.random.default_rng(12)
+    W = _weights(O, I, seed=13) * 3
+    kw = {"tuning": tuning}
+    if fusion.startswith("dual"):
+        kw.update(w2=_weights(O, I, seed=14), act="silu" if fusion == "dual_silu" else "gelu_tanh")
+    if fusion == "bias_residual":
+        kw.update(bias=rng.standard_normal(O).astype(np.float32), y0=rng.standard_normal((T, O)).astype(np.float32))
+    if fusion == "softcap":
+        kw.update(softcap=2.0)
+    x, wref, w2ref, y = run_linear("decode", T, W, "q4", x_last_row=fusion == "x_last_row", **kw)
+    x = x.astype(np.float64)
+    g = x @ wref.T
+    if fusion == "x_last_row":
+        assert_close(y[0], g[T - 1])
+        assert (y[1:] == SENTINEL).all()
+        return
+    ref = {"dual_silu": lambda: silu(g) * (x @ w2ref.T), "dual_gelu": lambda: gelu_tanh(g) * (x @ w2ref.T),
+           "bias_residual": lambda: g + kw.get("bias", 0) + kw.get("y0", 0),
+           "softcap": lambda: 2.0 * np.tanh(g / 2.0)}[fusion]()
+    assert_close(y[:T], ref)
+    assert (y[T:] == SENTINEL).all()
+
+
+def test_linear_prefill_rejects_x_last_row():
+    gw, _ = make_weight(_weights(4, 8), "f32")
+    with pytest.raises(ValueError):
+        LinearKernel(device(), "prefill", TensorDesc("x", 8, 4), TensorDesc("y", 4, 4), gw, x_last_row=True)

@@ -1,0 +1,173 @@
+"""SampleKernel (wgsl/sample.wgsl) vs numpy: greedy argmax (ties -> lowest id) and sampling with
+temperature / top-k / top-p (HF semantics) from many draws: every token is in the allowed set,
+the empirical frequencies match the renormalised probabilities, and the counter-based RNG is a
+function of (seed, step). Vocabulary sizes are not multiples of the 256-thread workgroup."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device, read_u32, run, run_steps, upload
+from webdrift.kernels.ops import SampleKernel
+from webdrift.tensor import TensorDesc
+
+_kernels: dict = {}
+
+
+def sampler(V: int, rows: int = 1):
+    """(kernel, logits desc): one compiled kernel per vocabulary size (compiles are slow on lavapipe)."""
+    if (V, rows) not in _kernels:
+        d = TensorDesc("logits", V, rows)
+        _kernels[(V, rows)] = (SampleKernel(device(), d, V), d)
+    return _kernels[(V, rows)]
+
+
+def u32_zeros(n):
+    buf = device().create_buffer(4 * max(4, n), label="u32")
+    device().write_buffer(buf, np.full(max(4, n), 0xDEADBEEF, np.uint32))
+    return buf
+
+
+# -- greedy --------------------------------------------------------------------------------------
+
+def greedy(logits: np.ndarray, step: int = 0) -> tuple[int, int, int]:
+    """(token from out_tokens[step], ids[0], rows) for logits (rows, V); samples row rows - 1."""
+    rows, V = logits.shape
+    k, d = sampler(V, rows)
+    out, ids = u32_zeros(step + 1), u32_zeros(4)
+    run(k, [upload(d, logits), out, ids], rows, step=step, temperature=0.0)
+    return int(read_u32(out)[step]), int(read_u32(ids)[0]), rows
+
+
+@pytest.mark.parametrize("V", [50, 257, 1000])
+def test_greedy_argmax(V):
+    rng = np.random.default_rng(V)
+    for where in (0, V - 1, V // 2 + 1, 37):
+        lg = rng.standard_normal((1, V)).astype(np.float32) - 50   # all negative
+        lg[0, where] = 0.0
+        tok, ids0, _ = greedy(lg, step=3)
+        assert tok == ids0 == where
+
+
+@pytest.mark.parametrize("V", [50, 1000])
+def test_greedy_ties_pick_the_lowest_id(V):
+    lg = np.random.default_rng(1).standard_normal((1, V)).astype(np.float32)
+    for a, b in ((3, V - 2), (10, 11), (V - 2, V - 1)):        # different and same thread chunks
+        x = lg.copy()
+        x[0, [a, b]] = 9.0
+        assert greedy(x)[0] == a
+        x[0, :] = 1.5                                          # everything tied
+        assert greedy(x)[0] == 0
+
+
+def test_greedy_reads_the_last_row():
+    lg = np.random.default_rng(2).standard_normal((3, 300)).astype(np.float32)
+    lg[0, 5] = lg[1, 6] = 50.0
+    lg[2, 299] = 50.0
+    assert greedy(lg)[0] == 299
+
+
+# -- sampling ------------------------------------------------------------------------------------
+
+def allowed_probs(logits, temperature, top_k=0, top_p=1.0) -> np.ndarray:
+    """HF warpers in generate()'s order: temperature, top-k (ties at the k-th value kept), top-p
+    (the smallest set of most probable tokens whose mass >= top_p); renormalised, float64."""
+    z = logits.astype(np.float64) / temperature
+    keep = np.ones(z.size, bool)
+    if 0 < top_k < z.size:
+        keep = z >= np.sort(z)[-top_k]
+    p = np.where(keep, np.exp(z - z[keep].max()), 0.0)
+    p /= p.sum()
+    if top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        n = int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1
+        q = np.zeros_like(p)
+        q[order[:n]] = p[order[:n]]
+        p = q / q.sum()
+    return p
+
+
+def top_p_keeping(logits, temperature, top_k, n_keep) -> float:
+    """A top_p half-way between two cumulative masses, so exactly n_keep tokens survive whatever
+    the rounding of the GPU's sums."""
+    p = np.sort(allowed_probs(logits, temperature, top_k))[::-1]
+    c = np.cumsum(p)
+    return float((c[n_keep - 2] + c[n_keep - 1]) / 2)
+
+
+def draw(logits, n, seed=7, step0=0, **params) -> np.ndarray:
+    V = logits.size
+    k, d = sampler(V)
+    out, ids = u32_zeros(step0 + n), u32_zeros(4)
+    steps = [dict(n_tokens=1, pos0=0, step=step0 + i, seed=seed, **params) for i in range(n)]
+    run_steps(k, [upload(d, logits[None]), out, ids], steps)
+    toks = read_u32(out)[step0: step0 + n]
+    assert read_u32(ids)[0] == toks[-1]
+    return toks.astype(np.int64)
+
+
+def check_distribution(toks, p):
+    """Every token allowed; per-token counts within 5 sigma and chi-square within ~6 sigma."""
+    n = toks.size
+    bad = np.flatnonzero(p[toks] == 0)
+    assert bad.size == 0, f"drew tokens outside the allowed set: {sorted(set(toks[bad].tolist()))}"
+    counts = np.bincount(toks, minlength=p.size)
+    k = p > 0
+    expect = n * p[k]
+    z = (counts[k] - expect) / np.sqrt(expect * (1 - p[k]) + 1e-12)
+    assert np.abs(z).max() < 5, f"max z-score {np.abs(z).max():.2f}"
+    chi2, df = float(((counts[k] - expect) ** 2 / expect).sum()), max(1, int(k.sum()) - 1)
+    assert chi2 < df + 6 * np.sqrt(2 * df) + 10, f"chi-square {chi2:.1f} with {df} degrees of freedom"
+
+
+def _logits(V, spread, seed):
+    return (np.random.default_rng(seed).standard_normal(V) * spread).astype(np.float32)
+
+
+def test_sample_temperature():
+    lg = _logits(50, 1.0, 10)
+    p = allowed_probs(lg, 0.7)
+    check_distribution(draw(lg, 4000, temperature=0.7), p)
+
+
+def test_sample_top_k():
+    lg = _logits(50, 1.0, 11)
+    p = allowed_probs(lg, 1.0, top_k=10)
+    assert (p > 0).sum() == 10
+    check_distribution(draw(lg, 1500, temperature=1.0, top_k=10), p)
+
+
+def test_sample_top_p():
+    lg = _logits(1000, 3.0, 12)
+    top_p = top_p_keeping(lg, 1.0, 0, 12)
+    p = allowed_probs(lg, 1.0, top_p=top_p)
+    assert (p > 0).sum() == 12
+    check_distribution(draw(lg, 1500, temperature=1.0, top_p=top_p), p)
+
+
+def test_sample_top_k_then_top_p():
+    """top-p acts on the renormalised top-k distribution (HF order)."""
+    lg = _logits(1000, 2.0, 13)
+    top_p = top_p_keeping(lg, 0.8, 40, 8)
+    p = allowed_probs(lg, 0.8, top_k=40, top_p=top_p)
+    assert (p > 0).sum() == 8
+    assert (allowed_probs(lg, 0.8, top_p=top_p) > 0).sum() != 8      # the order matters here
+    check_distribution(draw(lg, 1000, temperature=0.8, top_k=40, top_p=top_p), p)
+
+
+def test_sample_top_k_one_is_greedy():
+    lg = _logits(1000, 1.0, 14)
+    assert (draw(lg, 40, temperature=1.5, top_k=1) == int(np.argmax(lg))).all()
+
+
+def test_sample_is_a_function_of_seed_and_step():
+    lg = _logits(50, 0.5, 15)                     # flat-ish: many tokens likely
+    a = draw(lg, 200, seed=1, temperature=1.0)
+    b = draw(lg, 200, seed=1, temperature=1.0)
+    np.testing.assert_array_equal(a, b)
+    shifted = draw(lg, 100, seed=1, step0=100, temperature=1.0)      # step, not dispatch order
+    np.testing.assert_array_equal(shifted, a[100:])
+    c = draw(lg, 200, seed=2, temperature=1.0)
+    assert (a != c).mean() > 0.5
+    assert len(set(a.tolist())) > 20
