@@ -120,3 +120,19 @@ def test_sliced_layout_gives_same_logits(tmp_path, hf_tokenizer_dir):
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(a - want).max() < 1e-3 * np.abs(want).max()
+
+
+def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
+    """Fused kernels (norm folded into QKV, gate/up and the LM head) vs the unfused graph:
+    the same greedy tokens and logits equal to float rounding; and fewer dispatches."""
+    d, _ = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
+    ids = list(range(7, 77))
+    fused = webdrift.load(str(d), max_context=128, prefill_chunk=32)
+    plain = webdrift.load(str(d), max_context=128, prefill_chunk=32, fuse=False)
+    a, b = fused.logits(ids), plain.logits(ids)
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(b).max()
+    ga = fused.generate(ids, max_new_tokens=12, stop_at_eos=False).token_ids
+    gb = plain.generate(ids, max_new_tokens=12, stop_at_eos=False).token_ids
+    assert ga == gb
+    n_layers = fused.config.n_layers
+    assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == 2 * n_layers + 1

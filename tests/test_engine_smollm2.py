@@ -40,7 +40,7 @@ def test_teacher_forced_logits(engine, ref_model):
     model, tok = ref_model
     # one long sequence: 270 tokens crosses the attention kernel's 256-key split and two prefill
     # chunks of the score program
-    ids = tok.encode(" ".join(PROMPTS) * 4)[:270]
+    ids = tok.encode(" ".join(PROMPTS) * 8)[:270]
     assert len(ids) == 270
     got = engine.logits(ids)
     with torch.no_grad():

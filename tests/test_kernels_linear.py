@@ -26,8 +26,10 @@ def gelu_tanh(g):
 
 
 def run_linear(stage, T, W, fmt, *, layout="OI", act_layout="linear", w2=None, bias=None, y0=None,
-               act="silu", softcap=None, x_last_row=False, cap=CAP, seed=0, tuning=None):
-    """Run y = linear(x) for random x (T, I); returns (x, dense W, dense W2, y rows [0, cap))."""
+               act="silu", softcap=None, x_last_row=False, cap=CAP, seed=0, tuning=None, norm_w=None,
+               norm_offset=0.0):
+    """Run y = linear(x) for random x (T, I); returns (x, dense W, dense W2, y rows [0, cap)).
+    norm_w: fuse RMSNorm (eps 1e-5, weight norm_w + norm_offset) of x into the kernel."""
     O, I = W.shape
     x = np.random.default_rng(seed).standard_normal((T, I)).astype(np.float32)
     xd = TensorDesc("x", I, cap, layout=act_layout)
@@ -40,8 +42,11 @@ def run_linear(stage, T, W, fmt, *, layout="OI", act_layout="linear", w2=None, b
         bufs += gw2.buffers
     if bias is not None:
         bufs.append(f32_buffer(bias))
+    if norm_w is not None:
+        bufs.append(f32_buffer(norm_w))
     k = LinearKernel(device(), stage, xd, yd, gw, w2=gw2 if w2 is not None else None, bias=bias is not None,
-                     residual=y0 is not None, act=act, softcap=softcap, x_last_row=x_last_row, **(tuning or {}))
+                     residual=y0 is not None, act=act, softcap=softcap, x_last_row=x_last_row,
+                     pre_norm=(1e-5, norm_offset) if norm_w is not None else None, **(tuning or {}))
     run(k, bufs, T)
     return x, wref, w2ref, download(yd, bufs[1])
 
@@ -193,3 +198,45 @@ def test_linear_prefill_rejects_x_last_row():
     gw, _ = make_weight(_weights(4, 8), "f32")
     with pytest.raises(ValueError):
         LinearKernel(device(), "prefill", TensorDesc("x", 8, 4), TensorDesc("y", 4, 4), gw, x_last_row=True)
+
+
+# -- RMSNorm fused into the linear layer (norm + QKV, norm + gate/up, final norm + LM head) -------
+
+def rms_norm_ref(x, w, offset=0.0, eps=1e-5):
+    x = x.astype(np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (w + offset)
+
+
+@pytest.mark.parametrize("tuning", VARIANTS)
+@pytest.mark.parametrize("fmt,I", [("f32", 67), ("q4", 576)])
+def test_linear_pre_norm_decode_variants(tuning, fmt, I):
+    _needs(tuning)
+    T = 3
+    nw = np.random.default_rng(11).standard_normal(I).astype(np.float32)
+    x, wref, _, y = run_linear("decode", T, _weights(45, I), fmt, tuning=tuning, norm_w=nw)
+    assert_close(y[:T], rms_norm_ref(x, nw) @ wref.T.astype(np.float64), rtol=5e-5)
+
+
+@pytest.mark.parametrize("stage,T", [("prefill", 1), ("prefill", 65), ("prefill", 130), ("decode", 1)])
+@pytest.mark.parametrize("act_layout", ["linear", "sliced"])
+def test_linear_pre_norm_dual_bias(stage, T, act_layout):
+    """norm + gate/up + SiLU (and norm + bias) against numpy RMSNorm then the unfused maths."""
+    I = 67
+    nw = np.random.default_rng(12).standard_normal(I).astype(np.float32)
+    Wg, Wu = _weights(45, I, seed=7) * 3, _weights(45, I, seed=8)
+    x, wg, wu, y = run_linear(stage, T, Wg, "f16", w2=Wu, act_layout=act_layout, norm_w=nw, norm_offset=1.0)
+    h = rms_norm_ref(x, nw, 1.0)
+    assert_close(y[:T], silu(h @ wg.T) * (h @ wu.T), rtol=5e-5)
+    assert (y[T:] == SENTINEL).all()
+    b = np.random.default_rng(5).standard_normal(45).astype(np.float32)
+    x, wref, _, y = run_linear(stage, T, _weights(45, I), "f32", bias=b, act_layout=act_layout, norm_w=nw)
+    assert_close(y[:T], rms_norm_ref(x, nw) @ wref.T + b, rtol=5e-5)
+
+
+def test_linear_pre_norm_last_row():
+    """final norm + LM head on the last prompt row in one kernel."""
+    T, I = 5, 576
+    nw = np.random.default_rng(13).standard_normal(I).astype(np.float32)
+    x, wref, _, y = run_linear("decode", T, _weights(45, I), "q8", x_last_row=True, norm_w=nw)
+    assert_close(y[0], rms_norm_ref(x[T - 1:T], nw)[0] @ wref.T, rtol=5e-5)
+    assert (y[1:] == SENTINEL).all()

@@ -30,13 +30,15 @@ def make_tokenizer(source):
 
 def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
-         progress=None):
+         progress=None, fuse: bool = True, autotune: bool = True):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
     weight_format: runtime weight format ("f32", "f16", "q8", "q4"); default keeps the file's
     quantization losslessly (Q8_0 -> q8, Q4_0/Q4_1 -> q4, F16 -> f16, F32/BF16 -> f32).
     layout: physical layout of activations ("linear" or "sliced").
+    fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
+    autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest.
     """
     from .hub import resolve_model
     from .runtime.engine import Engine
@@ -50,7 +52,7 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
         from .gpu.native import get_device
         device = get_device()
     return Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
-                  prefill_chunk=prefill_chunk, layout=layout, progress=progress)
+                  prefill_chunk=prefill_chunk, layout=layout, progress=progress, fuse=fuse, autotune=autotune)
 
 
 def __getattr__(name):

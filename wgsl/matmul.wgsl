@@ -13,6 +13,13 @@
 #if BIAS
 @group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
 #endif
+#if PRE_NORM
+// RMSNorm of the input rows fused in (see matvec.wgsl)
+@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
+const EPS: f32 = {{EPS}};
+const W_OFFSET: f32 = {{W_OFFSET}};
+var<workgroup> nss: array<f32, 256>;
+#endif
 var<workgroup> xs: array<vec4<f32>, 256>;   // (64 tokens, 4 slices)
 var<workgroup> ws: array<vec4<f32>, 256>;   // (64 outputs, 4 slices)
 #if DUAL
@@ -42,10 +49,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if DUAL
   var acc2: array<vec4<f32>, 4>;
 #endif
+#if PRE_NORM
+  // 1/rms of the tile's 64 rows: 4 invocations per row, then one sums them
+  var ss = 0.0;
+  if (t0 + lr < T) {
+    for (var s = ls; s < x_S; s += 4u) { let v = x_read(0u, t0 + lr, 0u, s); ss += dot(v, v); }
+  }
+  nss[lid] = ss;
+  workgroupBarrier();
+  let inv = inverseSqrt((nss[lr * 4u] + nss[lr * 4u + 1u] + nss[lr * 4u + 2u] + nss[lr * 4u + 3u]) / f32(x_C) + EPS);
+#endif
   for (var k0 = 0u; k0 < w_SI; k0 += 4u) {
     let s = k0 + ls;
     var xv = vec4<f32>(0.0);
-    if (t0 + lr < T && s < w_SI) { xv = x_read(0u, t0 + lr, 0u, s); }
+    if (t0 + lr < T && s < w_SI) {
+      xv = x_read(0u, t0 + lr, 0u, s);
+#if PRE_NORM
+      var wv = vec4<f32>(0.0);
+      for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
+      xv = xv * inv * wv;
+#endif
+    }
     xs[lid] = xv;
     var wv = vec4<f32>(0.0);
 #if DUAL

@@ -25,6 +25,13 @@ enable subgroups;
 #if BIAS
 @group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
 #endif
+#if PRE_NORM
+// RMSNorm of the input fused in (norm + QKV, norm + gate/up, final norm + LM head):
+// x_in = x / sqrt(mean(x^2) + EPS) * (nw + W_OFFSET), the mean taken over the whole row
+@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
+const EPS: f32 = {{EPS}};
+const W_OFFSET: f32 = {{W_OFFSET}};
+#endif
 const ROWS: u32 = {{ROWS}}u;
 const WG: u32 = {{WG}}u;
 var<workgroup> red: array<f32, {{RED}}>;
@@ -35,6 +42,28 @@ fn act(g: f32) -> f32 {
   return 0.5 * g * (1.0 + tanh(c));
 #else
   return g / (1.0 + exp(-g));
+#endif
+}
+
+fn load_x(t: u32, s: u32, inv: f32) -> vec4<f32> {
+  let v = x_read(0u, t, 0u, s);
+#if PRE_NORM
+  var wv = vec4<f32>(0.0);
+  for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
+  return v * inv * wv;
+#else
+  return v;
+#endif
+}
+
+// 1 / rms of input row t, summed by this invocation alone (barrier-free variants)
+fn row_inv_alone(t: u32) -> f32 {
+#if PRE_NORM
+  var ss = 0.0;
+  for (var s = 0u; s < x_S; s++) { let v = x_read(0u, t, 0u, s); ss += dot(v, v); }
+  return inverseSqrt(ss / f32(x_C) + EPS);
+#else
+  return 1.0;
 #endif
 }
 
@@ -63,13 +92,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (t >= {{NT}}) { return; }
   let nsg = WG / sg;
   let sgi = lid / sg;
+  var inv = 1.0;
+#if PRE_NORM
+  var ss = 0.0;
+  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[sgi] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var k = 0u; k < nsg; k++) { tot += red[k]; }
+  inv = inverseSqrt(tot / f32(x_C) + EPS);
+#endif
   for (var r = sgi; r < ROWS; r += nsg) {
     let o = wid.x * ROWS + r;
     if (o >= w_O) { break; }
     var acc = 0.0;
     var acc2 = 0.0;
     for (var s = lane; s < w_SI; s += sg) {
-      let xv = x_read(0u, {{XROW}}, 0u, s);
+      let xv = load_x({{XROW}}, s, inv);
       acc += dot(xv, w_read4(o, s));
 #if DUAL
       acc2 += dot(xv, w2_read4(o, s));
@@ -90,8 +130,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (t >= {{NT}} || o >= w_O) { return; }
   var acc = 0.0;
   var acc2 = 0.0;
+  let inv = row_inv_alone({{XROW}});
   for (var s = 0u; s < w_SI; s++) {
-    let xv = x_read(0u, {{XROW}}, 0u, s);
+    let xv = load_x({{XROW}}, s, inv);
     acc += dot(xv, w_read4(o, s));
 #if DUAL
     acc2 += dot(xv, w2_read4(o, s));
@@ -105,12 +146,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = wid.y;
   if (t >= {{NT}}) { return; }
   let o0 = wid.x * ROWS;
+  var inv = 1.0;
+#if PRE_NORM
+  var ss = 0.0;
+  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
+  red[lid] = ss;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k >>= 1u) {
+    if (lid < k) { red[lid] += red[lid + k]; }
+    workgroupBarrier();
+  }
+  inv = inverseSqrt(red[0] / f32(x_C) + EPS);
+  workgroupBarrier();
+#endif
   var acc: array<f32, {{ROWS}}>;
 #if DUAL
   var acc2: array<f32, {{ROWS}}>;
 #endif
   for (var s = lid; s < w_SI; s += WG) {
-    let xv = x_read(0u, {{XROW}}, 0u, s);
+    let xv = load_x({{XROW}}, s, inv);
     for (var r = 0u; r < ROWS; r++) {
       let o = min(o0 + r, w_O - 1u);
       acc[r] += dot(xv, w_read4(o, s));

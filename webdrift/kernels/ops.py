@@ -65,7 +65,8 @@ class LinearKernel(Kernel):
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
                  w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
-                 rows: int = 4, wg: int = 64, variant: str = "split"):
+                 rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None):
+        """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding."""
         self.template = "matvec" if stage == "decode" else "matmul"
         self.stage, self.w, self.rows, self.variant, self.wg = stage, w, rows, variant, wg
         b = 3
@@ -74,7 +75,7 @@ class LinearKernel(Kernel):
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": w.wgsl("w", b), "DUAL": w2 is not None, "BIAS": bias, "RESIDUAL": residual,
              "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),
-             "ROWS": rows, "WG": wg, "RED": 2 * rows * wg, "ROW_PER_THREAD": variant == "row", "SUBGROUP": variant == "subgroup",
+             "ROWS": rows, "WG": wg, "RED": max(2 * rows * wg, wg), "ROW_PER_THREAD": variant == "row", "SUBGROUP": variant == "subgroup",
              "NT": "1u" if x_last_row else "step.n_tokens", "XROW": "step.last_row" if x_last_row else "t"}
         binds = (UNI, RW, RW) + (READ,) * w.n_bindings
         b += w.n_bindings
@@ -84,6 +85,11 @@ class LinearKernel(Kernel):
             b += w2.n_bindings
         if bias:
             d["BIAS_BINDING"] = b
+            binds += (READ,)
+            b += 1
+        d["PRE_NORM"] = pre_norm is not None
+        if pre_norm is not None:
+            d.update(NW_BINDING=b, EPS=_f(pre_norm[0]), W_OFFSET=_f(pre_norm[1]))
             binds += (READ,)
         if x_last_row and stage != "decode":
             raise ValueError("x_last_row is a decode-kernel option")

@@ -110,6 +110,8 @@ class GPUModel:
 
     # -- loading ---------------------------------------------------------------------------
     def _check_memory(self) -> None:
+        from .footprint import check_limits
+        check_limits(self.dev, self._src, self.weight_format, self.cap)   # GPULimitError before allocating
         cfg = self.cfg
         kv = 2 * cfg.n_layers * cfg.kv_dim * self.cap * 4
         per_layer = cfg.kv_dim * self.cap * 4
@@ -208,8 +210,10 @@ class Program:
     """
 
     def __init__(self, model: GPUModel, stage: str, capacity: int, all_logits: bool, layout: str,
-                 step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None):
+                 step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
+                 fuse: bool = True):
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
+        self.fuse = fuse   # fold each RMSNorm into the linear layer that consumes it
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.graph = self._build_graph(layout)
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
@@ -243,10 +247,14 @@ class Program:
         g.tensor("xl", cfg.dim, rows)
         g.tensor("logits", cfg.vocab_size, rows)
 
+        fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
         for i in range(cfg.n_layers):
-            g.op(f"L{i}.attn_norm", ["x"], [f"h{i}"], ("norm", i, "attn"))
-            g.op(f"L{i}.qkv", [f"h{i}"], [f"qkv{i}"], ("qkv", i))
+            if fuse:
+                g.op(f"L{i}.norm+qkv", ["x"], [f"qkv{i}"], ("qkv", i))
+            else:
+                g.op(f"L{i}.attn_norm", ["x"], [f"h{i}"], ("norm", i, "attn"))
+                g.op(f"L{i}.qkv", [f"h{i}"], [f"qkv{i}"], ("qkv", i))
             g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
             g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
             g.op(f"L{i}.attn_combine", [f"part{i}"], [f"attn{i}"], ("combine", i))
@@ -255,15 +263,21 @@ class Program:
                 g.op(f"L{i}.post_attn_norm", [f"proj{i}"], ["x"], ("postnorm", i, "attn"))
             else:
                 g.op(f"L{i}.o_proj+residual", [f"attn{i}", "x"], ["x"], ("oproj", i))
-            g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
-            g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
+            if fuse:
+                g.op(f"L{i}.norm+gate_up+act", ["x"], [f"act{i}"], ("gateup", i))
+            else:
+                g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
+                g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
             if cfg.post_norms:
                 g.op(f"L{i}.down", [f"act{i}"], [f"ffo{i}"], ("down", i))
                 g.op(f"L{i}.post_ffn_norm", [f"ffo{i}"], ["x"], ("postnorm", i, "ffn"))
             else:
                 g.op(f"L{i}.down+residual", [f"act{i}", "x"], ["x"], ("down", i))
-        g.op("output_norm", ["x"], ["xl"], ("final_norm",))
-        g.op("lm_head", ["xl"], ["logits"], ("lm_head",))
+        if fuse:
+            g.op("norm+lm_head", ["x"], ["logits"], ("lm_head",))
+        else:
+            g.op("output_norm", ["x"], ["xl"], ("final_norm",))
+            g.op("lm_head", ["xl"], ["logits"], ("lm_head",))
         if not self.all_logits:
             g.op("sample", ["logits"], [], ("sample",))
         return g
@@ -288,7 +302,8 @@ class Program:
         ops = []
         for node in g.ops:
             kind = node.build[0]
-            head = node.label in ("output_norm", "lm_head", "sample")
+            head = node.label in ("output_norm", "lm_head", "norm+lm_head", "sample")
+            nrm = (cfg.norm_eps, cfg.norm_weight_offset)
             if kind == "embed":
                 k = EmbeddingKernel(dev, m.tok_embd, D("x"), cfg.embed_scale)
                 binds = [self.step_buf, self.ids_buf] + m.tok_embd.buffers + [a("x")]
@@ -307,8 +322,11 @@ class Program:
             elif kind == "qkv":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = LinearKernel(dev, stage, D(f"h{i}"), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None, **mv_for(lw.wqkv))
-                binds = [self.step_buf, a(f"h{i}"), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
+                src = "x" if self.fuse else f"h{i}"
+                k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
+                                 pre_norm=nrm if self.fuse else None, **mv_for(lw.wqkv))
+                binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
+                binds += [lw.attn_norm] if self.fuse else []
             elif kind == "rope":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -339,8 +357,11 @@ class Program:
             elif kind == "gateup":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = LinearKernel(dev, stage, D(f"h2_{i}"), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act, **mv_for(lw.w_gate, lw.w_up))
-                binds = [self.step_buf, a(f"h2_{i}"), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
+                src = "x" if self.fuse else f"h2_{i}"
+                k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
+                                 pre_norm=nrm if self.fuse else None, **mv_for(lw.w_gate, lw.w_up))
+                binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
+                binds += [lw.ffn_norm] if self.fuse else []
             elif kind == "down":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -356,8 +377,11 @@ class Program:
                 lm = choose_gemv(dev, m.output, enabled=m.autotune) if lm_stage == "decode" else {}
                 if lm.get("rows", 4) * dev.max_workgroups < m.output.o:
                     lm = dict(lm, rows=ceil_div(m.output.o, dev.max_workgroups))
-                k = LinearKernel(dev, lm_stage, D("xl"), D("logits"), m.output, softcap=cfg.final_logit_softcap, **lm)
-                binds = [self.step_buf, a("xl"), a("logits")] + m.output.buffers
+                src = "x" if self.fuse else "xl"
+                last = self.fuse and not self.all_logits
+                k = LinearKernel(dev, lm_stage, D(src), D("logits"), m.output, softcap=cfg.final_logit_softcap,
+                                 pre_norm=nrm if self.fuse else None, x_last_row=last, **lm)
+                binds = [self.step_buf, a(src), a("logits")] + m.output.buffers + ([m.output_norm] if self.fuse else [])
             elif kind == "sample":
                 k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u")
                 binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf]
@@ -379,9 +403,7 @@ class Program:
             for label, k, bg, is_head in self._ops:
                 if is_head and not head:
                     continue
-                rows = 1 if (is_head and not self.all_logits and label != "output_norm") else bucket
-                if label == "output_norm" and not self.all_logits:
-                    rows = 1
+                rows = 1 if (is_head and not self.all_logits) else bucket
                 wg = k.workgroups(rows)
                 lst.append(Dispatch(k.pipeline, bg, wg, label))
             self._cache[key] = lst

@@ -21,6 +21,7 @@ from ..errors import ContextLengthError, InvalidArgumentError
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
 from ..kernels.step import STEP_BYTES, pack_step
 from ..models.transformer import GPUModel, Program
+from ..profile.profiler import DISABLED, Profiler
 
 RING = 4          # staging buffers for token read-back
 
@@ -102,9 +103,11 @@ class SamplingParams:
 class Engine:
     """A model ready to generate. Create with `webdrift.load(...)`."""
 
+    profiler: Profiler = DISABLED   # set `engine.profiler = Profiler(...)` to time phases / kernels
+
     def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
                  weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
-                 progress=None):
+                 progress=None, fuse: bool = True, autotune: bool = True):
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         limit = cfg.max_position or 2048
@@ -119,16 +122,15 @@ class Engine:
         self.max_context = max_context
         self.prefill_chunk = min(prefill_chunk, max_context)
         t0 = time.perf_counter()
-        self.model = GPUModel(dev, source, max_context, weight_format, progress)
+        self.model = GPUModel(dev, source, max_context, weight_format, progress, autotune=autotune)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
         self.out_tokens = dev.create_buffer(4 * (max_context + 1), STORAGE, "out_tokens")      # (steps) u32
         self.ring = [dev.create_buffer(16, READBACK, f"token_ring{i}") for i in range(RING)]
-        self._layout = layout
-        self.decode = Program(self.model, "decode", 1, False, layout, self.step_buf, self.ids_buf, self.out_tokens)
-        self.prefill = Program(self.model, "prefill", self.prefill_chunk, False, layout, self.step_buf,
-                               self.ids_buf, self.out_tokens)
+        self._layout, self._fuse = layout, fuse
+        self.decode = self._program("decode", 1, False)
+        self.prefill = self._program("prefill", self.prefill_chunk, False)
         self._score: Program | None = None
         self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
         self.decode.bind(self.arena)
@@ -136,6 +138,10 @@ class Engine:
         self.load_s = time.perf_counter() - t0
         self._busy = False
         self._stop_requested = False
+
+    def _program(self, stage: str, capacity: int, all_logits: bool) -> Program:
+        return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
+                       self.out_tokens, fuse=self._fuse)
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
@@ -193,8 +199,10 @@ class Engine:
             raise ContextLengthError(f"the prompt has {n} tokens; this engine's context is {self.max_context} "
                                      f"(load with a larger max_context, up to {self.config.max_position})")
 
-    def _submit_prompt(self, ids: list[int], sp: SamplingParams, head_last: bool, program=None) -> None:
-        """Prefill in chunks of prefill_chunk tokens; the last chunk ends in LM head + sampling."""
+    def _submit_prompt(self, ids: list[int], sp: SamplingParams, program=None, head_every_chunk: bool = False):
+        """Prefill in chunks of the program's capacity; yields (pos, chunk, dispatches) after writing
+        the chunk's ids and Step. Only the last chunk runs the head (LM head + sampling) unless
+        head_every_chunk (teacher-forced logits need every row)."""
         program = program or self.prefill
         chunk = program.capacity
         pos = 0
@@ -204,7 +212,7 @@ class Engine:
             self.dev.write_buffer(self.ids_buf, struct.pack(f"<{len(part)}I", *part))
             self.dev.write_buffer(self.step_buf, pack_step(len(part), pos, 0, sp.seed, sp.temperature,
                                                            sp.top_k, sp.top_p))
-            yield pos, part, program.dispatches(len(part), head=head_last and last)
+            yield pos, part, program.dispatches(len(part), head=last or head_every_chunk)
             pos += len(part)
 
     async def agenerate(self, prompt, sp: SamplingParams, on_text=None) -> GenerationResult:
@@ -230,8 +238,10 @@ class Engine:
 
     async def _aevents(self, prompt, sp: SamplingParams):
         st = GenerationStats()
+        prof = self.profiler
         t0 = time.perf_counter()
-        ids = self.encode_prompt(prompt)
+        with prof.phase("tokenize"):
+            ids = self.encode_prompt(prompt)
         st.tokenize_s = time.perf_counter() - t0
         self._check_fits(len(ids))
         st.prompt_tokens = len(ids)
@@ -247,9 +257,10 @@ class Engine:
             return
         dev = self.dev
         t_pf = time.perf_counter()
-        for pos, part, disp in self._submit_prompt(ids, sp, head_last=True):
-            copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
-            dev.submit(disp, copies)
+        with prof.phase("prefill.submit", tokens=len(ids)):
+            for pos, part, disp in self._submit_prompt(ids, sp):
+                copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
+                dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
         pos = len(ids)
         decode_list = self.decode.dispatches(1)
         submitted = 1             # tokens whose step has been submitted
@@ -259,11 +270,14 @@ class Engine:
         while read < submitted:
             # keep one step in flight: submit step `submitted` before reading token `read`
             if submitted < budget and not self._stop_requested and submitted == read + 1:
-                dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
-                                                          sp.temperature, sp.top_k, sp.top_p))
-                dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)])
+                with prof.phase("decode.submit", step=submitted):
+                    dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
+                                                              sp.temperature, sp.top_k, sp.top_p))
+                    dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
+                               timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
                 submitted += 1
-            raw = await dev.map_read(self.ring[read % RING], 4)
+            with prof.phase("readback", token=read):
+                raw = await dev.map_read(self.ring[read % RING], 4)
             tok = struct.unpack("<I", raw)[0]
             read += 1
             if read == 1:
@@ -273,7 +287,8 @@ class Engine:
                 finish = "eos"
                 break
             out.append(tok)
-            piece = dec.push(tok)
+            with prof.phase("detokenize"):
+                piece = dec.push(tok)
             if piece:
                 pieces.append(piece)
                 yield "text", piece
@@ -306,20 +321,20 @@ class Engine:
         ids = self.encode_prompt(list(ids))
         self._check_fits(len(ids))
         if self._score is None:
-            self._score = Program(self.model, "prefill", min(64, self.prefill_chunk), True, self._layout,
-                                  self.step_buf, self.ids_buf, self.out_tokens)
-            if self._score.arena_bytes > self.arena.size:
+            self._score = self._program("prefill", min(64, self.prefill_chunk), True)
+            if self._score.arena_bytes > self.arena.size:   # rebind everything to a larger arena
+                self.dev.release_buffer(self.arena)
                 self.arena = self.dev.create_buffer(self._score.arena_bytes, STORAGE, "arena")
-                self.decode = Program(self.model, "decode", 1, False, self._layout, self.step_buf, self.ids_buf,
-                                      self.out_tokens, self.arena)
-                self.prefill = Program(self.model, "prefill", self.prefill_chunk, False, self._layout,
-                                       self.step_buf, self.ids_buf, self.out_tokens, self.arena)
+                self.decode = self._program("decode", 1, False)
+                self.prefill = self._program("prefill", self.prefill_chunk, False)
+                self.decode.bind(self.arena)
+                self.prefill.bind(self.arena)
             self._score.bind(self.arena)
         V = self.config.vocab_size
         out = np.empty((len(ids), V), np.float32)
         sp = SamplingParams()
         lt = self._score.graph.tensors["logits"]
-        for pos, part, disp in self._submit_prompt(ids, sp, head_last=True, program=self._score):
+        for pos, part, disp in self._submit_prompt(ids, sp, program=self._score, head_every_chunk=True):
             self.dev.submit(disp)
             if self._layout != "linear":
                 raise InvalidArgumentError("logits() reads the linear activation layout only")
