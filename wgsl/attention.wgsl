@@ -9,7 +9,7 @@
 // Dispatch: (NSPLIT, T * GROUP, KVH).
 {{STEP_DECL}}
 {{Q_DECL}}
-@group(0) @binding(2) var<storage, read_write> kc: array<f32>;   // (KVH, CAP, DH)
+@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
 @group(0) @binding(3) var<storage, read_write> vc: array<f32>;   // (KVH, DH, CAP)
 @group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
 const DH: u32 = {{DH}}u;
@@ -20,7 +20,9 @@ const NSPLIT: u32 = {{NSPLIT}}u;
 const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const SCALE: f32 = {{SCALE}};
 const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
-var<workgroup> qs: array<f32, {{DH}}>;
+const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
+const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
+var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
 var<workgroup> sc: array<f32, {{CHUNK}}>;
 var<workgroup> red: array<f32, {{CHUNK}}>;
 
@@ -39,14 +41,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid == 0u) { part[out + DH] = -3.0e38; part[out + DH + 1u] = 0.0; }
     return;
   }
-  for (var d = lid; d < DH; d += CHUNK) { qs[d] = q_read1(kvh, row, 0u, d); }
+  for (var d = lid; d < DH / 4u; d += CHUNK) { qs[d] = q_read(kvh, row, 0u, d); }
   workgroupBarrier();
   let k = k0 + lid;
   var s = -3.0e38;
   if (k <= p && k >= lo) {
-    let kb = (kvh * CAP + k) * DH;
+    let kb = (kvh * CAP + k) * (DH / 4u);
     var acc = 0.0;
-    for (var d = 0u; d < DH; d++) { acc += qs[d] * kc[kb + d]; }
+    for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
     s = acc * SCALE;
 #if SOFTCAP
     s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
@@ -69,12 +71,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lid < st) { red[lid] += red[lid + st]; }
     workgroupBarrier();
   }
+  let lsum = red[0];
   let nvis = min(p + 1u - k0, CHUNK);              // keys k0 .. k0 + nvis - 1 may be visible
-  for (var d = lid; d < DH; d += CHUNK) {
+  // out[d] = sum_j e_j V[d][k0 + j]: invocation (d, g) sums its group's keys (each streams its own
+  // contiguous run of V row d), then the NJ group sums are added through workgroup memory.
+  workgroupBarrier();
+  let d = lid % DH;
+  let g = lid / DH;
+  var acc = 0.0;
+  if (g < NJ) {
     let vb = (kvh * DH + d) * CAP + k0;
-    var acc = 0.0;
-    for (var j = 0u; j < nvis; j++) { acc += sc[j] * vc[vb + j]; }
-    part[out + d] = acc;
+    let j1 = min((g + 1u) * JL, nvis);
+    for (var j = g * JL; j < j1; j++) { acc += sc[j] * vc[vb + j]; }
   }
-  if (lid == 0u) { part[out + DH] = m; part[out + DH + 1u] = red[0]; }
+  red[lid] = acc;
+  workgroupBarrier();
+  if (lid < DH) {
+    var tot = 0.0;
+    for (var k = 0u; k < NJ; k++) { tot += red[k * DH + lid]; }
+    part[out + lid] = tot;
+  }
+  if (lid == 0u) { part[out + DH] = m; part[out + DH + 1u] = lsum; }
 }

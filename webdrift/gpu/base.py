@@ -111,8 +111,9 @@ class Device:
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         raise NotImplementedError
 
-    async def map_read(self, buf: Buffer, size: int) -> bytes:
-        """Map a READBACK buffer (filled by a copy in an earlier submit) and return its bytes."""
+    async def map_read(self, buf: Buffer, size: int, after=None) -> bytes:
+        """Map a READBACK buffer (filled by a copy in the submit whose ticket is `after`) and
+        return its first `size` bytes, waiting for that submission only."""
         raise NotImplementedError
 
     def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
@@ -124,9 +125,9 @@ class Device:
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: "TimestampRecorder | None" = None) -> None:
+               timestamps: "TimestampRecorder | None" = None):
         """Encode the dispatches into one compute pass (then the buffer copies
-        [(src, src_off, dst, dst_off, size)]) and submit."""
+        [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read."""
         raise NotImplementedError
 
     def release_buffer(self, buf: Buffer) -> None:

@@ -20,6 +20,7 @@ and timestamps are read with `await aread_timestamps(rec)` (the browser cannot b
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import js
@@ -27,8 +28,22 @@ from pyodide.code import run_js
 from pyodide.ffi import create_proxy, to_js
 
 from ..errors import GPUError, GPULimitError
-from .base import (READ, READBACK, RW, STORAGE, UNI, UNIFORM, BindGroup, Buffer, Device, DeviceInfo,
-                   Dispatch, Pipeline, TimestampRecorder, check_workgroups)
+from .base import (
+    READ,
+    READBACK,
+    RW,
+    STORAGE,
+    UNI,
+    UNIFORM,
+    BindGroup,
+    Buffer,
+    Device,
+    DeviceInfo,
+    Dispatch,
+    Pipeline,
+    TimestampRecorder,
+    check_workgroups,
+)
 
 _BIND = {READ: "read-only-storage", RW: "storage", UNI: "uniform"}
 _WANTED_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
@@ -118,6 +133,16 @@ def _nullish(x) -> bool:
     return x is None or type(x).__name__ in ("JsNull", "JsUndefined") or str(x) in ("null", "undefined")
 
 
+def _tint_compatible(wgsl: str) -> str:
+    """Departure for Tint (Chromium's WGSL compiler): it runs a subgroup-uniformity analysis that
+    naga does not, and rejects subgroup built-ins under `if`s it cannot prove uniform (our GEMV
+    reduces each row with subgroupAdd after a uniform-in-practice loop). Kernels that enable
+    subgroups get `diagnostic(off, subgroup_uniformity);` next to their enable directive."""
+    if "enable subgroups;" in wgsl and "subgroup_uniformity" not in wgsl:
+        return wgsl.replace("enable subgroups;", "enable subgroups;\ndiagnostic(off, subgroup_uniformity);", 1)
+    return wgsl
+
+
 def webgpu_missing_message(reason: str) -> str:
     return (f"WebGPU is not available ({reason}). Use a browser with WebGPU enabled: Chrome or Edge 113+ "
             "(on Linux, start Chrome with --enable-unsafe-webgpu --enable-features=Vulkan), or Safari 26+ / "
@@ -146,17 +171,11 @@ class BrowserDevice(Device):
 
     # -- error reporting -----------------------------------------------------------------------
     def _record_error(self, event) -> None:
-        try:
-            msg = str(event.error.message)
-        except Exception:
-            msg = str(event)
-        self._errors.append(msg)
+        err = getattr(event, "error", None)
+        self._errors.append(str(getattr(err, "message", None) or event))
 
     def _record_lost(self, info) -> None:
-        try:
-            self._lost = f"{info.reason}: {info.message}"
-        except Exception:
-            self._lost = str(info)
+        self._lost = f"{getattr(info, 'reason', '')}: {getattr(info, 'message', info)}"
 
     async def check_errors(self) -> None:
         """Raise GPUError for anything WebGPU reported since the last check (pipeline
@@ -167,12 +186,9 @@ class BrowserDevice(Device):
             if _nullish(err):
                 continue
             details = []
-            try:
+            with contextlib.suppress(Exception):   # compilation messages are a bonus
                 ci = await module.getCompilationInfo()
-                for m in ci.messages:
-                    details.append(f"{m.type} at line {m.lineNum}:{m.linePos}: {m.message}")
-            except Exception:
-                pass
+                details = [f"{m.type} at line {m.lineNum}:{m.linePos}: {m.message}" for m in ci.messages]
             self._errors.clear()   # the same failure shows up as uncaptured errors of later uses
             raise GPUError(f"kernel {label!r} failed to compile in the browser's WebGPU: {err.message}"
                            + ("; " + " | ".join(details) if details else ""))
@@ -252,7 +268,7 @@ class BrowserDevice(Device):
             return p
         dev = self._dev
         dev.pushErrorScope("validation")
-        module = dev.createShaderModule(_obj({"code": wgsl, "label": label}))
+        module = dev.createShaderModule(_obj({"code": _tint_compatible(wgsl), "label": label}))
         bgl = dev.createBindGroupLayout(_obj({"label": label, "entries": [
             {"binding": i, "visibility": js.GPUShaderStage.COMPUTE, "buffer": {"type": _BIND[k]}}
             for i, k in enumerate(bindings)]}))
@@ -327,16 +343,11 @@ class BrowserDevice(Device):
         self._lists.clear()
         self._pipelines.clear()
         self._staging.clear()
-        try:
+        with contextlib.suppress(Exception):   # already destroyed or lost
             self._dev.onuncapturederror = None
             self._dev.destroy()
-        except Exception:
-            pass
-        for p in (self._on_error,):
-            try:
-                p.destroy()
-            except Exception:
-                pass
+        with contextlib.suppress(Exception):
+            self._on_error.destroy()
         # _on_lost stays alive: device.lost resolves after destroy() and calls it
 
 

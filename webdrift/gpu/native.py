@@ -68,6 +68,14 @@ class NativeDevice(Device):
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}
         self.allocations = 0   # buffers created (the decode loop must not add any)
+        self._map_status: list[int] = []
+        if _lib is not None:
+            status = self._map_status
+
+            @_ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+            def _on_mapped(st, _msg, _u1, _u2):
+                status.append(st)
+            self._on_mapped = _on_mapped   # kept alive with the device
         self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
         self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
         self.peak_bytes = 0              # high-water mark of bytes_allocated (reset it freely)
@@ -121,13 +129,35 @@ class NativeDevice(Device):
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         return self.read_buffer_sync(buf, offset, size)
 
-    async def map_read(self, buf: Buffer, size: int) -> bytes:
+    async def map_read(self, buf: Buffer, size: int, after=None) -> bytes:
+        """Map a READBACK buffer once submission `after` (a ticket from submit) has finished.
+
+        wgpu-py's map_sync polls until *all* submitted work is done, which would make the host
+        wait for the decode step it just queued; here the wait is for the one submission that
+        filled `buf` (wgpuDevicePoll with a submission index), so later steps keep running.
+        """
         h = buf.handle
-        h.map_sync(wgpu.MapMode.READ, 0, buf.size)
-        try:
-            return bytes(h.read_mapped(0, size, copy=False))
-        finally:
-            h.unmap()
+        if _lib is None or after is None:
+            h.map_sync(wgpu.MapMode.READ, 0, buf.size)
+            try:
+                return bytes(h.read_mapped(0, size, copy=False))
+            finally:
+                h.unmap()
+        del self._map_status[:]
+        info = _ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = self._on_mapped
+        _lib.wgpuBufferMapAsync(h._internal, _lib.WGPUMapMode_Read, 0, buf.size, info[0])
+        idx = _ffi.new("WGPUSubmissionIndex *", after)
+        _lib.wgpuDevicePoll(self._dev._internal, True, idx)
+        while not self._map_status:          # the callback runs inside a poll
+            _lib.wgpuDevicePoll(self._dev._internal, False, _ffi.NULL)
+        if self._map_status[0] != _lib.WGPUMapAsyncStatus_Success:
+            raise GPUError(f"mapping {buf.label!r} for reading failed (status {self._map_status[0]})")
+        ptr = _lib.wgpuBufferGetConstMappedRange(h._internal, 0, buf.size)
+        data = bytes(_ffi.buffer(ptr, size))
+        _lib.wgpuBufferUnmap(h._internal)
+        return data
 
     # -- pipelines -----------------------------------------------------------------------
     def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
@@ -169,7 +199,7 @@ class NativeDevice(Device):
 
     # -- submission ----------------------------------------------------------------------
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None) -> None:
+               timestamps: TimestampRecorder | None = None):
         enc = self._dev.create_command_encoder()
         if timestamps is None:
             cp = enc.begin_compute_pass()
@@ -202,7 +232,12 @@ class NativeDevice(Device):
             self._encode_timed(enc, dispatches, timestamps)
         for src, so, dst, do, n in copies or ():
             enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
-        self._queue.submit([enc.finish()])
+        cb = enc.finish()
+        if _lib is None:
+            self._queue.submit([cb])
+            return None
+        arr = _ffi.new("WGPUCommandBuffer[]", [cb._internal])
+        return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
 
     def _encode_timed(self, enc, dispatches: list[Dispatch], rec: TimestampRecorder) -> None:
         n = len(dispatches)

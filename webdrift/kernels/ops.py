@@ -14,6 +14,7 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
+from ..errors import UnsupportedModelError
 from ..gpu.base import READ, RW, UNI, Device
 from ..tensor import TensorDesc, accessor_wgsl
 from .base import Kernel, ceil_div
@@ -126,11 +127,16 @@ class AttentionKernel(Kernel):
 
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None):
+        if head_dim % 4 or head_dim > self.CHUNK:
+            raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.CHUNK}, "
+                                        f"got {head_dim}")
         self.nsplit = ceil_div(cap, self.CHUNK)
         self.group, self.n_kv = n_heads // n_kv, n_kv
+        nj = self.CHUNK // head_dim
         d = {"STEP_DECL": STEP_DECL,
              "Q_DECL": accessor_wgsl(q_rel, 1, "q"),
-             "DH": head_dim, "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
+             "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": ceil_div(self.CHUNK, nj),
+             "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
              "ROWS_CAP": rows_cap, "SCALE": _f(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": _f(softcap or 1.0)}
         super().__init__(dev, d, (UNI, RW, RW, RW, RW), "attention")

@@ -86,8 +86,9 @@ class GPUModel:
         cfg = self.cfg
         if cfg.n_heads % cfg.n_kv_heads:
             raise UnsupportedModelError(f"{source.path}: {cfg.n_heads} heads is not a multiple of {cfg.n_kv_heads} KV heads")
-        if cfg.head_dim % 2 or cfg.head_dim > 512:
-            raise UnsupportedModelError(f"{source.path}: head_dim {cfg.head_dim} is not supported (even, <= 512)")
+        if cfg.head_dim % 4 or cfg.head_dim > 256:
+            raise UnsupportedModelError(f"{source.path}: head_dim {cfg.head_dim} is not supported "
+                                        "(a multiple of 4, at most 256)")
         self.weight_format = weight_format
         self.autotune = autotune
         self._src = source

@@ -257,10 +257,11 @@ class Engine:
             return
         dev = self.dev
         t_pf = time.perf_counter()
+        tickets = [None] * RING   # submission of the step that fills each ring slot
         with prof.phase("prefill.submit", tokens=len(ids)):
             for pos, part, disp in self._submit_prompt(ids, sp):
                 copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
-                dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
+                tickets[0] = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
         pos = len(ids)
         decode_list = self.decode.dispatches(1)
         submitted = 1             # tokens whose step has been submitted
@@ -273,11 +274,12 @@ class Engine:
                 with prof.phase("decode.submit", step=submitted):
                     dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
                                                               sp.temperature, sp.top_k, sp.top_p))
-                    dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
-                               timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
+                    tickets[submitted % RING] = dev.submit(
+                        decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
+                        timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
                 submitted += 1
             with prof.phase("readback", token=read):
-                raw = await dev.map_read(self.ring[read % RING], 4)
+                raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
             tok = struct.unpack("<I", raw)[0]
             read += 1
             if read == 1:
@@ -301,7 +303,7 @@ class Engine:
             finish = "stopped"
         # drain a step still in flight (its token is discarded)
         while read < submitted:
-            await dev.map_read(self.ring[read % RING], 4)
+            await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
             read += 1
         tail = dec.flush()
         if tail:
