@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pull", help="download a known model into the cache")
     p.add_argument("name", nargs="?", default=DEFAULT_MODEL)
     p.set_defaults(func=cmd_pull)
+    from .serve import add_serve_parser
+    add_serve_parser(sub)
+    from .bench import add_arguments as add_bench_arguments
+    add_bench_arguments(sub.add_parser("bench", help="ML Drift protocol: prefill/decode tok/s, roofline, peers"))
+    from .profile.command import add_arguments as add_profile_arguments
+    add_profile_arguments(sub.add_parser("profile", help="time host phases and GPU kernels; Chrome trace"))
     return ap
 
 

@@ -16,6 +16,7 @@ Desktop only (imports numpy when bytes are first made); not for the browser.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..errors import InvalidArgumentError
 from .config import ModelConfig
@@ -164,7 +165,7 @@ class SyntheticSource:
     """A ModelSource (see weights/source.py) of random weights; no tokenizer (feed token ids)."""
 
     format = "synthetic"
-    tokenizer_info: dict = {}
+    tokenizer_info: ClassVar[dict] = {}
     chat_template = None
 
     def __init__(self, name: str, quant: str):
@@ -198,7 +199,7 @@ class SyntheticSource:
 class NullTokenizer:
     """Stands in for a tokenizer when a benchmark feeds token ids: no text, no EOS."""
 
-    eos_token_ids: list[int] = []
+    eos_token_ids: ClassVar[list[int]] = []
 
     def encode(self, text, add_special_tokens: bool = True):
         raise InvalidArgumentError("this model has no tokenizer (synthetic weights): pass a list of token ids")

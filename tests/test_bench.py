@@ -1,0 +1,155 @@
+"""`webdrift bench`: the quick report is complete, bad choices fail clearly, synthetic weights are
+sane GGUF blocks (checked with the gguf package's own dequantizer), oversize models fail before
+allocating, and the native device's byte counter follows create/release.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from webdrift import GPULimitError, InvalidArgumentError
+from webdrift.bench import PEER_NAMES, missing_fields
+from webdrift.cli import main
+from webdrift.gpu.native import get_device
+from webdrift.models.footprint import check_limits, decode_read_bytes, plan_weights
+from webdrift.models.synthetic import PRESETS, QUANTS, synthetic_source
+
+
+def test_bench_quick_report_is_complete(tmp_path, capsys):
+    js, md = tmp_path / "bench.json", tmp_path / "docs" / "BENCH.md"
+    rc = main(["bench", "--quick", "--json", str(js), "--markdown", str(md), "--plot", str(tmp_path / "d.png")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    rep = json.loads(js.read_text())
+    assert missing_fields(rep) == []
+    assert "report complete" in out
+    rows = rep["results"]
+    assert {(r["quant"], r["prompt_tokens"], r["new_tokens"]) for r in rows} == {
+        (q, p, m) for q in ("f16", "q8", "q4") for p, m in ((32, 16), (16, 8))}
+    for r in rows:
+        assert r["error"] is None
+        assert r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["load_s"] > 0
+        assert r["peak_gpu_bytes"] >= r["weight_bytes"] > 0
+        assert r["roofline_decode_tps"] > 0
+        assert r["pct_roofline"] == pytest.approx(100 * r["decode_tps"] / r["roofline_decode_tps"], rel=0.02)
+        assert set(PEER_NAMES) <= set(r["peers"])
+    assert rep["roofline"]["best_GBps"] > 0 and rep["roofline"]["bytes"] > 0
+    assert rep["machine"]["adapter"]
+    text = md.read_text()
+    assert text.startswith("# Benchmarks") and "| tiny | q4 | 32/16 |" in text and "Command: `" in text
+    # smaller quantized weights are fewer bytes to read per token
+    wb = {r["quant"]: r["read_bytes_per_token"] for r in rows if r["prompt_tokens"] == 32}
+    assert wb["q4"] < wb["q8"] < wb["f16"]
+
+
+def test_missing_fields_names_what_is_absent():
+    assert "results[]" in missing_fields({"results": []})
+    rep = {"results": [{"model": "x", "error": None, "decode_tps": None}]}
+    miss = missing_fields(rep)
+    assert "results[0].decode_tps" in miss and "results[0].peers.hf_eager" in miss and "machine.adapter" in miss
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "--quick", "--synthetic", "llama-9b"], list(PRESETS)),
+    (["bench", "--quick", "--quant", "q3"], list(QUANTS)),
+    (["profile", "--synthetic", "nope"], list(PRESETS)),
+])
+def test_bad_choices_list_the_choices(argv, words, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("webdrift: error:")
+    for w in words:
+        assert w in err
+
+
+def test_bad_choices_raise_invalid_argument():
+    with pytest.raises(InvalidArgumentError, match="llama-3.1-8b"):
+        synthetic_source("llama-9b", "q4")
+    with pytest.raises(InvalidArgumentError, match="f16, q8, q4"):
+        synthetic_source("tiny", "int3")
+
+
+@pytest.mark.parametrize("quant", ["f16", "q8", "q4"])
+def test_synthetic_bytes_are_finite_small_gguf_blocks(quant):
+    src = synthetic_source("tiny", quant)
+    t = src.tensors["blk.0.ffn_down.weight"]
+    assert t.shape == (128, 256) and t.type_name == QUANTS[quant]
+    raw = np.frombuffer(t.raw(), np.uint8)
+    vals = quants.dequantize(raw, getattr(GGMLQuantizationType, t.type_name)).reshape(t.shape)
+    assert np.isfinite(vals).all() and 0 < np.abs(vals).max() < 0.2 and vals.std() > 1e-4
+    big = src.tensors["token_embd.weight"]            # tiled past the pool, still whole blocks
+    assert len(big.raw()) == big.nbytes
+    norm = np.frombuffer(src.tensors["output_norm.weight"].raw(), np.float32)
+    assert norm.shape == (128,) and (norm == 1).all()
+
+
+def test_synthetic_shapes_match_the_real_models():
+    c = synthetic_source("llama-3.1-8b", "q4")
+    assert not c.config.tied_embeddings and c.tensors["output.weight"].shape == (128256, 4096)
+    assert c.n_params == pytest.approx(8.03e9, rel=0.01)
+    assert synthetic_source("llama-3.2-1b", "f16").n_params == pytest.approx(1.236e9, rel=0.01)
+    assert synthetic_source("smollm2-135m", "f16").n_params == pytest.approx(134.5e6, rel=0.01)
+
+
+class _SmallDevice:
+    """Limits of a small adapter, no GPU needed (check_limits reads only these)."""
+    max_binding_size = 32 << 20
+    max_buffer_size = 64 << 20
+
+    class info:
+        adapter = "small-test-adapter"
+
+
+def test_oversize_weight_is_refused_naming_size_limit_and_fix():
+    with pytest.raises(GPULimitError) as e:
+        check_limits(_SmallDevice(), synthetic_source("smollm2-135m", "f16"), None, 64)
+    msg = str(e.value)
+    assert "token_embd" in msg and "54 MiB" in msg and "32 MiB per storage binding" in msg and "q4" in msg
+    check_limits(_SmallDevice(), synthetic_source("tiny", "q4"), None, 64)     # fits: no error
+
+
+def test_engine_raises_limit_error_before_allocating():
+    from webdrift.bench import build_engine
+    dev = get_device()
+    src = synthetic_source("llama-3.1-8b", "f16")          # 1 GiB f16 embedding
+    if max(p.nbytes for p in plan_weights(src)) <= min(dev.max_binding_size, dev.max_buffer_size):
+        pytest.skip("this adapter holds an 8B f16 embedding in one binding")
+    n = dev.allocations
+    with pytest.raises(GPULimitError, match="token_embd"):
+        build_engine(dev, src, 64)
+    assert dev.allocations == n
+
+
+def test_decode_read_bytes_counts_weights_and_kv():
+    src = synthetic_source("tiny", "f16")
+    plans = plan_weights(src)
+    cfg = src.config
+    at0, at100 = decode_read_bytes(cfg, plans, 0), decode_read_bytes(cfg, plans, 100)
+    assert at100 - at0 == 2 * cfg.n_layers * cfg.kv_dim * 100 * 4
+    # tied: the embedding is read in full by the LM head; f16 matrices = 2 bytes per weight, f32 norms
+    n_matrix = sum(np.prod(t.shape) for t in src.tensors.values() if len(t.shape) == 2)
+    n_norm = sum(np.prod(t.shape) for t in src.tensors.values() if len(t.shape) == 1)
+    assert at0 == 2 * n_matrix + 4 * n_norm
+    untied = synthetic_source("llama-3.1-8b", "q8")
+    p8 = plan_weights(untied)
+    emb = next(p for p in p8 if p.label == "token_embd")
+    assert not emb.per_token and decode_read_bytes(untied.config, p8, 0) == pytest.approx(
+        sum(p.nbytes for p in p8) - emb.nbytes, rel=1e-3)
+
+
+def test_device_counts_live_bytes():
+    dev = get_device()
+    before = dev.bytes_allocated
+    b = dev.create_buffer(1 << 20, label="count-me")
+    assert dev.bytes_allocated == before + (1 << 20) and dev.peak_bytes >= before + (1 << 20)
+    dev.release_buffer(b)
+    assert dev.bytes_allocated == before
+    c = dev.create_buffer(4096, label="collected")
+    del c
+    import gc
+    gc.collect()
+    assert dev.bytes_allocated == before

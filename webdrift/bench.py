@@ -1,0 +1,539 @@
+"""`webdrift bench`: ML Drift's protocol on this adapter, with the roofline and PyTorch peers.
+
+Protocol (ML Drift): batch 1, greedy, a prompt of 1024 token ids then 256 generated tokens, and
+128 / 128; token ids are fed directly (no tokenizer), EOS is ignored so every run generates all
+its tokens. Per model and weight format it reports prefill tokens/s (prompt / time to first token
+on the host), decode tokens/s ((new - 1) / time after the first token), the decode ceiling of the
+memory roofline and the % of it reached, the peak of GPU memory webdrift allocated (the native
+device's live-buffer high-water mark: weights, KV cache, arena, staging uploads) and load time.
+Models: `--model NAME` (a real model, through the hub / a GGUF path), `--synthetic NAME` (random
+weights in a real model's shapes, models/synthetic.py) with `--quant f16|q8|q4`.
+The roofline is measured in the same run (profile/roofline.py); PyTorch peers run where torch
+has a CUDA device (bench_peers.py). Output: a table, `--json`, `--markdown` (appends a section
+with the machine, date and exact command) and `--plot` (matplotlib, skipped if missing).
+Desktop only (numpy for synthetic weights); the report itself is plain JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import sys
+import time
+
+from .errors import InvalidArgumentError, WebdriftError
+from .models.synthetic import PRESETS, QUANTS, check_choice
+
+PROTOCOL = [(1024, 256), (128, 128)]
+QUICK_PROTOCOL = [(32, 16), (16, 8)]
+BIG_SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
+
+# every result row of a complete report has these (values may be None only where `error` says why)
+ROW_FIELDS = ("model", "quant", "source", "params", "weight_bytes", "prompt_tokens", "new_tokens",
+              "prefill_tps", "decode_tps", "ttft_s", "read_bytes_per_token", "roofline_decode_tps",
+              "pct_roofline", "peak_gpu_bytes", "load_s", "peers", "error")
+REPORT_FIELDS = ("webdrift_version", "date", "command", "machine", "protocol", "sampling", "batch",
+                 "roofline", "peers_note", "results")
+MACHINE_FIELDS = ("adapter", "backend", "vendor", "driver", "adapter_type", "max_binding_bytes",
+                  "max_buffer_bytes", "features", "host", "python", "wgpu")
+PEER_NAMES = ("hf_eager", "cuda_graph")
+
+
+# -- models --------------------------------------------------------------------------------------
+
+def parse_list(values, what: str, choices=None) -> list[str]:
+    out: list[str] = []
+    for v in values or []:
+        for item in str(v).split(","):
+            item = item.strip()
+            if not item:
+                continue
+            if what == "synthetic model" and item == "all":
+                out.extend(["smollm2-135m"] + BIG_SHAPES)
+                continue
+            if choices is not None:
+                check_choice(what, item, choices)
+            out.append(item)
+    return out
+
+
+def parse_protocol(text: str) -> list[tuple[int, int]]:
+    """'1024/256,128/128' -> [(1024, 256), (128, 128)]."""
+    out = []
+    for part in text.split(","):
+        try:
+            p, m = (int(x) for x in part.strip().split("/"))
+        except ValueError:
+            raise InvalidArgumentError(f"--protocol {text!r}: write PROMPT/NEW pairs, e.g. 1024/256,128/128")
+        if p < 1 or m < 1:
+            raise InvalidArgumentError(f"--protocol {text!r}: token counts must be >= 1")
+        out.append((p, m))
+    return out
+
+
+def open_real_source(name: str, auto_pull: bool = True):
+    """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder."""
+    path = name
+    if not os.path.exists(name):
+        try:
+            from .hub import resolve_model
+        except ImportError as e:
+            raise WebdriftError(f"model {name!r}: the model hub helpers are not available ({e}); "
+                                "give a .gguf path or use --synthetic") from e
+        path = resolve_model(name, auto_pull=auto_pull)
+    from .weights.source import open_model_source
+    return open_model_source(path)
+
+
+def model_spec_label(src) -> tuple[str, str]:
+    """(model, quant) labels of a source: synthetic name/quant, or file name/runtime formats."""
+    if getattr(src, "format", "") == "synthetic":
+        return src.name, src.quant
+    from .models.footprint import plan_weights
+    fmts = sorted({p.fmt for p in plan_weights(src) if p.o > 1})
+    return getattr(src, "bench_name", None) or os.path.basename(str(src.path)), "+".join(fmts)
+
+
+def build_engine(dev, src, max_context: int, prefill_chunk: int = 256):
+    from .models.synthetic import NullTokenizer
+    from .runtime.engine import Engine
+    return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk)
+
+
+def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab) for _ in range(n)]
+
+
+def generate_ids(eng, ids: list[int], new_tokens: int):
+    from .runtime.engine import SamplingParams, _run
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False)
+    return _run(eng.agenerate(ids, sp))
+
+
+# -- machine -------------------------------------------------------------------------------------
+
+def machine_info(dev) -> dict:
+    ai = getattr(dev, "adapter_info", {}) or {}
+    try:
+        import wgpu
+        wv = wgpu.__version__
+    except ImportError:  # pragma: no cover
+        wv = ""
+    return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
+            "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
+            "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
+            "features": sorted(dev.info.features), "host": f"{platform.node()} {platform.machine()} "
+            f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs",
+            "python": platform.python_version(), "wgpu": wv}
+
+
+# -- one model -----------------------------------------------------------------------------------
+
+def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
+                peers: bool = False, log=None, peer_cache: dict | None = None) -> list[dict]:
+    """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant."""
+    from .models.footprint import decode_read_bytes, plan_weights
+    from .profile.roofline import decode_ceiling
+    log = log or (lambda s: None)
+    model, quant = model_spec_label(src)
+    cfg = src.config
+    params = sum(_numel(t.shape) for t in src.tensors.values())
+    plans = plan_weights(src)
+    base = {"model": model, "quant": quant, "source": str(src.path), "params": params,
+            "weight_bytes": sum(p.nbytes for p in plans)}
+
+    def row(p, m, **kw):
+        r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
+                 read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
+                 load_s=None, peers=None, error=None)
+        r.update(kw)
+        return r
+
+    max_ctx = max(p + m for p, m in protocols)
+    if cfg.max_position and max_ctx > cfg.max_position:
+        return [row(p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
+                for p, m in protocols]
+    gc.collect()
+    before = getattr(dev, "bytes_allocated", 0)
+    if hasattr(dev, "peak_bytes"):
+        dev.peak_bytes = before
+    log(f"loading {model} ({quant}) ...")
+    eng = None
+    try:
+        eng = build_engine(dev, src, max_ctx, prefill_chunk)
+        ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
+        generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4)         # compile + warm every kernel
+        rows = []
+        for p, m in protocols:
+            best = None
+            for _ in range(max(1, repeats)):
+                out = generate_ids(eng, ids[:p], m)
+                st = out.stats
+                if st.new_tokens != m:
+                    raise WebdriftError(f"generated {st.new_tokens} tokens, expected {m} ({st.finish_reason})")
+                if best is None or st.decode_tokens_per_s > best.decode_tokens_per_s:
+                    best = st
+            read = decode_read_bytes(cfg, plans, p + (m - 1) / 2)            # mean cache length of the run
+            ceil = decode_ceiling(bandwidth_GBps, read)
+            dtps = best.decode_tokens_per_s
+            rows.append(row(p, m, prefill_tps=round(best.prefill_tokens_per_s, 2), decode_tps=round(dtps, 2),
+                            ttft_s=round(best.prefill_s, 5), read_bytes_per_token=int(read),
+                            roofline_decode_tps=round(ceil, 2),
+                            pct_roofline=round(100.0 * dtps / ceil, 2) if ceil else None,
+                            load_s=round(eng.load_s, 3)))
+            log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
+                f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
+        peak = getattr(dev, "peak_bytes", 0) - before
+        for r in rows:
+            r["peak_gpu_bytes"] = peak
+    except Exception as e:  # noqa: BLE001 - one model failing (limits, device loss) must not lose the report
+        log(f"  {type(e).__name__}: {e}")
+        return [row(p, m, error=f"{type(e).__name__}: {e}") for p, m in protocols]
+    finally:
+        del eng
+        gc.collect()
+    if peers:
+        from .bench_peers import run_peers
+        cache_key = (model, tuple(protocols))
+        res = None if peer_cache is None else peer_cache.get(cache_key)
+        if res is None:
+            log("  PyTorch peers ...")
+            res = run_peers(cfg, ids, protocols)
+            if peer_cache is not None:
+                peer_cache[cache_key] = res
+        plans16 = plan_weights(src, "f16")
+        for r in rows:
+            key = f"{r['prompt_tokens']}/{r['new_tokens']}"
+            kv_len = r["prompt_tokens"] + (r["new_tokens"] - 1) / 2
+            # the peers read fp16 weights and an fp16 KV cache (webdrift's is f32: halve that part)
+            read16 = decode_read_bytes(cfg, plans16, kv_len) - cfg.n_layers * cfg.kv_dim * kv_len * 4
+            ceil16 = decode_ceiling(bandwidth_GBps, read16)
+            r["peers"] = {}
+            for name in PEER_NAMES:
+                pr = res.get(name, {})
+                if "error" in pr:
+                    r["peers"][name] = {"error": pr["error"]}
+                    continue
+                v = dict(pr.get(key, {}))
+                v["read_bytes_per_token"] = int(read16)
+                if v.get("decode_tps"):
+                    v["decode_ratio"] = round(r["decode_tps"] / v["decode_tps"], 3)
+                    v["pct_roofline"] = round(100.0 * v["decode_tps"] / ceil16, 2) if ceil16 else None
+                if v.get("prefill_tps"):
+                    v["prefill_ratio"] = round(r["prefill_tps"] / v["prefill_tps"], 3)
+                r["peers"][name] = v
+    return rows
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+def run_bench(args, dev=None, log=None) -> dict:
+    log = log or (lambda s: sys.stderr.write(s + "\n"))
+    quick = bool(getattr(args, "quick", False))
+    synthetic = parse_list(args.synthetic, "synthetic model", PRESETS)
+    quants = parse_list(args.quant, "quant", QUANTS) or (["f16", "q8", "q4"] if quick else ["q4"])
+    models = list(args.model or [])
+    if quick and not synthetic and not models:
+        synthetic = ["tiny"]
+    protocols = parse_protocol(args.protocol) if args.protocol else (QUICK_PROTOCOL if quick else PROTOCOL)
+    if dev is None:
+        from .gpu.native import get_device
+        dev = get_device()
+    from .profile.roofline import measure_bandwidth
+    mib = args.roofline_mib or (16 if quick else 1024)
+    log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB ...")
+    roof = measure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
+    log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']})")
+    peers_ok, peers_note = (False, "disabled (--no-peers)") if args.no_peers else _peer_availability(dev)
+    if not peers_ok:
+        log(f"peers: {peers_note}")
+    sources = []
+    if not synthetic and not models:
+        models = ["smollm2-135m"]
+    for name in models:
+        try:
+            src = open_real_source(name, auto_pull=bool(args.model))   # the default only if cached
+            src.bench_name = name if not os.path.exists(name) else os.path.basename(name)
+            sources.append(src)
+        except WebdriftError as e:
+            if args.model:
+                raise
+            log(f"the default real model is not available ({e}); using --synthetic smollm2-135m")
+            synthetic = ["smollm2-135m"]
+    from .models.synthetic import synthetic_source
+    for name in synthetic:
+        for q in quants:
+            sources.append(synthetic_source(name, q))
+    results, peer_cache = [], {}
+    for src in sources:
+        results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
+                               peers=peers_ok, log=log, peer_cache=peer_cache)
+    for r in results:
+        if r["peers"] is None:
+            r["peers"] = {name: {"skipped": peers_note} for name in PEER_NAMES}
+    from . import __version__
+    report = {"webdrift_version": __version__, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": getattr(args, "command_line", None) or "webdrift bench",
+              "machine": machine_info(dev),
+              "protocol": [{"prompt_tokens": p, "new_tokens": m} for p, m in protocols],
+              "sampling": "greedy (temperature 0), EOS ignored", "batch": 1, "prefill_chunk": args.prefill_chunk,
+              "repeats": args.repeats, "roofline": roof, "peers_note": peers_note, "results": results}
+    return report
+
+
+def _peer_availability(dev) -> tuple[bool, str]:
+    ai = getattr(dev, "adapter_info", {}) or {}
+    if ai.get("vendor_id") != 0x10DE and "nvidia" not in (dev.info.adapter + dev.info.vendor).lower():
+        return False, f"the adapter ({dev.info.adapter}) is not an NVIDIA GPU, so CUDA peers could not share it; skipped"
+    from .bench_peers import availability
+    return availability()
+
+
+def missing_fields(report: dict) -> list[str]:
+    """Paths of required report fields that are absent (an empty list: the report is complete)."""
+    miss = [f for f in REPORT_FIELDS if f not in report]
+    miss += [f"machine.{f}" for f in MACHINE_FIELDS if f not in report.get("machine", {})]
+    for f in ("best_GBps", "bytes", "method"):
+        if f not in report.get("roofline", {}):
+            miss.append(f"roofline.{f}")
+    if not report.get("results"):
+        miss.append("results[]")
+    for i, r in enumerate(report.get("results", [])):
+        miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f not in r]
+        if r.get("error") is None:
+            miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f != "error" and r.get(f) is None]
+        peers = r.get("peers") or {}
+        miss += [f"results[{i}].peers.{p}" for p in PEER_NAMES if p not in peers]
+    return miss
+
+
+# -- output --------------------------------------------------------------------------------------
+
+def _fmt(v, spec: str = ".1f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _gib(n) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
+def _peer_cell(p: dict | None) -> str:
+    if not p:
+        return "-"
+    if "skipped" in p:
+        return "skipped"
+    if "error" in p:
+        return "error"
+    return (f"{_fmt(p.get('decode_tps'))} ({_fmt(p.get('decode_ratio'), '.2f')}x) / "
+            f"{_fmt(p.get('prefill_tps'), '.0f')} ({_fmt(p.get('prefill_ratio'), '.2f')}x)")
+
+
+def format_table(report: dict, markdown: bool = False) -> str:
+    head = ["model", "quant", "prompt/new", "prefill tok/s", "decode tok/s", "% roofline", "ceiling tok/s",
+            "peak GPU mem", "load s", "HF eager decode / prefill tok/s (wd/peer)",
+            "CUDA graph decode / prefill tok/s (wd/peer)"]
+    rows = []
+    for r in report["results"]:
+        pr = r.get("peers") or {}
+        if r.get("error"):
+            rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}",
+                         "error: " + r["error"][:90], "", "", "", "", "", "", ""])
+            continue
+        rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}", _fmt(r["prefill_tps"]),
+                     _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
+                     _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _peer_cell(pr.get("hf_eager")),
+                     _peer_cell(pr.get("cuda_graph"))])
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+        lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+        return "\n".join(lines)
+    w = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    line = "  ".join(h.ljust(n) for h, n in zip(head, w))
+    out = [line, "-" * len(line)]
+    out += ["  ".join(str(c).ljust(n) for c, n in zip(row, w)).rstrip() for row in rows]
+    roof = report["roofline"]
+    out.append(f"streaming read: {roof['best_GBps']} GB/s best, {roof['median_GBps']} GB/s median "
+               f"({roof['bytes'] >> 20} MiB, {roof['reps']} reps, {roof['method']}); peers: {report['peers_note']}")
+    return "\n".join(out)
+
+
+def write_markdown(path: str, report: dict) -> None:
+    m = report["machine"]
+    roof = report["roofline"]
+    proto = ", ".join(f"{p['prompt_tokens']}/{p['new_tokens']}" for p in report["protocol"])
+    sec = [f"## {report['date'][:10]}: {m['adapter']} ({m['backend']}, {m['driver'] or 'driver unknown'})", "",
+           f"Command: `{report['command']}`", "",
+           (f"Machine: {m['adapter']} ({m['adapter_type'] or m['vendor']}), driver {m['driver'] or '?'}, "
+            f"wgpu {m['wgpu']}, Python {m['python']}, host {m['host']}; max binding "
+            f"{_gib(m['max_binding_bytes'])}. Peers: {report['peers_note']}."), "",
+           (f"Protocol: prompt/new tokens {proto}, batch {report['batch']}, {report['sampling']}, prefill chunk "
+            f"{report['prefill_chunk']}, best of {report['repeats']}. Streaming read (the roofline): "
+            f"**{roof['best_GBps']} GB/s** ({roof['bytes'] >> 20} MiB, {roof['method']}). "
+            "% roofline = decode tok/s / (bandwidth / bytes read per token: weights + f32 KV cache at the "
+            "mean position). Peer cells: PyTorch fp16 on the same GPU, decode / prefill tok/s with the "
+            "ratio webdrift / peer in brackets (the peers run fp16 weights whatever webdrift's quant)."), "",
+           format_table(report, markdown=True), ""]
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "a") as f:
+        if new:
+            f.write("# Benchmarks\n\nWritten by `webdrift bench --markdown`: ML Drift's protocol (batch 1, "
+                    "greedy, 1024 prompt + 256 generated tokens, and 128/128), decode against the memory "
+                    "roofline measured in the same run, and PyTorch peers on the same GPU.\n\n")
+        else:
+            f.write("\n")
+        f.write("\n".join(sec))
+
+
+def write_plot(path: str, report: dict) -> str:
+    """Decode tok/s vs bytes read per token, beside the roofline; returns a note."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"plot skipped: matplotlib is not available ({type(e).__name__})"
+    rows = [r for r in report["results"] if not r.get("error") and r.get("decode_tps")]
+    if not rows:
+        return "plot skipped: no successful results"
+    bw = report["roofline"]["best_GBps"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [r["read_bytes_per_token"] / 1e9 for r in rows] + [
+        p["read_bytes_per_token"] / 1e9 for r in rows for p in (r.get("peers") or {}).values()
+        if isinstance(p, dict) and p.get("read_bytes_per_token")]
+    lo, hi = min(xs) / 1.5, max(xs) * 1.5
+    grid = [lo * (hi / lo) ** (k / 50) for k in range(51)]
+    ax.plot(grid, [bw / x for x in grid], "k--", label=f"roofline {bw:.0f} GB/s")
+    marks = {"f16": "o", "q8": "s", "q4": "^"}
+    for q in sorted({r["quant"] for r in rows}):
+        sel = [r for r in rows if r["quant"] == q]
+        ax.scatter([r["read_bytes_per_token"] / 1e9 for r in sel], [r["decode_tps"] for r in sel],
+                   marker=marks.get(q, "D"), label=f"webdrift {q}")
+        for r in sel:
+            if r is not next(x for x in sel if x["model"] == r["model"]):
+                continue          # one label per model
+            ax.annotate(r["model"],
+                        (r["read_bytes_per_token"] / 1e9, r["decode_tps"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    for name, mk in (("hf_eager", "x"), ("cuda_graph", "+")):
+        pts = [(p["read_bytes_per_token"] / 1e9, p["decode_tps"]) for p in
+               ((r.get("peers") or {}).get(name, {}) for r in rows) if p.get("decode_tps")]
+        if pts:
+            ax.scatter(*zip(*pts), marker=mk, label=f"PyTorch {name} (fp16)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("GB read per decode token (weights + KV)")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"decode vs roofline: {report['machine']['adapter']}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.3)
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return f"plot written to {path}"
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", action="append", default=None,
+                   help="a real model (known name, .gguf path or HF folder); repeatable (default smollm2-135m "
+                        "when no --synthetic is given)")
+    p.add_argument("--synthetic", action="append", default=None,
+                   help=f"random-weight model shapes, comma list or repeatable: {', '.join(PRESETS)}, or 'all'")
+    p.add_argument("--quant", action="append", default=None,
+                   help=f"synthetic storage formats, comma list: {', '.join(QUANTS)} (default q4; --quick: all)")
+    p.add_argument("--protocol", default=None,
+                   help="PROMPT/NEW pairs (default 1024/256,128/128; --quick: 32/16,16/8)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per protocol, the best is reported (default 1)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="engine prefill chunk (default 256)")
+    p.add_argument("--roofline-mib", type=int, default=None,
+                   help="streaming-read buffer (default 1024, --quick 16; capped by the binding limit)")
+    p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--markdown", default=None, metavar="PATH", help="append a section to a markdown file")
+    p.add_argument("--plot", default=None, metavar="PATH", help="decode tok/s vs size beside the roofline (png)")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    if args.repeats < 1:
+        raise InvalidArgumentError(f"--repeats {args.repeats}: must be >= 1")
+    if not hasattr(args, "command_line"):
+        args.command_line = _command_line()
+    t0 = time.perf_counter()
+    report = run_bench(args)
+    report["wall_s"] = round(time.perf_counter() - t0, 2)
+    print(format_table(report))
+    if args.json:
+        d = os.path.dirname(args.json)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"report written to {args.json}")
+    if args.markdown:
+        write_markdown(args.markdown, report)
+        print(f"section appended to {args.markdown}")
+    if args.plot:
+        print(write_plot(args.plot, report))
+    if args.quick:
+        miss = missing_fields(report)
+        if miss:
+            print(f"bench --quick: the report is incomplete: missing {', '.join(miss)}")
+            return 1
+        bad = [r for r in report["results"] if r.get("error")]
+        if bad:
+            print(f"bench --quick: {len(bad)} runs failed: {bad[0]['error']}")
+            return 1
+        print(f"bench --quick: report complete ({len(report['results'])} rows) in {report['wall_s']} s")
+    return 0
+
+
+def _command_line() -> str:
+    """The command as typed: `webdrift bench ...` / `python -m webdrift bench ...`."""
+    import shlex
+    argv = sys.argv[1:]
+    if argv[:1] == ["bench"]:
+        return "webdrift " + shlex.join(argv)
+    if sys.argv[0].endswith("bench.py"):
+        return "webdrift bench " + shlex.join(argv)
+    return "webdrift bench (called from Python)"
+
+
+def main(argv: list[str] | None = None) -> int:  # python -m webdrift.bench
+    ap = argparse.ArgumentParser(prog="webdrift bench")
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    try:
+        return cmd_bench(args)
+    except WebdriftError as e:
+        sys.stderr.write(f"webdrift: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""What a model needs from a device, computed from its ModelSource before anything is allocated.
+
+`plan_weights` lists the runtime GPU buffers GPUModel will create (same format choice as
+GPUModel._matrix: the file's type losslessly, or the requested weight_format) without reading
+any tensor data; `check_limits` turns a buffer or binding that the adapter cannot hold into one
+GPULimitError that names the tensor, its size, the limit and what to try, instead of a failure
+deep in the load; `decode_read_bytes` is the roofline's numerator: the bytes one decode step
+must read (every weight the step touches, once, plus the KV cache up to the current position).
+webdrift binds each weight as one buffer: a weight larger than max-storage-buffer-binding-size
+is refused here rather than split over several bindings (the kernels read one binding per weight).
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import GPULimitError
+from ..kernels.convert import default_format
+from ..kernels.weights import buffer_sizes
+from ..tensor.weight_layout import WeightLayout
+from .config import ModelConfig
+
+_STORED = {"F32": (4, 1), "F16": (2, 1), "BF16": (2, 1), "Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32)}
+
+
+@dataclass
+class WeightPlan:
+    label: str              # runtime weight, e.g. "blk.3.wqkv"
+    fmt: str                # runtime format: f32 | f16 | q8 | q4
+    o: int
+    i: int
+    buffers: list[int]      # bytes of each runtime buffer (binding)
+    staging: int            # largest upload buffer (one source tensor's bytes) bound by the converter
+    per_token: bool = True  # read in full by every decode step (False: the untied embedding table)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.buffers)
+
+
+def _stored_bytes(t) -> int:
+    n = 1
+    for d in t.shape:
+        n *= d
+    bb, be = _STORED.get(t.type_name, (4, 1))   # other types are dequantized to F32 on the host
+    return n // be * bb
+
+
+def _runtime_format(types: list[str], weight_format: str | None) -> str:
+    fmt = weight_format or (default_format(types[0]) if len(set(types)) == 1 else "f32")
+    if fmt in ("q8", "q4") and any(default_format(t) != fmt for t in types):
+        fmt = "f16"
+    return fmt
+
+
+def _sizes(fmt: str, o: int, i: int) -> list[int]:
+    lay = WeightLayout.named("OI", o, i) if fmt in ("f32", "f16") else None
+    return buffer_sizes(fmt, o, i, lay)
+
+
+def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
+    """The runtime buffers GPUModel will allocate for source's matrices and vectors."""
+    cfg: ModelConfig = source.config
+    ts = source.tensors
+    plans: list[WeightPlan] = []
+
+    def matrix(names: list[str], label: str, per_token: bool = True) -> None:
+        group = [ts[n] for n in names]
+        o, i = sum(t.shape[0] for t in group), group[0].shape[1]
+        fmt = _runtime_format([t.type_name for t in group], weight_format)
+        plans.append(WeightPlan(label, fmt, o, i, _sizes(fmt, o, i), max(_stored_bytes(t) for t in group),
+                                per_token))
+
+    def vector(name: str) -> None:
+        if name in ts:
+            t = ts[name]
+            plans.append(WeightPlan(name, "f32", 1, t.shape[0], _sizes("f32", 1, t.shape[0]), _stored_bytes(t)))
+
+    untied = not cfg.tied_embeddings and "output.weight" in ts
+    matrix(["token_embd.weight"], "token_embd", per_token=not untied)
+    for li in range(cfg.n_layers):
+        p = f"blk.{li}."
+        vector(p + "attn_norm.weight")
+        matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], p + "wqkv")
+        matrix([p + "attn_output.weight"], p + "wo")
+        vector(p + "ffn_norm.weight")
+        matrix([p + "ffn_gate.weight"], p + "w_gate")
+        matrix([p + "ffn_up.weight"], p + "w_up")
+        matrix([p + "ffn_down.weight"], p + "w_down")
+        for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+            vector(p + n + ".weight")
+    vector("output_norm.weight")
+    if untied:
+        matrix(["output.weight"], "output")
+    return plans
+
+
+def kv_cache_bytes(cfg: ModelConfig, max_context: int) -> int:
+    """K and V caches of every layer: f32, (n_kv_heads, max_context, head_dim) each."""
+    return 2 * cfg.n_layers * cfg.kv_dim * max_context * 4
+
+
+def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) -> float:
+    """Bytes one decode step reads at cache length kv_len: each per-token weight once (an untied
+    embedding table only one row; a norm vector its n floats, not its padded buffer) plus K and V
+    of kv_len positions in every layer (f32)."""
+    w = sum(4 * p.i if p.o == 1 else p.nbytes if p.per_token else p.nbytes / p.o for p in plans)
+    return w + 2 * cfg.n_layers * cfg.kv_dim * kv_len * 4
+
+
+def check_limits(dev, source, weight_format: str | None, max_context: int) -> list[WeightPlan]:
+    """Raise GPULimitError, before any allocation, if a weight, its upload or a KV cache buffer
+    exceeds the adapter's max-buffer-size or max-storage-buffer-binding-size."""
+    cfg = source.config
+    bind, buf = dev.max_binding_size, dev.max_buffer_size
+    limit = min(bind, buf)
+    plans = plan_weights(source, weight_format)
+    adapter = getattr(getattr(dev, "info", None), "adapter", "") or "this adapter"
+
+    def mib(n: float) -> str:
+        return f"{n / 2**20:.0f} MiB"
+
+    for p in plans:
+        worst = max(p.buffers + [p.staging])
+        if worst <= limit:
+            continue
+        if p.staging == worst and worst > max(p.buffers):
+            what, hint = ("its upload (the stored tensor, bound whole by the GPU converter)",
+                          "a model file whose tensors are stored smaller, ")
+        else:
+            what = f"its {p.fmt} buffer"
+            stored = {"q4": 20 / 32, "q8": 34 / 32, "f16": 2}   # bytes per weight stored as Q4_1 / Q8_0 / F16
+            hints = [f for f in ("q4", "q8", "f16")
+                     if f != p.fmt and not (f in ("q4", "q8") and p.i % 32)
+                     and max(_sizes(f, p.o, p.i) + [int(p.o * p.i * stored[f])]) <= limit]
+            hint = (f"weights stored and run as {' or '.join(hints)} (--quant for synthetic models), "
+                    if hints else "")
+        raise GPULimitError(
+            f"{source.path}: weight {p.label!r} ({p.o} x {p.i}) needs {mib(worst)} for {what}, but {adapter} "
+            f"allows {mib(bind)} per storage binding (max-storage-buffer-binding-size) and {mib(buf)} per buffer "
+            f"(max-buffer-size); webdrift binds each weight as one buffer. Try {hint}a smaller model, or an "
+            f"adapter with larger limits")
+    per_layer = cfg.kv_dim * max_context * 4
+    if per_layer > limit:
+        raise GPULimitError(f"{source.path}: the KV cache of one layer needs {mib(per_layer)} at max_context="
+                            f"{max_context}; {adapter} allows {mib(limit)} per binding: use a shorter max_context "
+                            f"(at most {limit // (cfg.kv_dim * 4)})")
+    return plans

@@ -1,0 +1,120 @@
+"""The memory roofline of the adapter, measured in the same run as the benchmark.
+
+A WGSL streaming read (every thread XORs vec4<u32> loads over a grid-stride loop, four loads in
+flight per iteration, and stores only if the result hits a magic value so nothing can be
+optimised away) runs over one large buffer (1 GiB by default, capped by the adapter's binding
+size) and is timed with GPU timestamps: bandwidth = bytes / kernel time (best of `reps`).
+Decode is memory-bound, so a decode step cannot beat (bytes it must read) / bandwidth: that is
+each model's decode ceiling (models/footprint.py computes the bytes).
+The kernel source lives here rather than in wgsl/ because it is a measuring probe, not part of
+the model. Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..gpu.base import READ, RW, TimestampRecorder
+
+WG = 256
+
+STREAM_READ_WGSL = """
+// Streaming read: src (N4) vec4<u32>, read once, coalesced (thread g reads g, g+stride, ...).
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;     // (N4)
+@group(0) @binding(1) var<storage, read_write> sink: array<u32>;    // (4) written only on a magic sum
+const N4: u32 = {N4}u;
+
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let stride = nwg.x * {WG}u;
+  var a0 = vec4<u32>(0u); var a1 = vec4<u32>(0u); var a2 = vec4<u32>(0u); var a3 = vec4<u32>(0u);
+  var i = gid.x;
+  loop {
+    if (i + 3u * stride >= N4) { break; }
+    a0 = a0 ^ src[i]; a1 = a1 ^ src[i + stride]; a2 = a2 ^ src[i + 2u * stride]; a3 = a3 ^ src[i + 3u * stride];
+    i = i + 4u * stride;
+  }
+  loop {
+    if (i >= N4) { break; }
+    a0 = a0 ^ src[i];
+    i = i + stride;
+  }
+  let a = a0 ^ a1 ^ a2 ^ a3;
+  let s = a.x ^ a.y ^ a.z ^ a.w;
+  if (s == 0x9E3779B9u) { sink[gid.x & 3u] = s; }
+}
+"""
+
+FILL_WGSL = """
+// Fill dst (N4) vec4<u32> with a hash of the index, so the read is not of untouched zero pages.
+@group(0) @binding(0) var<storage, read_write> dst: array<vec4<u32>>;   // (N4)
+const N4: u32 = {N4}u;
+
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+  let stride = nwg.x * {WG}u;
+  for (var i = gid.x; i < N4; i = i + stride) {
+    let h = i * 2654435761u;
+    dst[i] = vec4<u32>(h, h ^ 0x55555555u, h + 1u, ~h);
+  }
+}
+"""
+
+
+def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: int = 8192) -> dict:
+    """Streaming-read bandwidth of dev in GB/s (1e9 bytes/s): best and median of reps.
+
+    nbytes is capped by the adapter's max binding and buffer sizes (and rounded to 16 bytes).
+    Uses GPU timestamps where the device has them, else host time around submit + read.
+    """
+    cap = min(int(nbytes), dev.max_binding_size, dev.max_buffer_size)
+    cap -= cap % 16
+    n4 = cap // 16
+    workgroups = max(1, min(workgroups, dev.max_workgroups, (n4 + WG - 1) // WG))
+    src = dev.create_buffer(cap, label="roofline.src")
+    sink = dev.create_buffer(16, label="roofline.sink")
+    try:
+        fill = dev.create_pipeline(FILL_WGSL.replace("{N4}", str(n4)).replace("{WG}", str(WG)), (RW,),
+                                   label="roofline_fill")
+        read = dev.create_pipeline(STREAM_READ_WGSL.replace("{N4}", str(n4)).replace("{WG}", str(WG)),
+                                   (READ, RW), label="stream_read")
+        from ..gpu.base import Dispatch
+        fd = Dispatch(fill, dev.create_bind_group(fill, [src]), (workgroups, 1, 1), "roofline_fill")
+        rd = Dispatch(read, dev.create_bind_group(read, [src, sink]), (workgroups, 1, 1), "stream_read")
+        dev.submit([fd, rd])                       # fill, and warm the read up
+        _sync(dev, sink)
+        times_ns: list[float] = []
+        timed = getattr(dev, "has_timestamps", False) and hasattr(dev, "read_timestamps")
+        if timed:
+            rec = TimestampRecorder(reps)
+            dev.submit([rd] * reps, timestamps=rec)
+            dev.read_timestamps(rec)
+            times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
+        if not times_ns:                           # no timestamps: host time of one submit + read
+            timed = False
+            for _ in range(reps):
+                t0 = time.perf_counter_ns()
+                dev.submit([rd])
+                _sync(dev, sink)
+                times_ns.append(float(time.perf_counter_ns() - t0))
+    finally:
+        for b in (src, sink):
+            dev.release_buffer(b)
+    times_ns.sort()
+    best, med = times_ns[0], times_ns[len(times_ns) // 2]
+    return {"bytes": cap, "reps": len(times_ns), "method": "gpu-timestamps" if timed else "host-clock",
+            "best_ms": round(best / 1e6, 4), "median_ms": round(med / 1e6, 4),
+            "best_GBps": round(cap / best, 2), "median_GBps": round(cap / med, 2)}
+
+
+def _sync(dev, buf) -> None:
+    if hasattr(dev, "read_buffer_sync"):
+        dev.read_buffer_sync(buf, 0, 4)
+    else:  # pragma: no cover - async-only backends
+        import asyncio
+        asyncio.new_event_loop().run_until_complete(dev.read_buffer(buf, 0, 4))
+
+
+def decode_ceiling(bandwidth_GBps: float, bytes_per_token: float) -> float:
+    """Tokens/s a decode step reading bytes_per_token cannot beat at this bandwidth."""
+    return bandwidth_GBps * 1e9 / bytes_per_token if bytes_per_token > 0 else 0.0
