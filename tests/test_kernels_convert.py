@@ -144,3 +144,19 @@ def test_weight_layout_index_matches_documented_orders():
         got = np.vectorize(lay.index)(o, i)
         np.testing.assert_array_equal(got, _flat_index(name, o, i, 13))
         assert lay.n_elements == 8 * 16
+
+
+def test_upload_in_row_chunks_matches_whole():
+    """A tensor converted in small row chunks (as large embeddings are) equals the one-shot result."""
+    import numpy as np
+    from webdrift.kernels.convert import allocate_weight, upload_rows
+    from tests.gpu_util import device, source_bytes
+    w = np.random.default_rng(3).standard_normal((37, 96)).astype(np.float32)
+    for src, fmt in [("Q4_1", "q4"), ("Q8_0", "q8"), ("F16", "f16")]:
+        raw, _ = source_bytes(w, src)
+        whole = allocate_weight(device(), "whole", fmt, 37, 96)
+        upload_rows(device(), whole, src, raw, 37)
+        parts = allocate_weight(device(), "parts", fmt, 37, 96)
+        upload_rows(device(), parts, src, raw, 37, max_chunk=5 * len(raw) // 37)   # 5 rows per chunk
+        for a, b in zip(whole.buffers, parts.buffers):
+            assert device().read_buffer_sync(a) == device().read_buffer_sync(b)

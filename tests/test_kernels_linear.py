@@ -155,9 +155,23 @@ def _needs(tuning):
         pytest.skip("the adapter has no subgroups")
 
 
-@pytest.mark.parametrize("tuning", VARIANTS)
-@pytest.mark.parametrize("fmt,layout,O,I", [("f32", "OI4O4", 45, 67), ("f16", "OI", 45, 67), ("q8", "OI", 45, 576),
-                                            ("q4", "OI", 45, 576), ("q4", "OI", 4097, 128)])
+def _supported(tuning, fmt, layout, I):
+    """The wide GEMV reads whole blocks: q4, q8, and row-major f16 with I % 8 == 0 (the kernel
+    raises UnsupportedModelError otherwise, see test_wide_refuses_unsupported_weights)."""
+    if tuning["variant"] != "wide":
+        return True
+    return fmt in ("q4", "q8") or (fmt == "f16" and layout == "OI" and I % 8 == 0)
+
+
+VARIANT_CASES = [pytest.param(t.values[0], *case, id=f"{t.id}-{case[0]}-{case[1]}-{case[2]}x{case[3]}")
+                 for t in VARIANTS
+                 for case in [("f32", "OI4O4", 45, 67), ("f16", "OI", 45, 67), ("q8", "OI", 45, 576),
+                              ("q4", "OI", 45, 576), ("q4", "OI", 4097, 128), ("f16", "OI", 70, 136),
+                              ("q8", "OI", 301, 1536)]
+                 if _supported(t.values[0], case[0], case[1], case[3])]
+
+
+@pytest.mark.parametrize("tuning,fmt,layout,O,I", VARIANT_CASES)
 def test_linear_decode_variants(tuning, fmt, layout, O, I):
     _needs(tuning)
     T = 3
@@ -207,8 +221,9 @@ def rms_norm_ref(x, w, offset=0.0, eps=1e-5):
     return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (w + offset)
 
 
-@pytest.mark.parametrize("tuning", VARIANTS)
-@pytest.mark.parametrize("fmt,I", [("f32", 67), ("q4", 576)])
+@pytest.mark.parametrize("tuning,fmt,I", [pytest.param(t.values[0], fmt, I, id=f"{t.id}-{fmt}-{I}")
+                                          for t in VARIANTS for fmt, I in [("f32", 67), ("q4", 576), ("f16", 136)]
+                                          if _supported(t.values[0], fmt, "OI", I)])
 def test_linear_pre_norm_decode_variants(tuning, fmt, I):
     _needs(tuning)
     T = 3
@@ -240,3 +255,28 @@ def test_linear_pre_norm_last_row():
     x, wref, _, y = run_linear("decode", T, _weights(45, I), "q8", x_last_row=True, norm_w=nw)
     assert_close(y[0], rms_norm_ref(x[T - 1:T], nw)[0] @ wref.T, rtol=5e-5)
     assert (y[1:] == SENTINEL).all()
+
+
+def test_wide_refuses_unsupported_weights():
+    from webdrift.errors import UnsupportedModelError
+    gw, _ = make_weight(_weights(8, 67), "f16")
+    xd, yd = TensorDesc("x", 67, 4), TensorDesc("y", 8, 4)
+    with pytest.raises(UnsupportedModelError, match="wide GEMV"):
+        LinearKernel(device(), "decode", xd, yd, gw, variant="wide", rows=16, wg=128)
+
+
+@pytest.mark.parametrize("fmt", ["q4", "q8", "f16"])
+def test_wide_dual_and_residual(fmt):
+    """The wide GEMV with the fusions the model uses: gate/up + SiLU, residual add, bias."""
+    if not device().has_subgroups:
+        pytest.fail("the CI adapter (lavapipe) offers subgroups; the wide GEMV must be tested")
+    tuning = {"variant": "wide", "rows": 16, "wg": 128}
+    I = 576
+    Wg, Wu = _weights(70, I, seed=7) * 3, _weights(70, I, seed=8)
+    x, wg, wu, y = run_linear("decode", 2, Wg, fmt, w2=Wu, tuning=tuning)
+    x = x.astype(np.float64)
+    assert_close(y[:2], silu(x @ wg.T) * (x @ wu.T))
+    y0 = np.random.default_rng(6).standard_normal((2, 70)).astype(np.float32)
+    b = np.random.default_rng(5).standard_normal(70).astype(np.float32)
+    x, wref, _, y = run_linear("decode", 2, _weights(70, I), fmt, y0=y0, bias=b, tuning=tuning)
+    assert_close(y[:2], x @ wref.T + b + y0)

@@ -1,7 +1,5 @@
-#if SUBGROUP
 #if SUBGROUP_ENABLE
 enable subgroups;
-#endif
 #endif
 // Decode-stage linear layer (GEMV-like "fully connected" kernel):
 //   y[t, o] = sum_i x[t, i] * W[o, i]  (+ bias[o]) (+ y[t, o] when RESIDUAL)
@@ -84,7 +82,62 @@ fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
   y_write1(0u, t, 0u, o, v);
 }
 
-#if SUBGROUP
+#if WIDE
+// WIDE: each subgroup computes RS rows at once; each lane reads whole quant blocks (16-32 bytes)
+// per iteration, loads the matching x block once for all RS rows, and the subgroup reduces
+// with subgroupAdd. A workgroup covers ROWS rows whatever the subgroup size (its subgroups take
+// RS-row groups in turn). Dispatch: (ceil(O / ROWS), tokens).
+const RS: u32 = {{RS}}u;
+const XB: u32 = w_BLK / 4u;       // vec4 slices of x per block
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
+  let t = wid.y;
+  if (t >= {{NT}}) { return; }
+  let sgi = lid / sg;
+  var inv = 1.0;
+#if PRE_NORM
+  let nsg = WG / sg;
+  var ss = 0.0;
+  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[sgi] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var k = 0u; k < nsg; k++) { tot += red[k]; }
+  inv = inverseSqrt(tot / f32(x_C) + EPS);
+#endif
+  let nsgw = WG / sg;
+  for (var r0 = sgi * RS; r0 < ROWS; r0 += nsgw * RS) {
+    let o0 = wid.x * ROWS + r0;
+    if (o0 >= w_O) { break; }
+    var acc: array<f32, {{RS}}>;
+#if DUAL
+    var acc2: array<f32, {{RS}}>;
+#endif
+    for (var b = lane; b < w_NB; b += sg) {
+      var xv: array<vec4<f32>, {{XB}}>;
+      for (var k = 0u; k < XB; k++) { xv[k] = load_x({{XROW}}, b * XB + k, inv); }
+      for (var r = 0u; r < RS; r++) {
+        let o = min(o0 + r, w_O - 1u);
+        acc[r] += w_blk(o, b, xv);
+#if DUAL
+        acc2[r] += w2_blk(o, b, xv);
+#endif
+      }
+    }
+    for (var r = 0u; r < RS; r++) {
+      let a = subgroupAdd(acc[r]);
+#if DUAL
+      let a2 = subgroupAdd(acc2[r]);
+#else
+      let a2 = 0.0;
+#endif
+      if (lane == 0u && o0 + r < w_O) { epilogue(t, o0 + r, a, a2); }
+    }
+  }
+}
+#elif SUBGROUP
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {

@@ -14,12 +14,15 @@ import os
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .step import STEP_BYTES, pack_step
+from .weights import wide_supported
 
 CANDIDATES = (
     {"variant": "split", "rows": 4, "wg": 64},
     {"variant": "subgroup", "rows": 8, "wg": 256},
     {"variant": "subgroup", "rows": 32, "wg": 256},
     {"variant": "row", "rows": 1, "wg": 64},
+    {"variant": "wide", "rows": 16, "wg": 128},
+    {"variant": "wide", "rows": 64, "wg": 256},
 )
 _memory: dict[str, dict] = {}
 
@@ -71,7 +74,10 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
     dev.write_buffer(sb, pack_step(1, 0))
     best, best_ns, timings = None, None, {}
     for cand in CANDIDATES:
-        if cand["variant"] == "subgroup" and not dev.has_subgroups:
+        if cand["variant"] in ("subgroup", "wide") and not dev.has_subgroups:
+            continue
+        if cand["variant"] == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
+                                              (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
             continue
         try:
             k = LinearKernel(dev, "decode", x, y, w, w2=w2, **cand)

@@ -53,10 +53,24 @@ def allocate_weight(dev: Device, name: str, fmt: str, o: int, i: int, layout: st
     return w
 
 
-def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0: int = 0) -> None:
-    """Convert `rows` rows of raw bytes (type src_type, dst.i columns) into dst rows row0.."""
-    tmp = dev.create_buffer(len(raw), label=f"raw:{dst.name}")
-    dev.write_buffer(tmp, raw)
-    k = ConvertKernel(dev, src_type, dst, rows, row0)
-    dev.submit([k.dispatch([tmp] + dst.buffers, k.grid)])
+def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0: int = 0,
+                max_chunk: int | None = None) -> None:
+    """Convert `rows` rows of raw bytes (type src_type, dst.i columns) into dst rows row0..
+
+    Tensors larger than the staging chunk (a quarter of the adapter's binding limit, at most
+    64 MiB) go up in whole-row chunks, so a stored tensor never needs a binding of its own size.
+    """
+    n = len(raw)
+    if rows <= 0 or n % rows:
+        raise UnsupportedModelError(f"{dst.name}: {n} bytes do not split into {rows} rows")
+    row_bytes = n // rows
+    limit = max_chunk or min(64 << 20, dev.max_binding_size // 4)
+    per = max(1, limit // row_bytes)
+    mv = memoryview(raw).cast("B")
+    tmp = dev.create_buffer(min(n, per * row_bytes), label=f"raw:{dst.name}")
+    for r in range(0, rows, per):
+        cnt = min(per, rows - r)
+        dev.write_buffer(tmp, mv[r * row_bytes:(r + cnt) * row_bytes])
+        k = ConvertKernel(dev, src_type, dst, cnt, row0 + r)
+        dev.submit([k.dispatch([(tmp, 0, (cnt * row_bytes + 3) // 4 * 4)] + dst.buffers, k.grid)])
     dev.release_buffer(tmp)

@@ -19,7 +19,7 @@ from ..gpu.base import READ, RW, UNI, Device
 from ..tensor import TensorDesc, accessor_wgsl
 from .base import Kernel, ceil_div
 from .step import STEP_DECL
-from .weights import GPUWeight
+from .weights import GPUWeight, wide_accessor_wgsl, wide_supported
 
 
 def _f(x: float) -> str:
@@ -69,19 +69,28 @@ class LinearKernel(Kernel):
                  rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None):
         """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding."""
         self.template = "matvec" if stage == "decode" else "matmul"
+        rs = 4 if variant == "wide" else 1          # rows per subgroup in the wide GEMV
+        if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
+            raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
+                                        f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
+        if variant == "wide" and rows % rs:
+            raise ValueError("wide GEMV rows must be a multiple of 4")
         self.stage, self.w, self.rows, self.variant, self.wg = stage, w, rows, variant, wg
         b = 3
         d = {"STEP_DECL": STEP_DECL,
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
-             "W_DECL": w.wgsl("w", b), "DUAL": w2 is not None, "BIAS": bias, "RESIDUAL": residual,
+             "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b)),
+             "DUAL": w2 is not None, "WIDE": variant == "wide", "RS": rs,
+             "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
+             "XB": (32 if w.fmt in ("q4", "q8") else 8) // 4, "BIAS": bias, "RESIDUAL": residual,
              "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),
              "ROWS": rows, "WG": wg, "RED": max(2 * rows * wg, wg), "ROW_PER_THREAD": variant == "row", "SUBGROUP": variant == "subgroup",
              "NT": "1u" if x_last_row else "step.n_tokens", "XROW": "step.last_row" if x_last_row else "t"}
         binds = (UNI, RW, RW) + (READ,) * w.n_bindings
         b += w.n_bindings
         if w2 is not None:
-            d["W2_DECL"] = w2.wgsl("w2", b)
+            d["W2_DECL"] = wide_accessor_wgsl("w2", b, w2.fmt, w2.o, w2.i) if variant == "wide" else w2.wgsl("w2", b)
             binds += (READ,) * w2.n_bindings
             b += w2.n_bindings
         if bias:

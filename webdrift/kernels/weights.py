@@ -92,3 +92,62 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
             f"  let sm = unpack2x16float({n}_sm[o * {i // 32}u + s / 8u]);\n"
             f"  return q * sm.x + sm.y;\n}}\n")
     raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
+
+
+# --- block accessors for the wide GEMV (matvec.wgsl WIDE): one 32/8-element block per call ---
+
+def wide_supported(fmt: str, i: int, layout: WeightLayout | None) -> bool:
+    """Whether the block-wise GEMV can read this weight (rows contiguous, whole blocks)."""
+    if fmt in ("q4", "q8"):
+        return True
+    if fmt == "f16":
+        return i % 8 == 0 and layout is not None and layout.order[-3:] == ("HWD", "S_I", "I4") and layout.order[1:3] == ("S_O", "O4")
+    return False
+
+
+def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
+    """`const {n}_BLK` (elements per block), `const {n}_NB` (blocks per row) and
+    `fn {n}_blk(o, b, x: array<vec4<f32>, BLK/4>) -> f32` = dot(W[o, b*BLK .. +BLK), x)."""
+    head = f"// {n}: weight ({o}, {i}) format {fmt}, read a whole block per call\nconst {n}_O: u32 = {o}u;\n"
+    if fmt == "q4":   # 16 bytes of nibbles + (scale, min): sum((d q + m) x) = d sum(q x) + m sum(x)
+        return head + (
+            f"const {n}_BLK: u32 = 32u; const {n}_NB: u32 = {i // 32}u;\n"
+            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}) blocks\n"
+            f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;\n"
+            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 8>) -> f32 {{\n"
+            f"  let q = {n}_data[o * {n}_NB + b];\n"
+            f"  let sm = unpack2x16float({n}_sm[o * {n}_NB + b]);\n"
+            f"  var acc = 0.0; var xs = vec4<f32>(0.0);\n"
+            f"  for (var k = 0u; k < 4u; k++) {{\n"
+            f"    let w = q[k];\n"
+            f"    let lo = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
+            f"    let hi = vec4<f32>(vec4<u32>(w >> 16u, w >> 20u, w >> 24u, w >> 28u) & vec4<u32>(15u));\n"
+            f"    acc += dot(lo, x[2u * k]) + dot(hi, x[2u * k + 1u]);\n"
+            f"    xs += x[2u * k] + x[2u * k + 1u];\n"
+            f"  }}\n"
+            f"  return sm.x * acc + sm.y * (xs.x + xs.y + xs.z + xs.w);\n}}\n")
+    if fmt == "q8":
+        return head + (
+            f"const {n}_BLK: u32 = 32u; const {n}_NB: u32 = {i // 32}u;\n"
+            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}, 2) int8 x16\n"
+            f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;\n"
+            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 8>) -> f32 {{\n"
+            f"  var acc = 0.0;\n"
+            f"  for (var h = 0u; h < 2u; h++) {{\n"
+            f"    let q = {n}_data[(o * {n}_NB + b) * 2u + h];\n"
+            f"    for (var k = 0u; k < 4u; k++) {{\n"
+            f"      let w = q[k];\n"
+            f"      let v = vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u);\n"
+            f"      acc += dot(vec4<f32>(v), x[4u * h + k]);\n"
+            f"    }}\n"
+            f"  }}\n"
+            f"  return acc * {n}_scale[o * {n}_NB + b];\n}}\n")
+    if fmt == "f16":   # row-major (OI layout, I % 8 == 0): 8 halves per block
+        return head + (
+            f"const {n}_BLK: u32 = 8u; const {n}_NB: u32 = {i // 8}u;\n"
+            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 8}) f16 x8\n"
+            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 2>) -> f32 {{\n"
+            f"  let q = {n}_data[o * {n}_NB + b];\n"
+            f"  return dot(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)), x[0])\n"
+            f"       + dot(vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)), x[1]);\n}}\n")
+    raise UnsupportedModelError(f"the wide GEMV does not read {fmt} weights")
