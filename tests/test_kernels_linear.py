@@ -146,7 +146,7 @@ def test_linear_decode_x_last_row(fmt):
 
 # -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
 
-VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}") for c in CANDIDATES] + [
+VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}u{c.get('unroll', 1)}") for c in CANDIDATES] + [
     pytest.param({"variant": "split", "rows": 1, "wg": 32}, id="split1x32")]
 
 
@@ -270,7 +270,7 @@ def test_wide_dual_and_residual(fmt):
     """The wide GEMV with the fusions the model uses: gate/up + SiLU, residual add, bias."""
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the wide GEMV must be tested")
-    tuning = {"variant": "wide", "rows": 16, "wg": 128}
+    tuning = {"variant": "wide", "rows": 8, "wg": 256}
     I = 576
     Wg, Wu = _weights(70, I, seed=7) * 3, _weights(70, I, seed=8)
     x, wg, wu, y = run_linear("decode", 2, Wg, fmt, w2=Wu, tuning=tuning)

@@ -45,9 +45,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let tx = lid % 16u;
   let lr = lid / 4u;
   let ls = lid % 4u;
-  var acc: array<vec4<f32>, 4>;
+  // accumulators: c_i[j] = y[t0 + 4ty + i, o0 + 4tx + j] (named vec4s, no arrays: arrays indexed
+  // in loops can land in local memory)
+  var c0 = vec4<f32>(0.0); var c1 = vec4<f32>(0.0); var c2 = vec4<f32>(0.0); var c3 = vec4<f32>(0.0);
 #if DUAL
-  var acc2: array<vec4<f32>, 4>;
+  var d0 = vec4<f32>(0.0); var d1 = vec4<f32>(0.0); var d2 = vec4<f32>(0.0); var d3 = vec4<f32>(0.0);
 #endif
 #if PRE_NORM
   // 1/rms of the tile's 64 rows: 4 invocations per row, then one sums them
@@ -87,43 +89,62 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     workgroupBarrier();
     for (var k = 0u; k < 4u; k++) {
-      var a: array<vec4<f32>, 4>;
-      for (var i = 0u; i < 4u; i++) { a[i] = xs[(ty * 4u + i) * 4u + k]; }
-      for (var j = 0u; j < 4u; j++) {
-        let b = ws[(tx * 4u + j) * 4u + k];
+      let a0 = xs[(ty * 4u) * 4u + k];
+      let a1 = xs[(ty * 4u + 1u) * 4u + k];
+      let a2 = xs[(ty * 4u + 2u) * 4u + k];
+      let a3 = xs[(ty * 4u + 3u) * 4u + k];
+      let b0 = ws[(tx * 4u) * 4u + k];
+      let b1 = ws[(tx * 4u + 1u) * 4u + k];
+      let b2 = ws[(tx * 4u + 2u) * 4u + k];
+      let b3 = ws[(tx * 4u + 3u) * 4u + k];
+      c0 += vec4<f32>(dot(a0, b0), dot(a0, b1), dot(a0, b2), dot(a0, b3));
+      c1 += vec4<f32>(dot(a1, b0), dot(a1, b1), dot(a1, b2), dot(a1, b3));
+      c2 += vec4<f32>(dot(a2, b0), dot(a2, b1), dot(a2, b2), dot(a2, b3));
+      c3 += vec4<f32>(dot(a3, b0), dot(a3, b1), dot(a3, b2), dot(a3, b3));
 #if DUAL
-        let b2 = ws2[(tx * 4u + j) * 4u + k];
+      let e0 = ws2[(tx * 4u) * 4u + k];
+      let e1 = ws2[(tx * 4u + 1u) * 4u + k];
+      let e2 = ws2[(tx * 4u + 2u) * 4u + k];
+      let e3 = ws2[(tx * 4u + 3u) * 4u + k];
+      d0 += vec4<f32>(dot(a0, e0), dot(a0, e1), dot(a0, e2), dot(a0, e3));
+      d1 += vec4<f32>(dot(a1, e0), dot(a1, e1), dot(a1, e2), dot(a1, e3));
+      d2 += vec4<f32>(dot(a2, e0), dot(a2, e1), dot(a2, e2), dot(a2, e3));
+      d3 += vec4<f32>(dot(a3, e0), dot(a3, e1), dot(a3, e2), dot(a3, e3));
 #endif
-        for (var i = 0u; i < 4u; i++) {
-          acc[i][j] += dot(a[i], b);
-#if DUAL
-          acc2[i][j] += dot(a[i], b2);
-#endif
-        }
-      }
     }
     workgroupBarrier();
   }
-  for (var i = 0u; i < 4u; i++) {
-    let t = t0 + ty * 4u + i;
-    if (t >= T) { continue; }
-    for (var j = 0u; j < 4u; j++) {
-      let o = o0 + tx * 4u + j;
-      if (o >= w_O) { continue; }
-      var v = acc[i][j];
+#if DUAL
+  store_row(T, t0 + ty * 4u, o0 + tx * 4u, c0, d0);
+  store_row(T, t0 + ty * 4u + 1u, o0 + tx * 4u, c1, d1);
+  store_row(T, t0 + ty * 4u + 2u, o0 + tx * 4u, c2, d2);
+  store_row(T, t0 + ty * 4u + 3u, o0 + tx * 4u, c3, d3);
+#else
+  store_row(T, t0 + ty * 4u, o0 + tx * 4u, c0, c0);
+  store_row(T, t0 + ty * 4u + 1u, o0 + tx * 4u, c1, c1);
+  store_row(T, t0 + ty * 4u + 2u, o0 + tx * 4u, c2, c2);
+  store_row(T, t0 + ty * 4u + 3u, o0 + tx * 4u, c3, c3);
+#endif
+}
+
+// the epilogue for four outputs o .. o+3 of token t (g: gate/plain sums, u: up sums when DUAL)
+fn store_row(T: u32, t: u32, o: u32, g: vec4<f32>, u: vec4<f32>) {
+  if (t >= T) { return; }
+  for (var j = 0u; j < 4u; j++) {
+    if (o + j >= w_O) { return; }
+    var v = g[j];
 #if BIAS
-      v += bias[o];
+    v += bias[o + j];
 #endif
 #if DUAL
-      v = act(v) * acc2[i][j];
+    v = act(v) * u[j];
 #endif
 #if SOFTCAP
-      v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
+    v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
 #endif
 #if RESIDUAL
-      v += y_read1(0u, t, 0u, o);
+    v += y_read1(0u, t, 0u, o + j);
 #endif
-      y_write1(0u, t, 0u, o, v);
-    }
+    y_write1(0u, t, 0u, o + j, v);
   }
 }

@@ -83,58 +83,44 @@ fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
 }
 
 #if WIDE
-// WIDE: each subgroup computes RS rows at once; each lane reads whole quant blocks (16-32 bytes)
-// per iteration, loads the matching x block once for all RS rows, and the subgroup reduces
-// with subgroupAdd. A workgroup covers ROWS rows whatever the subgroup size (its subgroups take
-// RS-row groups in turn). Dispatch: (ceil(O / ROWS), tokens).
-const RS: u32 = {{RS}}u;
-const XB: u32 = w_BLK / 4u;       // vec4 slices of x per block
+// WIDE: each subgroup computes one output at a time; each lane reads a whole quant block
+// (16-32 bytes) per iteration through the generated `w_blk`, and the subgroup reduces with
+// subgroupAdd. A workgroup covers ROWS rows whatever the subgroup size. No arrays: they can end
+// up in local memory. Dispatch: (ceil(O / ROWS), tokens).
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
   let t = wid.y;
   if (t >= {{NT}}) { return; }
   let sgi = lid / sg;
+  let nsgw = WG / sg;
   var inv = 1.0;
 #if PRE_NORM
-  let nsg = WG / sg;
   var ss = 0.0;
   for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
   ss = subgroupAdd(ss);
   if (lane == 0u) { red[sgi] = ss; }
   workgroupBarrier();
   var tot = 0.0;
-  for (var k = 0u; k < nsg; k++) { tot += red[k]; }
+  for (var k = 0u; k < nsgw; k++) { tot += red[k]; }
   inv = inverseSqrt(tot / f32(x_C) + EPS);
 #endif
-  let nsgw = WG / sg;
-  for (var r0 = sgi * RS; r0 < ROWS; r0 += nsgw * RS) {
-    let o0 = wid.x * ROWS + r0;
-    if (o0 >= w_O) { break; }
-    var acc: array<f32, {{RS}}>;
-#if DUAL
-    var acc2: array<f32, {{RS}}>;
-#endif
+  for (var r = sgi; r < ROWS; r += nsgw) {
+    let o = wid.x * ROWS + r;
+    if (o >= w_O) { break; }
+    var acc = 0.0;
+    var acc2 = 0.0;
     for (var b = lane; b < w_NB; b += sg) {
-      var xv: array<vec4<f32>, {{XB}}>;
-      for (var k = 0u; k < XB; k++) { xv[k] = load_x({{XROW}}, b * XB + k, inv); }
-      for (var r = 0u; r < RS; r++) {
-        let o = min(o0 + r, w_O - 1u);
-        acc[r] += w_blk(o, b, xv);
+      acc += w_blk(o, b, {{XROW}}, inv);
 #if DUAL
-        acc2[r] += w2_blk(o, b, xv);
+      acc2 += w2_blk(o, b, {{XROW}}, inv);
 #endif
-      }
     }
-    for (var r = 0u; r < RS; r++) {
-      let a = subgroupAdd(acc[r]);
+    acc = subgroupAdd(acc);
 #if DUAL
-      let a2 = subgroupAdd(acc2[r]);
-#else
-      let a2 = 0.0;
+    acc2 = subgroupAdd(acc2);
 #endif
-      if (lane == 0u && o0 + r < w_O) { epilogue(t, o0 + r, a, a2); }
-    }
+    if (lane == 0u) { epilogue(t, o, acc, acc2); }
   }
 }
 #elif SUBGROUP
@@ -161,7 +147,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
     var acc = 0.0;
     var acc2 = 0.0;
-    for (var s = lane; s < w_SI; s += sg) {
+    var s = lane;
+#if UNROLL4
+    // four independent chains: four loads in flight per lane (memory-level parallelism)
+    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+#if DUAL
+    var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
+#endif
+    for (; s + 3u * sg < w_SI; s += 4u * sg) {
+      let x0 = load_x({{XROW}}, s, inv);
+      let x1 = load_x({{XROW}}, s + sg, inv);
+      let x2 = load_x({{XROW}}, s + 2u * sg, inv);
+      let x3 = load_x({{XROW}}, s + 3u * sg, inv);
+      acc += dot(x0, w_read4(o, s));
+      a1 += dot(x1, w_read4(o, s + sg));
+      a2 += dot(x2, w_read4(o, s + 2u * sg));
+      a3 += dot(x3, w_read4(o, s + 3u * sg));
+#if DUAL
+      acc2 += dot(x0, w2_read4(o, s));
+      b1 += dot(x1, w2_read4(o, s + sg));
+      b2 += dot(x2, w2_read4(o, s + 2u * sg));
+      b3 += dot(x3, w2_read4(o, s + 3u * sg));
+#endif
+    }
+    acc += a1 + a2 + a3;
+#if DUAL
+    acc2 += b1 + b2 + b3;
+#endif
+#endif
+    for (; s < w_SI; s += sg) {
       let xv = load_x({{XROW}}, s, inv);
       acc += dot(xv, w_read4(o, s));
 #if DUAL

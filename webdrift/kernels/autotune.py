@@ -20,9 +20,11 @@ CANDIDATES = (
     {"variant": "split", "rows": 4, "wg": 64},
     {"variant": "subgroup", "rows": 8, "wg": 256},
     {"variant": "subgroup", "rows": 32, "wg": 256},
+    {"variant": "subgroup", "rows": 8, "wg": 256, "unroll": 4},
+    {"variant": "subgroup", "rows": 16, "wg": 128, "unroll": 4},
     {"variant": "row", "rows": 1, "wg": 64},
-    {"variant": "wide", "rows": 16, "wg": 128},
-    {"variant": "wide", "rows": 64, "wg": 256},
+    {"variant": "wide", "rows": 8, "wg": 256},
+    {"variant": "wide", "rows": 32, "wg": 256},
 )
 _memory: dict[str, dict] = {}
 
@@ -89,7 +91,7 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
         dev.submit([d, d, d], timestamps=rec)
         dev.read_timestamps(rec)
         ns = min(b - a for a, b in rec.ticks_ns)
-        timings[f"{cand['variant']}/{cand['rows']}/{cand['wg']}"] = ns
+        timings[f"{cand['variant']}/{cand['rows']}/{cand['wg']}/{cand.get('unroll', 1)}"] = ns
         if ns > 0 and (best_ns is None or ns < best_ns):
             best, best_ns = cand, ns
     for b in (xb, yb, sb):

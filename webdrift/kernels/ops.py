@@ -66,24 +66,22 @@ class LinearKernel(Kernel):
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
                  w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
-                 rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None):
+                 rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None,
+                 unroll: int = 1):
         """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding."""
         self.template = "matvec" if stage == "decode" else "matmul"
-        rs = 4 if variant == "wide" else 1          # rows per subgroup in the wide GEMV
         if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
-        if variant == "wide" and rows % rs:
-            raise ValueError("wide GEMV rows must be a multiple of 4")
         self.stage, self.w, self.rows, self.variant, self.wg = stage, w, rows, variant, wg
         b = 3
         d = {"STEP_DECL": STEP_DECL,
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b)),
-             "DUAL": w2 is not None, "WIDE": variant == "wide", "RS": rs,
+             "DUAL": w2 is not None, "WIDE": variant == "wide", "UNROLL4": unroll == 4,
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
-             "XB": (32 if w.fmt in ("q4", "q8") else 8) // 4, "BIAS": bias, "RESIDUAL": residual,
+             "BIAS": bias, "RESIDUAL": residual,
              "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),
              "ROWS": rows, "WG": wg, "RED": max(2 * rows * wg, wg), "ROW_PER_THREAD": variant == "row", "SUBGROUP": variant == "subgroup",
              "NT": "1u" if x_last_row else "step.n_tokens", "XROW": "step.last_row" if x_last_row else "t"}

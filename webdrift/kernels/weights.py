@@ -106,48 +106,45 @@ def wide_supported(fmt: str, i: int, layout: WeightLayout | None) -> bool:
 
 
 def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
-    """`const {n}_BLK` (elements per block), `const {n}_NB` (blocks per row) and
-    `fn {n}_blk(o, b, x: array<vec4<f32>, BLK/4>) -> f32` = dot(W[o, b*BLK .. +BLK), x)."""
+    """`const {n}_NB` (blocks per row) and `fn {n}_blk(o, b, t, inv) -> f32`: the dot product of
+    block b of row o with the matching slices of the kernel's input, read through the kernel's
+    `load_x(t, s, inv)`. Generated fully unrolled, with no arrays: arrays indexed in loops end up
+    in local memory on some drivers (measured 20x slower on an H200 through Vulkan)."""
     head = f"// {n}: weight ({o}, {i}) format {fmt}, read a whole block per call\nconst {n}_O: u32 = {o}u;\n"
     if fmt == "q4":   # 16 bytes of nibbles + (scale, min): sum((d q + m) x) = d sum(q x) + m sum(x)
-        return head + (
-            f"const {n}_BLK: u32 = 32u; const {n}_NB: u32 = {i // 32}u;\n"
-            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}) blocks\n"
-            f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;\n"
-            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 8>) -> f32 {{\n"
-            f"  let q = {n}_data[o * {n}_NB + b];\n"
-            f"  let sm = unpack2x16float({n}_sm[o * {n}_NB + b]);\n"
-            f"  var acc = 0.0; var xs = vec4<f32>(0.0);\n"
-            f"  for (var k = 0u; k < 4u; k++) {{\n"
-            f"    let w = q[k];\n"
-            f"    let lo = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
-            f"    let hi = vec4<f32>(vec4<u32>(w >> 16u, w >> 20u, w >> 24u, w >> 28u) & vec4<u32>(15u));\n"
-            f"    acc += dot(lo, x[2u * k]) + dot(hi, x[2u * k + 1u]);\n"
-            f"    xs += x[2u * k] + x[2u * k + 1u];\n"
-            f"  }}\n"
-            f"  return sm.x * acc + sm.y * (xs.x + xs.y + xs.z + xs.w);\n}}\n")
-    if fmt == "q8":
-        return head + (
-            f"const {n}_BLK: u32 = 32u; const {n}_NB: u32 = {i // 32}u;\n"
-            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}, 2) int8 x16\n"
-            f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;\n"
-            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 8>) -> f32 {{\n"
-            f"  var acc = 0.0;\n"
-            f"  for (var h = 0u; h < 2u; h++) {{\n"
-            f"    let q = {n}_data[(o * {n}_NB + b) * 2u + h];\n"
-            f"    for (var k = 0u; k < 4u; k++) {{\n"
-            f"      let w = q[k];\n"
-            f"      let v = vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u);\n"
-            f"      acc += dot(vec4<f32>(v), x[4u * h + k]);\n"
-            f"    }}\n"
-            f"  }}\n"
-            f"  return acc * {n}_scale[o * {n}_NB + b];\n}}\n")
+        body = [f"  let q = {n}_data[o * {n}_NB + b];", f"  let sm = unpack2x16float({n}_sm[o * {n}_NB + b]);"]
+        body += [f"  let x{k} = load_x(t, 8u * b + {k}u, inv);" for k in range(8)]
+        terms = []
+        for k, c in enumerate("xyzw"):
+            body.append(f"  let w{k} = q.{c};")
+            terms.append(f"dot(vec4<f32>(vec4<u32>(w{k}, w{k} >> 4u, w{k} >> 8u, w{k} >> 12u) & vec4<u32>(15u)), x{2 * k})")
+            terms.append(f"dot(vec4<f32>(vec4<u32>(w{k} >> 16u, w{k} >> 20u, w{k} >> 24u, w{k} >> 28u) & vec4<u32>(15u)), x{2 * k + 1})")
+        body.append("  let acc = " + "\n      + ".join(terms) + ";")
+        body.append("  let xs = " + " + ".join(f"x{k}" for k in range(8)) + ";")
+        body.append("  return sm.x * acc + sm.y * (xs.x + xs.y + xs.z + xs.w);")
+        return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
+                       f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}) blocks\n"
+                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;\n"
+                       f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n" + "\n".join(body) + "\n}\n")
+    if fmt == "q8":   # 32 int8 in two vec4<u32>
+        body = [f"  let qa = {n}_data[(o * {n}_NB + b) * 2u];", f"  let qb = {n}_data[(o * {n}_NB + b) * 2u + 1u];"]
+        terms = []
+        for k in range(8):
+            w = f"q{'ab'[k // 4]}.{'xyzw'[k % 4]}"
+            body.append(f"  let w{k} = {w};")
+            terms.append(f"dot(vec4<f32>(vec4<i32>(i32(w{k} << 24u), i32(w{k} << 16u), i32(w{k} << 8u), i32(w{k})) "
+                         f">> vec4<u32>(24u)), load_x(t, 8u * b + {k}u, inv))")
+        body.append("  return (" + "\n      + ".join(terms) + f") * {n}_scale[o * {n}_NB + b];")
+        return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
+                       f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}, 2)\n"
+                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;\n"
+                       f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n" + "\n".join(body) + "\n}\n")
     if fmt == "f16":   # row-major (OI layout, I % 8 == 0): 8 halves per block
         return head + (
-            f"const {n}_BLK: u32 = 8u; const {n}_NB: u32 = {i // 8}u;\n"
+            f"const {n}_NB: u32 = {i // 8}u;\n"
             f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 8}) f16 x8\n"
-            f"fn {n}_blk(o: u32, b: u32, x: array<vec4<f32>, 2>) -> f32 {{\n"
+            f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n"
             f"  let q = {n}_data[o * {n}_NB + b];\n"
-            f"  return dot(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)), x[0])\n"
-            f"       + dot(vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)), x[1]);\n}}\n")
+            f"  return dot(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)), load_x(t, 2u * b, inv))\n"
+            f"       + dot(vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)), load_x(t, 2u * b + 1u, inv));\n}}\n")
     raise UnsupportedModelError(f"the wide GEMV does not read {fmt} weights")
