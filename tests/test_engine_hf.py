@@ -7,27 +7,63 @@ llama3 rope scaling, tied and untied embeddings, f32 / f16 / bf16 safetensors.
 
 import numpy as np
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-import webdrift  # noqa: E402
+import webdrift
 
 VOCAB = 49152
 
 CASES = {
-    "llama_gqa_f32": dict(arch="llama", dtype="float32", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                          num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2_bias_f16": dict(arch="qwen2", dtype="float16", hidden_size=96, intermediate_size=200, num_hidden_layers=2,
-                           num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=False),
-    "llama_mqa_hd40_bf16": dict(arch="llama", dtype="bfloat16", hidden_size=128, intermediate_size=160,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, head_dim=40,
-                                tie_word_embeddings=False, rope_theta=5000.0),
-    "llama_mha_rope_llama3_f32": dict(arch="llama", dtype="float32", hidden_size=64, intermediate_size=128,
-                                      num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
-                                      tie_word_embeddings=False,
-                                      rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "llama_gqa_f32": {
+        "arch": "llama",
+        "dtype": "float32",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "qwen2_bias_f16": {
+        "arch": "qwen2",
+        "dtype": "float16",
+        "hidden_size": 96,
+        "intermediate_size": 200,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": False,
+    },
+    "llama_mqa_hd40_bf16": {
+        "arch": "llama",
+        "dtype": "bfloat16",
+        "hidden_size": 128,
+        "intermediate_size": 160,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 40,
+        "tie_word_embeddings": False,
+        "rope_theta": 5000.0,
+    },
+    "llama_mha_rope_llama3_f32": {
+        "arch": "llama",
+        "dtype": "float32",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "tie_word_embeddings": False,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    },
 }
 
 
@@ -35,6 +71,7 @@ CASES = {
 def hf_tokenizer_dir(tmp_path_factory, smollm2_gguf_path):
     """SmolLM2's tokenizer as an HF tokenizer.json (converted by transformers from the GGUF)."""
     from transformers import AutoTokenizer
+
     d = tmp_path_factory.mktemp("tok")
     tok = AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name)
     tok.save_pretrained(d)
@@ -47,10 +84,17 @@ def make_model(case: str, root, tok_dir):
     torch.manual_seed(abs(hash(case)) % 1000)
     cfg_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
     model_cls = transformers.Qwen2ForCausalLM if arch == "qwen2" else transformers.LlamaForCausalLM
-    cfg = cfg_cls(vocab_size=VOCAB, max_position_embeddings=512, initializer_range=0.08, rms_norm_eps=1e-5,
-                  bos_token_id=1, eos_token_id=2, **spec)
+    cfg = cfg_cls(
+        vocab_size=VOCAB,
+        max_position_embeddings=512,
+        initializer_range=0.08,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        **spec,
+    )
     m = model_cls(cfg).eval()
-    with torch.no_grad():   # non-trivial norm weights and biases, so those paths are really checked
+    with torch.no_grad():  # non-trivial norm weights and biases, so those paths are really checked
         for n, p in m.named_parameters():
             if "norm" in n:
                 p.add_(torch.randn_like(p) * 0.3)
@@ -60,7 +104,7 @@ def make_model(case: str, root, tok_dir):
     m.to(getattr(torch, dtype)).save_pretrained(d, safe_serialization=True)
     for f in tok_dir.iterdir():
         (d / f.name).write_bytes(f.read_bytes())
-    ref = model_cls.from_pretrained(d, dtype=torch.float32).eval()   # the stored weights, in fp32
+    ref = model_cls.from_pretrained(d, dtype=torch.float32).eval()  # the stored weights, in fp32
     return d, ref
 
 

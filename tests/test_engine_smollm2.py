@@ -3,11 +3,9 @@ WebGPU vs transformers (the GGUF dequantized, fp32, CPU) on the same token ids."
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-import webdrift  # noqa: E402
+import webdrift
 
 PROMPTS = [
     "The capital of France is",

@@ -13,15 +13,14 @@ import struct
 import time
 import tracemalloc
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError, WebdriftError
 from webdrift.weights.gguf import GGML_TYPES, GGUFFile, ggml_type, tensor_nbytes
 from webdrift.weights.source import expected_tensor_shapes, open_model_source
-
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 # --------------------------------------------------------------------------------------------
 # Real files
@@ -126,7 +125,7 @@ def test_gemma3_norm_weights_already_include_one(gemma3_gguf_path):
     """transformers' own GGUF loader turns llama.cpp's stored Gemma norm weights into HF ones by
     subtracting 1, and HF's Gemma3RMSNorm multiplies by (1 + w): so the stored weight *is* the
     multiplier, and norm_weight_offset must be 0 for GGUF."""
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
     from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -593,9 +592,7 @@ def _reference_logits(src, ids):
 def test_config_reproduces_transformers_logits(request, fixture, n_tokens):
     """transformers loads the same GGUF (un-permuting llama Q/K, subtracting 1 from Gemma norms);
     our ModelConfig read literally must give the same logits. 600 tokens cross Gemma's 512 window."""
-    if not os.environ.get("WEBDRIFT_SLOW") and request.config.getoption("markexpr", "") != "slow":
-        pytest.skip("slow (about 2 minutes): run with -m slow or WEBDRIFT_SLOW=1")
-    torch = pytest.importorskip("torch")
+    import torch
     from transformers import AutoModelForCausalLM
 
     path = request.getfixturevalue(fixture)

@@ -13,14 +13,13 @@ import struct
 
 import numpy as np
 import pytest
+import torch
+import transformers
 
 from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
 from webdrift.weights.hf import hf_to_canonical_name
 from webdrift.weights.safetensors import SafetensorsFile
 from webdrift.weights.source import open_model_source
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 DTYPES = {"f32": (torch.float32, "F32"), "f16": (torch.float16, "F16"), "bf16": (torch.bfloat16, "BF16")}
 

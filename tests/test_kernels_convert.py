@@ -149,8 +149,9 @@ def test_weight_layout_index_matches_documented_orders():
 def test_upload_in_row_chunks_matches_whole():
     """A tensor converted in small row chunks (as large embeddings are) equals the one-shot result."""
     import numpy as np
-    from webdrift.kernels.convert import allocate_weight, upload_rows
+
     from tests.gpu_util import device, source_bytes
+    from webdrift.kernels.convert import allocate_weight, upload_rows
     w = np.random.default_rng(3).standard_normal((37, 96)).astype(np.float32)
     for src, fmt in [("Q4_1", "q4"), ("Q8_0", "q8"), ("F16", "f16")]:
         raw, _ = source_bytes(w, src)

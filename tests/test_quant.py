@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gguf
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as Q
 
 from webdrift.errors import InvalidArgumentError, UnsupportedModelError
 from webdrift.weights.gguf import GGUFFile, ggml_type
@@ -14,9 +16,6 @@ from webdrift.weights.quant import (
     quantize_q4_1,
     quantize_q8_0,
 )
-
-gguf = pytest.importorskip("gguf")
-from gguf import GGMLQuantizationType as Q
 
 # byte offsets of the f16 scale fields inside one block, per type (from ggml's block structs)
 F16_FIELDS = {

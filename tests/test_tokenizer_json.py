@@ -376,13 +376,9 @@ def test_chat_template_from_config_matches_transformers(configured, gen):
 
 @pytest.fixture(scope="session")
 def smol_saved():
-    path = smollm2_gguf_path()
-    if path is None:
-        pytest.skip("SmolLM2 GGUF not available")
-    hf = hf_from_gguf(path)
-    folder = hf.name_or_path if os.path.isfile(os.path.join(hf.name_or_path, "tokenizer.json")) else None
-    if folder is None:
-        pytest.skip("converted SmolLM2 tokenizer was not saved")
+    hf = hf_from_gguf(smollm2_gguf_path())
+    folder = hf.name_or_path
+    assert os.path.isfile(os.path.join(folder, "tokenizer.json")), "the converted SmolLM2 tokenizer was not saved"
     return folder, hf
 
 

@@ -8,13 +8,34 @@ browser (Pyodide), from one Python core.
 
 from __future__ import annotations
 
-from .errors import (ContextLengthError, DownloadError, GPUError, GPULimitError, InvalidArgumentError,
-                     ModelFileError, ModelNotFoundError, TokenizerError, UnsupportedModelError, WebdriftError)
+from .errors import (
+    ContextLengthError,
+    DownloadError,
+    GPUError,
+    GPULimitError,
+    InvalidArgumentError,
+    ModelFileError,
+    ModelNotFoundError,
+    TokenizerError,
+    UnsupportedModelError,
+    WebdriftError,
+)
 
 __version__ = "0.1.0"
-__all__ = ["load", "Engine", "WebdriftError", "InvalidArgumentError", "ModelNotFoundError", "ModelFileError",
-           "UnsupportedModelError", "TokenizerError", "ContextLengthError", "DownloadError", "GPUError",
-           "GPULimitError"]
+__all__ = [
+    "ContextLengthError",
+    "DownloadError",
+    "Engine",
+    "GPUError",
+    "GPULimitError",
+    "InvalidArgumentError",
+    "ModelFileError",
+    "ModelNotFoundError",
+    "TokenizerError",
+    "UnsupportedModelError",
+    "WebdriftError",
+    "load",
+]
 
 
 def make_tokenizer(source):

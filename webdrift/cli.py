@@ -48,8 +48,8 @@ def _add_sampling_args(p):
 
 
 def _sampling(args) -> dict:
-    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                top_p=args.top_p, seed=args.seed, stop_at_eos=args.stop_at_eos)
+    return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
+            "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos}
 
 
 def cmd_generate(args) -> int:

@@ -125,7 +125,7 @@ class Device:
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: "TimestampRecorder | None" = None):
+               timestamps: TimestampRecorder | None = None):
         """Encode the dispatches into one compute pass (then the buffer copies
         [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read."""
         raise NotImplementedError

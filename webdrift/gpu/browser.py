@@ -164,6 +164,7 @@ class BrowserDevice(Device):
         self._errors: list[str] = []
         self._lost: str | None = None
         self.allocations = 0
+        self._submissions = 0
         self._on_error = create_proxy(self._record_error)
         device.onuncapturederror = self._on_error
         self._on_lost = create_proxy(self._record_lost)
@@ -255,7 +256,9 @@ class BrowserDevice(Device):
             raise GPUError(f"reading a GPU buffer failed: {e}") from e
         return arr.to_bytes()
 
-    async def map_read(self, buf: Buffer, size: int) -> bytes:
+    async def map_read(self, buf: Buffer, size: int, after=None) -> bytes:
+        """`after` (submit's ticket) is not needed here: mapAsync already waits for every
+        submitted command that uses the buffer."""
         return await self._map(buf.handle, size)
 
     # -- pipelines -------------------------------------------------------------------------------
@@ -309,11 +312,15 @@ class BrowserDevice(Device):
         return arr
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None) -> None:
+               timestamps: TimestampRecorder | None = None) -> int:
+        """Returns a ticket (a submission counter) for map_read, as the interface asks."""
+        self._submissions += 1
         cps = to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
         if timestamps is None or not self.has_timestamps or not dispatches:
+            if timestamps is not None:
+                timestamps._pending = None
             _js().submit(self._dev, self._js_list(dispatches), cps)
-            return
+            return self._submissions
         n = len(dispatches)
         U = js.GPUBufferUsage
         qs = self._dev.createQuerySet(_obj({"type": "timestamp", "count": 2 * n}))
@@ -321,9 +328,12 @@ class BrowserDevice(Device):
         readback = self._dev.createBuffer(_obj({"size": 16 * n, "usage": U.MAP_READ | U.COPY_DST}))
         _js().submitTimed(self._dev, self._js_list(dispatches), cps, qs, resolve, readback)
         timestamps._pending = (readback, [d.label for d in dispatches], qs, resolve)
+        return self._submissions
 
     async def aread_timestamps(self, rec: TimestampRecorder) -> None:
         """Fill rec.labels / rec.ticks_ns from the last timed submit (awaits the GPU)."""
+        if getattr(rec, "_pending", None) is None:    # the adapter has no timestamp queries
+            return
         readback, labels, qs, resolve = rec._pending
         raw = await self._map(readback, 16 * len(labels))
         vals = struct.unpack(f"<{2 * len(labels)}Q", raw)

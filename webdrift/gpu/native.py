@@ -17,12 +17,26 @@ import wgpu
 try:  # wgpu-native's C entry points: the hot encode loop calls them directly (see submit)
     from wgpu.backends.wgpu_native._ffi import ffi as _ffi
     from wgpu.backends.wgpu_native._ffi import lib as _lib
-except Exception:  # pragma: no cover - another wgpu build: fall back to the Python API
+except ImportError:  # pragma: no cover - another wgpu build: fall back to the Python API
     _ffi = _lib = None
 
 from ..errors import GPUError, GPULimitError
-from .base import (READ, READBACK, RW, STORAGE, UNI, UNIFORM, BindGroup, Buffer, Device, DeviceInfo,
-                   Dispatch, Pipeline, TimestampRecorder, check_workgroups)
+from .base import (
+    READ,
+    READBACK,
+    RW,
+    STORAGE,
+    UNI,
+    UNIFORM,
+    BindGroup,
+    Buffer,
+    Device,
+    DeviceInfo,
+    Dispatch,
+    Pipeline,
+    TimestampRecorder,
+    check_workgroups,
+)
 
 _U = wgpu.BufferUsage
 _USAGE = {
@@ -271,10 +285,7 @@ class NativeDevice(Device):
         check_workgroups(self, wg, label)
 
     def destroy(self) -> None:
-        try:
-            self._dev.destroy()
-        except Exception:
-            pass
+        self._dev.destroy()
 
 
 _default: NativeDevice | None = None

@@ -25,12 +25,12 @@ class Dim:
     a: int = 0
     b: int = 0
 
-    def __mul__(self, k: int) -> "Dim":
+    def __mul__(self, k: int) -> Dim:
         return Dim(self.a * k, self.b * k)
 
     __rmul__ = __mul__
 
-    def __add__(self, k: int) -> "Dim":
+    def __add__(self, k: int) -> Dim:
         return Dim(self.a, self.b + k)
 
     def eval(self, t: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..errors import GPUError, UnsupportedModelError
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .step import STEP_BYTES, pack_step
@@ -83,7 +84,7 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
             continue
         try:
             k = LinearKernel(dev, "decode", x, y, w, w2=w2, **cand)
-        except Exception:
+        except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
             continue
         d = k.dispatch([sb, xb, yb] + w.buffers + (w2.buffers if w2 else []), k.workgroups(1))
         dev.submit([d])                                  # warm up

@@ -10,7 +10,7 @@ Must not: import numpy or wgpu.
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from ..errors import GPUError
@@ -18,7 +18,7 @@ from ..errors import GPUError
 _SUB = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_template(name: str) -> str:
     """Text of wgsl/<name>.wgsl (installed as package data webdrift/wgsl, or the source tree)."""
     here = Path(__file__).resolve().parent.parent

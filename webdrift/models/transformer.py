@@ -22,8 +22,15 @@ from ..graph import Graph, T
 from ..kernels.autotune import choose_gemv
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
-from ..kernels.ops import (AttentionCombineKernel, AttentionKernel, EmbeddingKernel, LinearKernel,
-                           RMSNormKernel, RopeQKVKernel, SampleKernel)
+from ..kernels.ops import (
+    AttentionCombineKernel,
+    AttentionKernel,
+    EmbeddingKernel,
+    LinearKernel,
+    RMSNormKernel,
+    RopeQKVKernel,
+    SampleKernel,
+)
 from ..kernels.weights import GPUWeight
 from .config import ModelConfig
 

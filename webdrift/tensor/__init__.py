@@ -58,7 +58,7 @@ class TensorDesc:
         return self.b * self.h * self.w * c * 4
 
     @classmethod
-    def from_axes(cls, name: str, axes: str, shape: tuple[int, ...], layout: str = "linear") -> "TensorDesc":
+    def from_axes(cls, name: str, axes: str, shape: tuple[int, ...], layout: str = "linear") -> TensorDesc:
         """Map a logical tensor with named axes onto BHWC (D folds into H for BHWDC)."""
         if axes not in AXES.values() or len(axes) != len(shape):
             raise InvalidArgumentError(f"tensor {name!r}: axes {axes!r} do not fit shape {shape}")
@@ -89,9 +89,9 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
         if t.c % 4 == 0:
             out.append(f"  return vec4<f32>({n}_buf[i], {n}_buf[i + 1u], {n}_buf[i + 2u], {n}_buf[i + 3u]);")
         else:  # the last slice is partial: padding channels read as zero
-            out += [f"  var v = vec4<f32>(0.0);",
+            out += ["  var v = vec4<f32>(0.0);",
                     f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k < {n}_C) {{ v[k] = {n}_buf[i + k]; }} }}",
-                    f"  return v;"]
+                    "  return v;"]
         out.append("}")
         if writable:
             out += [
@@ -111,7 +111,7 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
         if writable:
             out += [
                 f"fn {n}_write(b: u32, x: u32, y: u32, s: u32, v: vec4<f32>) {{",
-                f"  var m = v;",  # keep padding channels zero
+                "  var m = v;",  # keep padding channels zero
                 f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k >= {n}_C) {{ m[k] = 0.0; }} }}",
                 f"  {n}_buf[{n}_idx(b, x, y, s)] = m;",
                 "}",

@@ -37,7 +37,7 @@ class WeightLayout:
             raise InvalidArgumentError(f"weight layout order {self.order} must permute {AXIS_NAMES} with I4 last")
 
     @classmethod
-    def named(cls, name: str, o: int, i: int) -> "WeightLayout":
+    def named(cls, name: str, o: int, i: int) -> WeightLayout:
         if name not in NAMED_ORDERS:
             raise InvalidArgumentError(f"weight layout {name!r} is not one of {sorted(NAMED_ORDERS)}")
         return cls(o, i, NAMED_ORDERS[name])
