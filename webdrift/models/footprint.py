@@ -31,7 +31,7 @@ class WeightPlan:
     o: int
     i: int
     buffers: list[int]      # bytes of each runtime buffer (binding)
-    staging: int            # largest upload buffer (one source tensor's bytes) bound by the converter
+    staging: int            # bytes of the largest stored source tensor (uploaded in row chunks)
     per_token: bool = True  # read in full by every decode step (False: the untied embedding table)
 
     @property
@@ -110,8 +110,9 @@ def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) 
 
 
 def check_limits(dev, source, weight_format: str | None, max_context: int) -> list[WeightPlan]:
-    """Raise GPULimitError, before any allocation, if a weight, its upload or a KV cache buffer
-    exceeds the adapter's max-buffer-size or max-storage-buffer-binding-size."""
+    """Raise GPULimitError, before any allocation, if a runtime weight buffer or a KV cache buffer
+    exceeds the adapter's max-buffer-size or max-storage-buffer-binding-size. (Uploads go up in
+    row chunks well under the binding limit, see kernels/convert.upload_rows.)"""
     cfg = source.config
     bind, buf = dev.max_binding_size, dev.max_buffer_size
     limit = min(bind, buf)
@@ -122,20 +123,14 @@ def check_limits(dev, source, weight_format: str | None, max_context: int) -> li
         return f"{n / 2**20:.0f} MiB"
 
     for p in plans:
-        worst = max(p.buffers + [p.staging])
+        worst = max(p.buffers)
         if worst <= limit:
             continue
-        if p.staging == worst and worst > max(p.buffers):
-            what, hint = ("its upload (the stored tensor, bound whole by the GPU converter)",
-                          "a model file whose tensors are stored smaller, ")
-        else:
-            what = f"its {p.fmt} buffer"
-            stored = {"q4": 20 / 32, "q8": 34 / 32, "f16": 2}   # bytes per weight stored as Q4_1 / Q8_0 / F16
-            hints = [f for f in ("q4", "q8", "f16")
-                     if f != p.fmt and not (f in ("q4", "q8") and p.i % 32)
-                     and max(_sizes(f, p.o, p.i) + [int(p.o * p.i * stored[f])]) <= limit]
-            hint = (f"weights stored and run as {' or '.join(hints)} (--quant for synthetic models), "
-                    if hints else "")
+        what = f"its {p.fmt} buffer"
+        hints = [f for f in ("q4", "q8", "f16")
+                 if f != p.fmt and not (f in ("q4", "q8") and p.i % 32) and max(_sizes(f, p.o, p.i)) <= limit]
+        hint = (f"weights stored and run as {' or '.join(hints)} (--quant for synthetic models), "
+                if hints else "")
         raise GPULimitError(
             f"{source.path}: weight {p.label!r} ({p.o} x {p.i}) needs {mib(worst)} for {what}, but {adapter} "
             f"allows {mib(bind)} per storage binding (max-storage-buffer-binding-size) and {mib(buf)} per buffer "
