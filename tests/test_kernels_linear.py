@@ -280,3 +280,34 @@ def test_wide_dual_and_residual(fmt):
     b = np.random.default_rng(5).standard_normal(70).astype(np.float32)
     x, wref, _, y = run_linear("decode", 2, _weights(70, I), fmt, y0=y0, bias=b, tuning=tuning)
     assert_close(y[:2], x @ wref.T + b + y0)
+
+
+class _WithoutF16:
+    """The test device as an adapter without shader-f16 sees it (SwiftShader in browsers)."""
+    has_f16 = False
+
+    def __init__(self, dev):
+        self._dev = dev
+
+    def __getattr__(self, name):
+        return getattr(self._dev, name)
+
+
+@pytest.mark.parametrize("stage,T", [("decode", 3), ("prefill", 65)])
+def test_f16_native_and_packed_paths_agree(stage, T):
+    """Device specialisation: f16 weights read natively (shader-f16) or unpacked from u32 pairs
+    give bit-identical results."""
+    dev = device()
+    assert dev.has_f16, "lavapipe offers shader-f16; both paths must be exercised"
+    W = _weights(45, 136)
+    x = np.random.default_rng(4).standard_normal((T, 136)).astype(np.float32)
+    gw, _ = make_weight(W, "f16")
+    outs = []
+    for d in (dev, _WithoutF16(dev)):
+        xd, yd = TensorDesc("x", 136, CAP), TensorDesc("y", 45, CAP)
+        bufs = [upload(xd, x), upload(yd, None, fill=SENTINEL)] + gw.buffers
+        k = LinearKernel(d, stage, xd, yd, gw)
+        assert ("enable f16" in k.source) == (d is dev)
+        run(k, bufs, T)
+        outs.append(download(yd, bufs[1])[:T])
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -36,6 +36,8 @@ class Kernel:
         self.defines.setdefault("SUBGROUP_ENABLE", dev.wgsl_subgroup_enable)
         self.label = label or self.template
         self.source = specialise(self.template, self.defines)
+        if "f16>" in self.source:   # a generated accessor reads native f16 (adapter has shader-f16)
+            self.source = "enable f16;\n" + self.source
         self.pipeline = dev.create_pipeline(self.source, bindings, label=self.label)
 
     def dispatch(self, buffers: list, workgroups: tuple[int, int, int], label: str = "") -> Dispatch:

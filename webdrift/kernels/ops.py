@@ -32,7 +32,7 @@ class EmbeddingKernel(Kernel):
 
     def __init__(self, dev: Device, w: GPUWeight, out: TensorDesc, scale: float = 1.0, nt: str = "step.n_tokens"):
         self.out = out
-        d = {"STEP_DECL": STEP_DECL, "W_DECL": w.wgsl("w", 2),
+        d = {"STEP_DECL": STEP_DECL, "W_DECL": w.wgsl("w", 2, native_f16=dev.has_f16),
              "OUT_DECL": accessor_wgsl(out, 2 + w.n_bindings, "out"), "SCALE": _f(scale), "NT": nt}
         super().__init__(dev, d, (UNI, RW) + (READ,) * w.n_bindings + (RW,), "embedding")
 
@@ -78,7 +78,7 @@ class LinearKernel(Kernel):
         d = {"STEP_DECL": STEP_DECL,
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
-             "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b)),
+             "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b, native_f16=dev.has_f16)),
              "DUAL": w2 is not None, "WIDE": variant == "wide", "UNROLL4": unroll == 4,
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
              "BIAS": bias, "RESIDUAL": residual,
@@ -88,7 +88,7 @@ class LinearKernel(Kernel):
         binds = (UNI, RW, RW) + (READ,) * w.n_bindings
         b += w.n_bindings
         if w2 is not None:
-            d["W2_DECL"] = wide_accessor_wgsl("w2", b, w2.fmt, w2.o, w2.i) if variant == "wide" else w2.wgsl("w2", b)
+            d["W2_DECL"] = wide_accessor_wgsl("w2", b, w2.fmt, w2.o, w2.i) if variant == "wide" else w2.wgsl("w2", b, native_f16=dev.has_f16)
             binds += (READ,) * w2.n_bindings
             b += w2.n_bindings
         if bias:

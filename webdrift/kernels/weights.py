@@ -41,8 +41,8 @@ class GPUWeight:
     def nbytes(self) -> int:
         return sum(b.size for b in self.buffers)
 
-    def wgsl(self, name: str, binding: int) -> str:
-        return weight_accessor_wgsl(name, binding, self.fmt, self.o, self.i, self.layout)
+    def wgsl(self, name: str, binding: int, native_f16: bool = False) -> str:
+        return weight_accessor_wgsl(name, binding, self.fmt, self.o, self.i, self.layout, native_f16=native_f16)
 
 
 def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -> list[int]:
@@ -61,13 +61,19 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
 
 
 def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
-                         layout: WeightLayout | None, writable: bool = False) -> str:
+                         layout: WeightLayout | None, writable: bool = False, native_f16: bool = False) -> str:
+    """native_f16 (device specialisation, adapters with shader-f16): f16 weights are read as
+    array<vec4<f16>> instead of unpacking u32 pairs; the bytes are the same either way."""
     mode = "read_write" if writable else "read"
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}\nconst {n}_O: u32 = {o}u; const {n}_I: u32 = {i}u; const {n}_SI: u32 = {slices(i)}u;\n"
     if fmt == "f32":
         return head + layout.wgsl_index(n) + (
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<vec4<f32>>;\n"
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{ return {n}_data[{n}_index(o, 4u * s) / 4u]; }}\n")
+    if fmt == "f16" and native_f16 and not writable:
+        return head + layout.wgsl_index(n) + (
+            f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<f16>>;\n"
+            f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{ return vec4<f32>({n}_data[{n}_index(o, 4u * s) / 4u]); }}\n")
     if fmt == "f16":
         return head + layout.wgsl_index(n) + (
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<vec2<u32>>;\n"
