@@ -10,30 +10,15 @@
 #if DUAL
 {{W2_DECL}}
 #endif
-#if BIAS
-@group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
-#endif
+#include linear_common
 #if PRE_NORM
-// RMSNorm of the input rows fused in (see matvec.wgsl)
-@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
-const EPS: f32 = {{EPS}};
-const W_OFFSET: f32 = {{W_OFFSET}};
-var<workgroup> nss: array<f32, 256>;
+var<workgroup> nss: array<f32, 256>;     // per-invocation partial sums of squares of the tile's rows
 #endif
 var<workgroup> xs: array<vec4<f32>, 256>;   // (64 tokens, 4 slices)
 var<workgroup> ws: array<vec4<f32>, 256>;   // (64 outputs, 4 slices)
 #if DUAL
 var<workgroup> ws2: array<vec4<f32>, 256>;
 #endif
-
-fn act(g: f32) -> f32 {
-#if GELU
-  let c = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
-  return 0.5 * g * (1.0 + tanh(c));
-#else
-  return g / (1.0 + exp(-g));
-#endif
-}
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -67,9 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (t0 + lr < T && s < w_SI) {
       xv = x_read(0u, t0 + lr, 0u, s);
 #if PRE_NORM
-      var wv = vec4<f32>(0.0);
-      for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
-      xv = xv * inv * wv;
+      xv = xv * inv * norm_w4(s);
 #endif
     }
     xs[lid] = xv;
@@ -131,20 +114,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 fn store_row(T: u32, t: u32, o: u32, g: vec4<f32>, u: vec4<f32>) {
   if (t >= T) { return; }
   for (var j = 0u; j < 4u; j++) {
-    if (o + j >= w_O) { return; }
-    var v = g[j];
-#if BIAS
-    v += bias[o + j];
-#endif
-#if DUAL
-    v = act(v) * u[j];
-#endif
-#if SOFTCAP
-    v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
-#endif
-#if RESIDUAL
-    v += y_read1(0u, t, 0u, o + j);
-#endif
-    y_write1(0u, t, 0u, o + j, v);
+    if (o + j < w_O) { epilogue(t, o + j, g[j], u[j]); }
   }
 }

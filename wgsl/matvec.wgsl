@@ -20,35 +20,15 @@ enable subgroups;
 #if DUAL
 {{W2_DECL}}
 #endif
-#if BIAS
-@group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
-#endif
-#if PRE_NORM
-// RMSNorm of the input fused in (norm + QKV, norm + gate/up, final norm + LM head):
-// x_in = x / sqrt(mean(x^2) + EPS) * (nw + W_OFFSET), the mean taken over the whole row
-@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
-const EPS: f32 = {{EPS}};
-const W_OFFSET: f32 = {{W_OFFSET}};
-#endif
+#include linear_common
 const ROWS: u32 = {{ROWS}}u;
 const WG: u32 = {{WG}}u;
 var<workgroup> red: array<f32, {{RED}}>;
 
-fn act(g: f32) -> f32 {
-#if GELU
-  let c = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
-  return 0.5 * g * (1.0 + tanh(c));
-#else
-  return g / (1.0 + exp(-g));
-#endif
-}
-
 fn load_x(t: u32, s: u32, inv: f32) -> vec4<f32> {
   let v = x_read(0u, t, 0u, s);
 #if PRE_NORM
-  var wv = vec4<f32>(0.0);
-  for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
-  return v * inv * wv;
+  return v * inv * norm_w4(s);
 #else
   return v;
 #endif
@@ -65,22 +45,22 @@ fn row_inv_alone(t: u32) -> f32 {
 #endif
 }
 
-fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
-  var v = acc;
-#if BIAS
-  v += bias[o];
-#endif
-#if DUAL
-  v = act(v) * acc2;
-#endif
-#if SOFTCAP
-  v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
-#endif
-#if RESIDUAL
-  v += y_read1(0u, t, 0u, o);
-#endif
-  y_write1(0u, t, 0u, o, v);
+#if SG_VARIANT
+#if PRE_NORM
+// 1 / rms of input row t for the subgroup variants: a subgroupAdd per subgroup, then the
+// subgroups' sums through workgroup memory (called in uniform control flow: it has a barrier)
+fn sg_row_inv(t: u32, lid: u32, lane: u32, sg: u32) -> f32 {
+  var ss = 0.0;
+  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, t, 0u, s); ss += dot(v, v); }
+  ss = subgroupAdd(ss);
+  if (lane == 0u) { red[lid / sg] = ss; }
+  workgroupBarrier();
+  var tot = 0.0;
+  for (var k = 0u; k < WG / sg; k++) { tot += red[k]; }
+  return inverseSqrt(tot / f32(x_C) + EPS);
 }
+#endif
+#endif
 
 #if WIDE
 // WIDE: each subgroup computes one output at a time; each lane reads a whole quant block
@@ -96,14 +76,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let nsgw = WG / sg;
   var inv = 1.0;
 #if PRE_NORM
-  var ss = 0.0;
-  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
-  ss = subgroupAdd(ss);
-  if (lane == 0u) { red[sgi] = ss; }
-  workgroupBarrier();
-  var tot = 0.0;
-  for (var k = 0u; k < nsgw; k++) { tot += red[k]; }
-  inv = inverseSqrt(tot / f32(x_C) + EPS);
+  inv = sg_row_inv({{XROW}}, lid, lane, sg);
 #endif
   for (var r = sgi; r < ROWS; r += nsgw) {
     let o = wid.x * ROWS + r;
@@ -133,14 +106,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sgi = lid / sg;
   var inv = 1.0;
 #if PRE_NORM
-  var ss = 0.0;
-  for (var s = lid; s < x_S; s += WG) { let v = x_read(0u, {{XROW}}, 0u, s); ss += dot(v, v); }
-  ss = subgroupAdd(ss);
-  if (lane == 0u) { red[sgi] = ss; }
-  workgroupBarrier();
-  var tot = 0.0;
-  for (var k = 0u; k < nsg; k++) { tot += red[k]; }
-  inv = inverseSqrt(tot / f32(x_C) + EPS);
+  inv = sg_row_inv({{XROW}}, lid, lane, sg);
 #endif
   for (var r = sgi; r < ROWS; r += nsg) {
     let o = wid.x * ROWS + r;

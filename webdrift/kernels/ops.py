@@ -80,6 +80,7 @@ class LinearKernel(Kernel):
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b, native_f16=dev.has_f16)),
              "DUAL": w2 is not None, "WIDE": variant == "wide", "UNROLL4": unroll == 4,
+             "SG_VARIANT": variant in ("subgroup", "wide"),
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
              "BIAS": bias, "RESIDUAL": residual,
              "GELU": act == "gelu_tanh", "SOFTCAP": softcap is not None, "CAP": _f(softcap or 1.0),

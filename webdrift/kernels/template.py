@@ -4,6 +4,7 @@ Template syntax (deliberately tiny, no jinja2 so kernels need nothing beyond the
   {{NAME}}                   replaced by str(defines[NAME])
   #if NAME / #elif NAME / #else / #endif   on their own lines; NAME is truthy in defines
   (`#if !NAME` negates). Nesting is allowed.
+  #include NAME               on its own line: the text of wgsl/NAME.wgsl (shared pieces)
 Must not: import numpy or wgpu.
 """
 
@@ -77,5 +78,15 @@ def render(text: str, defines: dict) -> str:
     return _SUB.sub(sub, "\n".join(out)) + "\n"
 
 
+def _expand_includes(text: str, depth: int = 0) -> str:
+    if depth > 4:
+        raise GPUError("kernel template #include nests too deeply")
+    out = []
+    for line in text.splitlines():
+        s = line.strip()
+        out.append(_expand_includes(load_template(s[9:].strip()), depth + 1) if s.startswith("#include ") else line)
+    return "\n".join(out)
+
+
 def specialise(name: str, defines: dict) -> str:
-    return render(load_template(name), defines)
+    return render(_expand_includes(load_template(name)), defines)

@@ -1,0 +1,49 @@
+// Shared by matvec.wgsl (decode) and matmul.wgsl (prefill): the optional bindings, the fused
+// RMSNorm of the input, the gate activation and the per-output epilogue, so both stages compute
+// exactly the same maths.
+#if BIAS
+@group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
+#endif
+#if PRE_NORM
+// RMSNorm of the input fused in (norm + QKV, norm + gate/up, final norm + LM head):
+// x_in = x / sqrt(mean(x^2) + EPS) * (nw + W_OFFSET), the mean taken over the whole row
+@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
+const EPS: f32 = {{EPS}};
+const W_OFFSET: f32 = {{W_OFFSET}};
+#endif
+
+// the norm weights of input slice s (+ W_OFFSET), zero past the channel count
+fn norm_w4(s: u32) -> vec4<f32> {
+  var wv = vec4<f32>(0.0);
+#if PRE_NORM
+  for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
+#endif
+  return wv;
+}
+
+fn act(g: f32) -> f32 {
+#if GELU
+  let c = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+  return 0.5 * g * (1.0 + tanh(c));
+#else
+  return g / (1.0 + exp(-g));
+#endif
+}
+
+// output o of token t from its dot product(s): bias, gate/up activation, soft-cap, residual
+fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
+  var v = acc;
+#if BIAS
+  v += bias[o];
+#endif
+#if DUAL
+  v = act(v) * acc2;
+#endif
+#if SOFTCAP
+  v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));
+#endif
+#if RESIDUAL
+  v += y_read1(0u, t, 0u, o);
+#endif
+  y_write1(0u, t, 0u, o, v);
+}
