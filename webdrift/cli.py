@@ -57,16 +57,27 @@ def cmd_generate(args) -> int:
     if not prompt:
         raise SystemExit("webdrift generate: give a prompt (--prompt TEXT or as arguments)")
     eng = _load(args)
+    text_prompt = prompt
+    if args.chat:   # wrap the prompt as a user turn in the model's chat template
+        prompt = eng.tokenizer.encode(eng.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                                        add_generation_prompt=True),
+                                      add_special_tokens=False)
     if args.json:
         out = eng.generate(prompt, **_sampling(args))
-        print(json.dumps({"model": args.model, "adapter": eng.dev.info.adapter, "prompt": prompt,
+        print(json.dumps({"model": args.model, "adapter": eng.dev.info.adapter, "prompt": text_prompt,
+                          "chat": args.chat,
                           "prompt_token_ids": eng.encode_prompt(prompt), "token_ids": out.token_ids,
                           "text": out.text, "stats": out.stats.as_dict(), "load_s": round(eng.load_s, 3)}))
         return 0
+    wrote = False
     for piece in eng.stream(prompt, **_sampling(args)):
         sys.stdout.write(piece)
         sys.stdout.flush()
+        wrote = wrote or bool(piece)
     sys.stdout.write("\n")
+    if not wrote and not args.chat:
+        sys.stderr.write("webdrift: the model ended its text at once (end-of-sequence token); for an instruct "
+                         "model add --chat to send the prompt as a chat turn, or use `webdrift chat`\n")
     return 0
 
 
@@ -110,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("words", nargs="*", help="the prompt (or use --prompt)")
     g.add_argument("--prompt", default=None)
     g.add_argument("--json", action="store_true", help="print token ids, text and timings as JSON")
+    g.add_argument("--chat", action="store_true",
+                   help="send the prompt as a user turn through the model's chat template (instruct models)")
     _add_model_args(g)
     _add_sampling_args(g)
     g.set_defaults(func=cmd_generate)
