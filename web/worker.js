@@ -1,0 +1,309 @@
+// webdrift's Web Worker: Pyodide + the webdrift wheel + one engine, so the page never freezes.
+//
+// Started by webdrift.js (`new Worker(url, {type: "module"})`); one worker holds one engine and
+// one WebGPU device, so two engines (or two pages) never share state. Messages in:
+//   {type: "init", id, opts}            boot Python; with opts.model also fetch + load the model
+//   {type: "generate"|"chat", id, prompt|messages, opts}
+//   {type: "stop"}                      stop the running generation after the current token
+//   {type: "tokenize", id, text} | {type: "python", id, code} | {type: "dispose", id}
+// Messages out: {type: "progress", id, progress}, {type: "token", id, piece},
+//   {type: "result", id, value} or {type: "error", id, error: {name, message}}.
+// Model delivery: streamed download with progress, sha256 checked (crypto.subtle), then parsed by
+// Python, and only then stored in the Cache API; a cached copy is re-hashed before use and dropped
+// if it does not match, so the cache never serves a broken file.
+// Must not: touch the DOM (there is none here) or keep Python objects across messages.
+
+import { loadPyodide } from "./pyodide/pyodide.mjs";
+
+const BASE = new URL("./", import.meta.url);
+const CACHE_NAME = "webdrift-models-v1";
+const SHA_HEADER = "x-webdrift-sha256";
+
+let py = null;        // the Pyodide instance
+let api = null;       // the webdrift.browser_api module (PyProxy)
+
+class WorkerError extends Error {
+  constructor(name, message) { super(message); this.name = name; }
+}
+
+const post = (msg) => self.postMessage(msg);
+
+function progress(id, phase, fields = {}) {
+  const p = { phase, ...fields };
+  if (p.total > 0 && p.loaded !== undefined) p.percent = Math.min(100, (100 * p.loaded) / p.total);
+  post({ type: "progress", id, progress: p });
+}
+
+function fmtMB(n) { return (n / 1048576).toFixed(1) + " MB"; }
+
+async function fetchBytes(url, what) {
+  let r;
+  try { r = await fetch(url); } catch (e) { throw new WorkerError("DownloadError", `${what}: cannot fetch ${url} (${e.message})`); }
+  if (!r.ok) throw new WorkerError("DownloadError", `${what}: ${url} answered HTTP ${r.status} ${r.statusText}`);
+  return new Uint8Array(await r.arrayBuffer());
+}
+
+// -- Python ---------------------------------------------------------------------------------------
+
+const NO_WEBGPU = "Use Chrome or Edge 113+ (on Linux start it with --enable-unsafe-webgpu), Safari 26+ or " +
+  "Firefox 141+ with WebGPU enabled, and serve the page over https or from localhost.";
+
+// Fail fast (before any download) when this browser cannot give us a GPU adapter.
+async function checkAdapter() {
+  if (!self.navigator.gpu) {
+    throw new WorkerError("GPUError", "WebGPU is not available in this browser's workers (navigator.gpu is missing). " + NO_WEBGPU);
+  }
+  let adapter = null;
+  try { adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" }); } catch (e) { adapter = null; }
+  if (!adapter) {
+    throw new WorkerError("GPUError", "WebGPU is enabled but no GPU adapter is available (navigator.gpu.requestAdapter() " +
+      "returned nothing: the GPU may be blocklisted or WebGPU disabled for it). " + NO_WEBGPU);
+  }
+}
+
+let booting = null;
+function boot(id) {
+  if (!booting) booting = bootPython(id);
+  return booting;
+}
+
+async function bootPython(id) {
+  progress(id, "runtime", { message: "starting Python (Pyodide)" });
+  const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL("manifest.json", BASE), "the bundle's manifest")));
+  const pyodide = await loadPyodide({
+    indexURL: new URL("pyodide/", BASE).href,
+    stdout: (s) => console.log("[webdrift py]", s),
+    stderr: (s) => console.warn("[webdrift py]", s),
+  });
+  const site = pyodide.runPython("import site; site.getsitepackages()[0]");
+  let n = 0;
+  for (const w of manifest.wheels) {
+    progress(id, "runtime", { message: `installing ${w.split("/").pop()}`, loaded: n++, total: manifest.wheels.length });
+    pyodide.unpackArchive(await fetchBytes(new URL(w, BASE), "installing webdrift"), "wheel", { extractDir: site });
+  }
+  pyodide.runPython("import importlib; importlib.invalidate_caches()");
+  api = pyodide.pyimport("webdrift.browser_api");
+  py = pyodide;
+  progress(id, "runtime", { message: "Python is ready", done: true });
+}
+
+// Call an api_* function of webdrift.browser_api; it answers JSON ({ok, ...} or {error}).
+async function callApi(name, ...args) {
+  const fn = api[name];
+  let out;
+  try { out = await fn(...args); } finally { fn.destroy(); }
+  const r = JSON.parse(out);
+  if (r.error) {
+    if (r.error.detail) console.error("[webdrift]", r.error.detail);
+    throw new WorkerError(r.error.name, r.error.message);
+  }
+  return r;
+}
+
+// -- model delivery ---------------------------------------------------------------------------------
+
+async function sha256Hex(bytes) {
+  const d = new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  return Array.from(d, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function openCache() {
+  try { return self.caches ? await caches.open(CACHE_NAME) : null; } catch { return null; }
+}
+
+async function expectedSha(spec) {
+  if (spec.sha256) return String(spec.sha256).toLowerCase();
+  if (spec.sha256 === null) return null;             // explicitly: no check against a known hash
+  try {                                              // a "<url>.sha256" file next to the model, if any
+    const r = await fetch(spec.url + ".sha256", { cache: "no-store" });
+    if (!r.ok) return null;
+    const m = (await r.text()).match(/\b[0-9a-fA-F]{64}\b/);
+    return m ? m[0].toLowerCase() : null;
+  } catch { return null; }
+}
+
+async function download(id, spec) {
+  const url = spec.url;
+  let r;
+  try { r = await fetch(url, { cache: "no-store" }); } catch (e) {
+    throw new WorkerError("DownloadError", `downloading the model from ${url} failed: ${e.message}`);
+  }
+  if (!r.ok) {
+    throw new WorkerError("DownloadError", `downloading the model from ${url} failed: HTTP ${r.status} ${r.statusText || ""}`.trim() +
+      (r.status === 404 ? " (no such file on the server: check the model URL)" : ""));
+  }
+  const encoded = r.headers.get("content-encoding");
+  const declared = Number(r.headers.get("content-length")) || 0;
+  const total = (!encoded || encoded === "identity") ? declared : 0;
+  const expect = total || spec.size || 0;
+  let buf = new Uint8Array(expect || 16 << 20);
+  let loaded = 0, lastPost = 0;
+  const reader = r.body.getReader();
+  progress(id, "download", { loaded: 0, total: expect, url });
+  try {
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      if (loaded + value.length > buf.length) {
+        const bigger = new Uint8Array(Math.max(buf.length * 2, loaded + value.length));
+        bigger.set(buf.subarray(0, loaded));
+        buf = bigger;
+      }
+      buf.set(value, loaded);
+      loaded += value.length;
+      const now = performance.now();
+      if (now - lastPost > 100) { lastPost = now; progress(id, "download", { loaded, total: expect, url }); }
+    }
+  } catch (e) {
+    throw new WorkerError("DownloadError", `downloading the model from ${url} was interrupted after ${fmtMB(loaded)}: ${e.message}`);
+  }
+  progress(id, "download", { loaded, total: expect || loaded, url });
+  if (total && loaded !== total) {
+    throw new WorkerError("DownloadError", `the model download from ${url} is truncated: got ${loaded} of ${total} bytes`);
+  }
+  return buf.length === loaded ? buf : buf.slice(0, loaded);
+}
+
+// -> {bytes, sha256, cached: bool (came from the cache)}
+async function fetchModel(id, spec) {
+  const want = await expectedSha(spec);
+  const cache = spec.cache === false ? null : await openCache();
+  if (cache) {
+    let hit = null;
+    try { hit = await cache.match(spec.url); } catch { hit = null; }
+    if (hit) {
+      progress(id, "cache", { message: "reading the model from the browser cache" });
+      const bytes = new Uint8Array(await hit.arrayBuffer());
+      progress(id, "verify", { message: "checking sha256" });
+      const got = await sha256Hex(bytes);
+      if (got === hit.headers.get(SHA_HEADER) && (!want || got === want)) return { bytes, sha256: got, cached: true };
+      await cache.delete(spec.url);     // stale or damaged: drop it and download again
+    }
+  }
+  const bytes = await download(id, spec);
+  progress(id, "verify", { message: "checking sha256" });
+  const got = await sha256Hex(bytes);
+  if (want && got !== want) {
+    throw new WorkerError("ModelFileError", `sha256 mismatch for ${spec.url}: expected ${want}, got ${got} ` +
+      `(${bytes.length} bytes): the download is corrupted or the file changed; nothing was cached`);
+  }
+  return { bytes, sha256: got, cached: false, cache };
+}
+
+async function storeInCache(cache, url, bytes, sha) {
+  if (!cache) return false;
+  try {
+    await cache.put(url, new Response(bytes, { headers: {
+      "content-type": "application/octet-stream", "content-length": String(bytes.length), [SHA_HEADER]: sha } }));
+    return true;
+  } catch (e) {
+    console.warn("[webdrift] could not cache the model:", e);
+    try { await cache.delete(url); } catch { /* nothing to drop */ }
+    return false;
+  }
+}
+
+const GGUF_MAGIC = [0x47, 0x47, 0x55, 0x46];    // "GGUF"
+
+function checkMagic(bytes, url) {
+  if (bytes.length < 4 || GGUF_MAGIC.some((b, i) => bytes[i] !== b)) {
+    const head = new TextDecoder().decode(bytes.subarray(0, 16)).replace(/[^\x20-\x7e]/g, "?");
+    throw new WorkerError("ModelFileError", `${url} is not a model file: a GGUF file starts with "GGUF", this one ` +
+      (bytes.length ? `starts with "${head}" (${bytes.length} bytes)` : "is empty") + "; nothing was cached");
+  }
+}
+
+async function loadModel(id, opts) {
+  const spec = opts.model;
+  const t0 = performance.now();
+  await checkAdapter();
+  const python = boot(id);              // start Python while the model downloads
+  python.catch(() => {});
+  const m = await fetchModel(id, spec);
+  const tFetch = performance.now();
+  try { checkMagic(m.bytes, spec.url); } catch (e) {
+    if (m.cached) { const c = await openCache(); if (c) await c.delete(spec.url); }
+    throw e;
+  }
+  await python;
+  progress(id, "parse", { message: "reading the model file" });
+  const name = spec.url.split("/").pop().split("?")[0];
+  let opened;
+  try {
+    opened = await callApi("api_open", m.bytes, name);
+  } catch (e) {
+    if (m.cached) { const c = await openCache(); if (c) await c.delete(spec.url); }
+    throw e;
+  }
+  let cachedNow = false;
+  if (!m.cached) cachedNow = await storeInCache(m.cache, spec.url, m.bytes, m.sha256);
+  m.bytes = null;
+  progress(id, "weights", { loaded: 0, total: opened.tensors, message: "uploading weights to the GPU" });
+  let last = 0;
+  const onTensor = (done, total) => {
+    const now = performance.now();
+    if (now - last > 50 || done === total) { last = now; progress(id, "weights", { loaded: done, total }); }
+  };
+  const loaded = await callApi("api_load", JSON.stringify(opts), onTensor);
+  const info = loaded.info;
+  info.modelUrl = spec.url;
+  info.sha256 = m.sha256;
+  info.fromCache = m.cached;
+  info.cached = m.cached || cachedNow;
+  info.fetchS = (tFetch - t0) / 1000;
+  info.totalLoadS = (performance.now() - t0) / 1000;
+  progress(id, "ready", { message: `ready on ${info.adapter}` });
+  return info;
+}
+
+// -- messages -------------------------------------------------------------------------------------
+
+const handlers = {
+  async init(m) {
+    if (!m.opts.model) { await checkAdapter(); await boot(m.id); return { runtime: true }; }
+    return await loadModel(m.id, m.opts);
+  },
+  async generate(m) {
+    const onToken = (piece) => post({ type: "token", id: m.id, piece });
+    return (await callApi("api_generate", JSON.stringify(m.prompt), JSON.stringify(m.opts || {}), onToken)).result;
+  },
+  async chat(m) {
+    const onToken = (piece) => post({ type: "token", id: m.id, piece });
+    return (await callApi("api_chat", JSON.stringify(m.messages), JSON.stringify(m.opts || {}), onToken)).result;
+  },
+  async tokenize(m) {
+    return (await callApi("api_tokenize", JSON.stringify(m.text))).ids;
+  },
+  async python(m) {
+    if (!py) throw new WorkerError("InvalidArgumentError", "Python is not started");
+    let r = await py.runPythonAsync(m.code);
+    if (r && typeof r.toJs === "function") {
+      const v = r.toJs({ dict_converter: Object.fromEntries });
+      r.destroy();
+      r = v;
+    }
+    return r === undefined ? null : r;
+  },
+  async dispose() {
+    if (api) { const f = api.api_dispose; try { f(); } finally { f.destroy(); } }
+    return true;
+  },
+};
+
+self.onmessage = async (ev) => {
+  const m = ev.data;
+  if (m.type === "stop") {
+    if (api) { const f = api.api_stop; try { f(); } finally { f.destroy(); } }
+    return;
+  }
+  const h = handlers[m.type];
+  if (!h) { post({ type: "error", id: m.id, error: { name: "InvalidArgumentError", message: `unknown request ${m.type}` } }); return; }
+  try {
+    post({ type: "result", id: m.id, value: await h(m) });
+  } catch (e) {
+    const name = e && e.name && e.name !== "Error" ? e.name : "WebdriftError";
+    let message = (e && e.message) || String(e);
+    if (e && e.type && e.constructor && e.constructor.name === "PythonError") message = `${e.type}: ${message.split("\n").slice(-2).join(" ")}`;
+    post({ type: "error", id: m.id, error: { name, message } });
+  }
+};

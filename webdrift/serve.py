@@ -1,0 +1,295 @@
+"""`webdrift serve`: the browser demo and JS module on a local web server (stdlib only).
+
+    webdrift serve [--port 8321] [--host 127.0.0.1] [--model smollm2-135m] [--bundle DIR]
+
+Builds the browser bundle if it is missing or stale (build_wasm, from a source checkout), then
+serves it: the demo page at `/`, the module at `/webdrift.js`, and the model at
+`/models/<file>.gguf` with `/models/default.json` ({name, url, size, sha256}: what
+`createEngine()` loads when given no model) and `/models/<file>.gguf.sha256`.
+Nothing is fetched from anywhere else: the pages run Python (Pyodide) and the model on the
+visitor's GPU, and a Content-Security-Policy keeps their requests on this origin.
+Must not: import numpy, wgpu or the GPU stack (it only serves files); bind beyond 127.0.0.1
+unless asked with --host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+from functools import partial
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import unquote, urlsplit
+
+from .errors import InvalidArgumentError, ModelNotFoundError
+
+DEFAULT_PORT = 8321
+DEFAULT_MODEL = "smollm2-135m"
+REPO = Path(__file__).resolve().parent.parent
+
+MIME = {
+    ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
+    ".mjs": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+    ".json": "application/json", ".wasm": "application/wasm", ".zip": "application/zip",
+    ".whl": "application/zip", ".gguf": "application/octet-stream", ".sha256": "text/plain; charset=utf-8",
+    ".map": "application/json", ".png": "image/png", ".svg": "image/svg+xml", ".ico": "image/x-icon",
+}
+# The pages talk only to this origin. 'wasm-unsafe-eval' compiles Pyodide; 'unsafe-eval' lets
+# Pyodide (and webdrift's small JS helpers, pyodide.code.run_js) evaluate code it generates.
+CSP = ("default-src 'self'; script-src 'self' 'wasm-unsafe-eval' 'unsafe-eval'; worker-src 'self'; "
+       "connect-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; object-src 'none'; "
+       "base-uri 'self'; frame-ancestors 'self'")
+
+
+class ServedModel:
+    """The GGUF served at /models/<file>, with its sha256 (known or computed once)."""
+
+    def __init__(self, path: str | os.PathLike, name: str, sha256: str | None = None):
+        self.path = Path(path).resolve()
+        self.name = name
+        self.size = self.path.stat().st_size
+        self.sha256 = sha256 or _sha256_file(self.path)
+
+    @property
+    def file(self) -> str:
+        return self.path.name
+
+    def descriptor(self) -> dict:
+        return {"name": self.name, "url": self.file, "file": self.file, "size": self.size, "sha256": self.sha256}
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve_served_model(model: str | None) -> ServedModel | None:
+    """A known model name (pulled with webdrift.hub if needed) or a .gguf path -> ServedModel."""
+    if not model:
+        return None
+    from . import hub
+    p = Path(model)
+    if p.is_file():
+        with open(p, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise InvalidArgumentError(f"--model {model}: the browser engine loads GGUF files only")
+        return ServedModel(p, p.stem)
+    if model not in hub.KNOWN_MODELS:
+        raise ModelNotFoundError(f"--model {model!r} is neither a .gguf file nor a known model "
+                                 f"({', '.join(sorted(hub.KNOWN_MODELS))})")
+    known = hub.KNOWN_MODELS[model]
+    path = hub.pull(model)
+    if not str(path).endswith(".gguf"):
+        raise InvalidArgumentError(f"--model {model}: the browser engine loads GGUF files only")
+    return ServedModel(path, model, getattr(known, "sha256", None))
+
+
+class WebdriftHandler(SimpleHTTPRequestHandler):
+    """Static files from the bundle + the served model; correct MIME types; no directory listings."""
+
+    server_version = "webdrift"
+    extensions_map: ClassVar[dict] = {**SimpleHTTPRequestHandler.extensions_map, **MIME}
+    model: ServedModel | None = None
+    quiet = True
+    _head_only = False
+
+    def __init__(self, *args, directory=None, model=None, quiet=True, **kw):
+        self.model = model
+        self.quiet = quiet
+        super().__init__(*args, directory=directory, **kw)
+
+    # -- routing ---------------------------------------------------------------------------------
+    def _route(self) -> bool:
+        """Serve /models/... ; return False to fall through to the bundle's static files."""
+        path = unquote(urlsplit(self.path).path)
+        m = self.model
+        if path == "/models/default.json":
+            if m is None:
+                self._send_bytes(HTTPStatus.NOT_FOUND, b'{"error": "no default model"}', "application/json")
+            else:
+                self._send_bytes(HTTPStatus.OK, json.dumps(m.descriptor()).encode(), "application/json")
+            return True
+        if m is not None and path == f"/models/{m.file}":
+            self._send_file(m.path, "application/octet-stream", cache=True)
+            return True
+        if m is not None and path == f"/models/{m.file}.sha256":
+            self._send_bytes(HTTPStatus.OK, f"{m.sha256}  {m.file}\n".encode(), MIME[".sha256"])
+            return True
+        return False
+
+    def do_GET(self):
+        self._head_only = False
+        if not self._route():
+            self._static()
+
+    def do_HEAD(self):
+        self._head_only = True
+        if not self._route():
+            self._static()
+
+    def _static(self):
+        path = unquote(urlsplit(self.path).path)
+        if path.endswith("/"):
+            path += "index.html"
+        fs = Path(self.translate_path(path))
+        root = Path(self.directory).resolve()
+        try:
+            fs = fs.resolve()
+            fs.relative_to(root)
+        except (OSError, ValueError):
+            self._send_bytes(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            return
+        if not fs.is_file():
+            self._send_bytes(HTTPStatus.NOT_FOUND, f"not found: {path}\n".encode(), "text/plain")
+            return
+        self._send_file(fs, self.guess_type(str(fs)), cache=fs.suffix == ".gguf")
+
+    # -- responses -------------------------------------------------------------------------------
+    def _common_headers(self, ctype: str, length: int, cache: bool):
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(length))
+        self.send_header("Cache-Control", "public, max-age=3600" if cache else "no-cache")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Referrer-Policy", "no-referrer")
+        if ctype.startswith(("text/html", "text/javascript")):
+            self.send_header("Content-Security-Policy", CSP)
+
+    def _send_bytes(self, status, body: bytes, ctype: str):
+        self.send_response(status)
+        self._common_headers(ctype, len(body), cache=False)
+        self.end_headers()
+        if not self._head_only:
+            self.wfile.write(body)
+
+    def _send_file(self, path: Path, ctype: str, cache: bool = False):
+        """A file with an ETag: a revalidation answers 304, so browsers reuse their copy (and
+        V8's cache of compiled WebAssembly) instead of fetching Pyodide again."""
+        try:
+            st = path.stat()
+            f = open(path, "rb")  # noqa: SIM115 - closed below; a missing file answers 404 first
+        except OSError:
+            self._send_bytes(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            return
+        etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+        with f:
+            if etag in (self.headers.get("If-None-Match") or ""):
+                self.send_response(HTTPStatus.NOT_MODIFIED)
+                self.send_header("ETag", etag)
+                self.send_header("Cache-Control", "public, max-age=3600" if cache else "no-cache")
+                self.end_headers()
+                return
+            self.send_response(HTTPStatus.OK)
+            self._common_headers(ctype, st.st_size, cache)
+            self.send_header("ETag", etag)
+            self.send_header("Last-Modified", self.date_time_string(int(st.st_mtime)))
+            self.end_headers()
+            if self._head_only:
+                return
+            try:
+                shutil.copyfileobj(f, self.wfile, 1 << 20)
+            except (BrokenPipeError, ConnectionResetError):
+                pass   # the page went away mid-download
+
+    def guess_type(self, path):
+        return MIME.get(Path(path).suffix.lower()) or super().guess_type(path)
+
+    def list_directory(self, path):  # never list folders
+        self._send_bytes(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+
+    def log_message(self, fmt, *args):
+        if not self.quiet:
+            super().log_message(fmt, *args)
+
+    def log_error(self, fmt, *args):
+        if not self.quiet:
+            super().log_error(fmt, *args)
+
+
+def default_bundle_dir() -> Path:
+    return REPO / "bundle"
+
+
+def ensure_bundle(bundle: Path | None = None, build: bool = True) -> Path:
+    """The bundle folder, built with build_wasm when missing or stale (needs a source checkout)."""
+    bundle = Path(bundle) if bundle else default_bundle_dir()
+    if not build:
+        if not (bundle / "manifest.json").is_file():
+            raise InvalidArgumentError(f"{bundle} is not a built bundle (no manifest.json): run python -m build_wasm")
+        return bundle.resolve()
+    if not (REPO / "build_wasm" / "build.py").is_file() or not (REPO / "web").is_dir():
+        if (bundle / "manifest.json").is_file():
+            return bundle.resolve()
+        raise InvalidArgumentError("the browser bundle is not built and this installation has no build_wasm/ and web/: "
+                                   "run `python -m build_wasm --out DIR` in a source checkout and pass --bundle DIR")
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    from build_wasm.build import BuildError
+    from build_wasm.build import ensure_bundle as _ensure
+    try:
+        return _ensure(bundle, REPO)
+    except BuildError as e:
+        raise InvalidArgumentError(f"building the browser bundle failed: {e}") from e
+
+
+def make_server(bundle: Path, model: ServedModel | None, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
+                quiet: bool = True, handler: type[WebdriftHandler] = WebdriftHandler) -> ThreadingHTTPServer:
+    """A ThreadingHTTPServer serving `bundle` and `model` (port 0 picks a free port)."""
+    h = partial(handler, directory=str(bundle), model=model, quiet=quiet)
+    srv = ThreadingHTTPServer((host, port), h)
+    srv.daemon_threads = True
+    return srv
+
+
+def serve_in_thread(srv: ThreadingHTTPServer) -> threading.Thread:
+    t = threading.Thread(target=srv.serve_forever, name="webdrift-serve", daemon=True)
+    t.start()
+    return t
+
+
+def cmd_serve(args) -> int:
+    bundle = ensure_bundle(Path(args.bundle) if args.bundle else None, build=not args.no_build)
+    model = resolve_served_model(args.model)
+    try:
+        srv = make_server(bundle, model, args.host, args.port, quiet=not args.verbose)
+    except OSError as e:
+        raise InvalidArgumentError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from e
+    host, port = srv.server_address[:2]
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(f"webdrift: serving {bundle}\n")
+    if model:
+        sys.stderr.write(f"webdrift: model {model.name} ({model.file}, {model.size / 1e6:.1f} MB, sha256 {model.sha256[:12]}...)\n")
+    print(f"webdrift: open http://{shown}:{port}/   (module: http://{shown}:{port}/webdrift.js; Ctrl-C stops)",
+          flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+    return 0
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `webdrift serve` on the CLI's subparsers."""
+    p = subparsers.add_parser("serve", help="serve the browser demo, webdrift.js and a model locally")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port (default %(default)s; 0 picks a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
+    p.add_argument("--model", default=DEFAULT_MODEL,
+                   help="known model name or .gguf path served as the default model (default %(default)s)")
+    p.add_argument("--bundle", default=None, help="bundle folder (default: bundle/ in the source checkout)")
+    p.add_argument("--no-build", action="store_true", help="serve the bundle as it is (do not rebuild)")
+    p.add_argument("--verbose", action="store_true", help="log every request")
+    p.set_defaults(func=cmd_serve)
+    return p
