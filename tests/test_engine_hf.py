@@ -180,3 +180,23 @@ def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
     assert ga == gb
     n_layers = fused.config.n_layers
     assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == 2 * n_layers + 1
+
+
+def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
+    """Stage-aware kernels: prompts through the tiled GEMM (the default on GPUs) and through the
+    GEMV kernels (the default on software adapters like this one) give the same model."""
+    d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
+    ids = list(range(11, 141))          # 130 tokens: 3 chunks of 64, the last one partial
+    gemm = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm")
+    gemv = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
+    assert gemm.prefill.stage == "prefill" and gemv.prefill.stage == "decode"
+    a, b = gemm.logits(ids), gemv.logits(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    scale = np.abs(want).max()
+    assert np.abs(a - want).max() < 1e-3 * scale and np.abs(b - want).max() < 1e-3 * scale
+    out_a = gemm.generate(ids, max_new_tokens=8, stop_at_eos=False).token_ids
+    out_b = gemv.generate(ids, max_new_tokens=8, stop_at_eos=False).token_ids
+    assert out_a == out_b == torch_greedy(ref, ids, 8)
+    with pytest.raises(webdrift.InvalidArgumentError, match="prefill_kernels"):
+        webdrift.load(str(d), prefill_kernels="fast")

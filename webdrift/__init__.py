@@ -51,7 +51,7 @@ def make_tokenizer(source):
 
 def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
-         progress=None, fuse: bool = True, autotune: bool = True):
+         progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto"):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
@@ -60,6 +60,8 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
     layout: physical layout of activations ("linear" or "sliced").
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
     autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest.
+    prefill_kernels: "gemm" (tiled matrix-matrix kernels), "gemv" (the decode kernels over the
+    prompt's rows) or "auto" (gemv on software adapters such as lavapipe, gemm elsewhere).
     """
     from .hub import resolve_model
     from .runtime.engine import Engine
@@ -73,7 +75,8 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
         from .gpu.native import get_device
         device = get_device()
     return Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
-                  prefill_chunk=prefill_chunk, layout=layout, progress=progress, fuse=fuse, autotune=autotune)
+                  prefill_chunk=prefill_chunk, layout=layout, progress=progress, fuse=fuse, autotune=autotune,
+                  prefill_kernels=prefill_kernels)
 
 
 def __getattr__(name):

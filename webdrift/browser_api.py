@@ -45,18 +45,14 @@ async def load_from_source(source: ModelSource, *, max_context: int | None = Non
                            progress=None, prefill_kernels: str = "auto") -> Engine:
     """Build the tokenizer, create the WebGPU device (unless given) and upload the weights.
 
-    prefill_kernels: "gemm" (the engine's prefill program), "gemv" (see use_gemv_prefill) or
-    "auto" (gemv on software adapters such as SwiftShader, gemm elsewhere)."""
-    if prefill_kernels not in ("auto", "gemm", "gemv"):
-        raise InvalidArgumentError(f"prefill_kernels={prefill_kernels!r}: choose auto, gemm or gemv")
+    prefill_kernels: "gemm", "gemv" or "auto" (gemv on software adapters such as SwiftShader, gemm
+    elsewhere); see Engine."""
     tok = make_tokenizer(source)
     if device is None:
         from .gpu.browser import create_browser_device
         device = await create_browser_device()
     eng = Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
-                 prefill_chunk=prefill_chunk, progress=progress)
-    if prefill_kernels == "gemv" or (prefill_kernels == "auto" and device.info.is_cpu):
-        use_gemv_prefill(eng)
+                 prefill_chunk=prefill_chunk, progress=progress, prefill_kernels=prefill_kernels)
     check = getattr(device, "check_errors", None)
     if check is not None:
         await check()
@@ -71,25 +67,6 @@ async def load_from_bytes(data, *, name: str | None = None, max_context: int | N
     return await load_from_source(source, max_context=max_context, weight_format=weight_format,
                                   prefill_chunk=prefill_chunk, device=device, progress=progress,
                                   prefill_kernels=prefill_kernels)
-
-
-def use_gemv_prefill(eng: Engine) -> None:
-    """Prefill with the decode-stage GEMV kernels over exactly the prompt's rows.
-
-    Departure from the papers' stage-aware split, for software adapters only: SwiftShader runs the
-    prefill GEMM (64x64 tiles through workgroup memory, 256 invocations and a barrier per K step)
-    and the 64-row padding of prefill buckets very slowly; the GEMV kernels take any number of
-    token rows (dispatch (ceil(O / ROWS), tokens)) without padding. Measured on SwiftShader for a
-    5-token prompt of SmolLM2-135M: ~130 s with the GEMM program, a few seconds with this one.
-    """
-    prog = eng._program("decode", eng.prefill_chunk, False)
-    if prog.arena_bytes > eng.arena.size:   # not expected (same graph); keep every program on one arena
-        from .gpu.base import STORAGE
-        eng.dev.release_buffer(eng.arena)
-        eng.arena = eng.dev.create_buffer(max(prog.arena_bytes, eng.decode.arena_bytes), STORAGE, "arena")
-        eng.decode.bind(eng.arena)
-    prog.bind(eng.arena)
-    eng.prefill = prog
 
 
 # -- options and results in the JS module's vocabulary ----------------------------------------------

@@ -1,5 +1,9 @@
 #if SUBGROUP_ENABLE
 enable subgroups;
+// Tint's uniformity analysis rejects subgroupAdd after the loops' lane-dependent trip counts;
+// every lane of a subgroup reaches the reduction (loops only differ in trip count), so the
+// result is well defined. naga (wgpu-native) has no such check and rejects the directive.
+diagnostic(off, subgroup_uniformity);
 #endif
 // Decode-stage linear layer (GEMV-like "fully connected" kernel):
 //   y[t, o] = sum_i x[t, i] * W[o, i]  (+ bias[o]) (+ y[t, o] when RESIDUAL)

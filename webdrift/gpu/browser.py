@@ -133,16 +133,6 @@ def _nullish(x) -> bool:
     return x is None or type(x).__name__ in ("JsNull", "JsUndefined") or str(x) in ("null", "undefined")
 
 
-def _tint_compatible(wgsl: str) -> str:
-    """Departure for Tint (Chromium's WGSL compiler): it runs a subgroup-uniformity analysis that
-    naga does not, and rejects subgroup built-ins under `if`s it cannot prove uniform (our GEMV
-    reduces each row with subgroupAdd after a uniform-in-practice loop). Kernels that enable
-    subgroups get `diagnostic(off, subgroup_uniformity);` next to their enable directive."""
-    if "enable subgroups;" in wgsl and "subgroup_uniformity" not in wgsl:
-        return wgsl.replace("enable subgroups;", "enable subgroups;\ndiagnostic(off, subgroup_uniformity);", 1)
-    return wgsl
-
-
 def webgpu_missing_message(reason: str) -> str:
     return (f"WebGPU is not available ({reason}). Use a browser with WebGPU enabled: Chrome or Edge 113+ "
             "(on Linux, start Chrome with --enable-unsafe-webgpu --enable-features=Vulkan), or Safari 26+ / "
@@ -270,7 +260,7 @@ class BrowserDevice(Device):
             return p
         dev = self._dev
         dev.pushErrorScope("validation")
-        module = dev.createShaderModule(_obj({"code": _tint_compatible(wgsl), "label": label}))
+        module = dev.createShaderModule(_obj({"code": wgsl, "label": label}))
         bgl = dev.createBindGroupLayout(_obj({"label": label, "entries": [
             {"binding": i, "visibility": js.GPUShaderStage.COMPUTE, "buffer": {"type": _BIND[k]}}
             for i, k in enumerate(bindings)]}))
