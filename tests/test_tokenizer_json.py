@@ -23,9 +23,9 @@ from webdrift.tokenizer import Tokenizer
 from webdrift.tokenizer.pretokenize import GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN
 
 try:  # pytest puts tests/ on sys.path (rootdir-relative "prepend" import mode)
-    from test_tokenizer import CORPUS, hf_from_gguf, random_texts, smollm2_gguf_path
+    from test_tokenizer import CORPUS, _disk_cache_dir, hf_from_gguf, random_texts, smollm2_gguf_path
 except ImportError:  # pragma: no cover - tests/ as a package
-    from tests.test_tokenizer import CORPUS, hf_from_gguf, random_texts, smollm2_gguf_path
+    from tests.test_tokenizer import CORPUS, _disk_cache_dir, hf_from_gguf, random_texts, smollm2_gguf_path
 
 TEXTS = list(CORPUS.values()) + random_texts(seed=2024, count=250)
 
@@ -376,8 +376,9 @@ def test_chat_template_from_config_matches_transformers(configured, gen):
 
 @pytest.fixture(scope="session")
 def smol_saved():
-    hf = hf_from_gguf(smollm2_gguf_path())
-    folder = hf.name_or_path
+    path = smollm2_gguf_path()
+    hf = hf_from_gguf(path)                          # converts once and saves the result here:
+    folder = _disk_cache_dir(path, "hf-tokenizer")
     assert os.path.isfile(os.path.join(folder, "tokenizer.json")), "the converted SmolLM2 tokenizer was not saved"
     return folder, hf
 
