@@ -37,6 +37,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from webdrift.hub import sha256_file
+
 PYODIDE_VERSION = "314.0.7"     # npm package `pyodide` (CPython 3.14 in WebAssembly)
 JINJA2_VERSION = "3.1.6"        # chat templates
 MARKUPSAFE_VERSION = "3.0.3"    # jinja2's only dependency
@@ -229,18 +231,10 @@ def check_webdrift_wheel(whl: Path, repo: Path) -> None:
 
 # -- the bundle -----------------------------------------------------------------------------------
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def model_entry(path: Path, name: str, sha256: str | None = None) -> dict:
     """models/default.json's content for a GGUF file served at models/<file name>."""
     return {"name": name, "url": path.name, "file": path.name, "size": path.stat().st_size,
-            "sha256": sha256 or _sha256_file(path)}
+            "sha256": sha256 or sha256_file(path)}
 
 
 def _resolve_model(model: str) -> tuple[Path, str, str | None]:

