@@ -9,12 +9,13 @@ diagnostic(off, subgroup_uniformity);
 //   y[t, o] = sum_i x[t, i] * W[o, i]  (+ bias[o]) (+ y[t, o] when RESIDUAL)
 //   DUAL: y[t, o] = act(x.Wg[o]) * (x.Wu[o])  (fused gate/up + SiLU or GELU-tanh)
 //   SOFTCAP: y = CAP * tanh(y / CAP)  (Gemma's final logit soft-capping)
-// Two variants, chosen per device by measurement (kernels/autotune.py):
+// Variants, chosen per device and shape by measurement (kernels/autotune.py):
 //   split (default): one workgroup computes ROWS outputs of one token; its WG threads split the
 //     input slices and reduce through workgroup memory. Dispatch: (ceil(O / ROWS), tokens).
-//   SUBGROUP: each subgroup (warp) computes one output at a time, its lanes striding the input
-//     slices (coalesced), reduced with subgroupAdd; WG/sg_size rows in flight per workgroup, each
-//     workgroup covers ROWS rows. No workgroup barriers. Dispatch: (ceil(O / ROWS), tokens).
+//   SUBGROUP / WIDE (SG_VARIANT): each subgroup computes one output at a time, its lanes striding
+//     the input (4-channel slices, or whole quant blocks for WIDE), reduced with subgroupAdd; a
+//     workgroup covers ROWS rows. The only barrier is in the fused-norm prologue.
+//     Dispatch: (ceil(O / ROWS), tokens).
 //   ROW_PER_THREAD: each invocation computes one output over all inputs; no barriers (CPU
 //     adapters such as lavapipe run barriers slowly). Dispatch: (ceil(O / WG), tokens).
 {{STEP_DECL}}
@@ -66,41 +67,12 @@ fn sg_row_inv(t: u32, lid: u32, lane: u32, sg: u32) -> f32 {
 #endif
 #endif
 
-#if WIDE
-// WIDE: each subgroup computes one output at a time; each lane reads a whole quant block
-// (16-32 bytes) per iteration through the generated `w_blk`, and the subgroup reduces with
-// subgroupAdd. A workgroup covers ROWS rows whatever the subgroup size. No arrays: they can end
-// up in local memory. Dispatch: (ceil(O / ROWS), tokens).
-@compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
-  let t = wid.y;
-  if (t >= {{NT}}) { return; }
-  let sgi = lid / sg;
-  let nsgw = WG / sg;
-  var inv = 1.0;
-#if PRE_NORM
-  inv = sg_row_inv({{XROW}}, lid, lane, sg);
-#endif
-  for (var r = sgi; r < ROWS; r += nsgw) {
-    let o = wid.x * ROWS + r;
-    if (o >= w_O) { break; }
-    var acc = 0.0;
-    var acc2 = 0.0;
-    for (var b = lane; b < w_NB; b += sg) {
-      acc += w_blk(o, b, {{XROW}}, inv);
-#if DUAL
-      acc2 += w2_blk(o, b, {{XROW}}, inv);
-#endif
-    }
-    acc = subgroupAdd(acc);
-#if DUAL
-    acc2 = subgroupAdd(acc2);
-#endif
-    if (lane == 0u) { epilogue(t, o, acc, acc2); }
-  }
-}
-#elif SUBGROUP
+#if SG_VARIANT
+// SUBGROUP and WIDE: each subgroup computes one output at a time and reduces it with
+// subgroupAdd; a workgroup covers ROWS rows whatever the subgroup size. SUBGROUP lanes stride the
+// input's 4-channel slices (4x unrolled with UNROLL4); WIDE lanes read a whole quant block
+// (16-32 bytes) per iteration through the generated `w_blk` (no arrays: they can end up in local
+// memory). Dispatch: (ceil(O / ROWS), tokens).
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
@@ -117,6 +89,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
     var acc = 0.0;
     var acc2 = 0.0;
+#if WIDE
+    for (var b = lane; b < w_NB; b += sg) {
+      acc += w_blk(o, b, {{XROW}}, inv);
+#if DUAL
+      acc2 += w2_blk(o, b, {{XROW}}, inv);
+#endif
+    }
+#else
     var s = lane;
 #if UNROLL4
     // four independent chains: four loads in flight per lane (memory-level parallelism)
@@ -152,6 +132,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       acc2 += dot(xv, w2_read4(o, s));
 #endif
     }
+#endif
     acc = subgroupAdd(acc);
 #if DUAL
     acc2 = subgroupAdd(acc2);
