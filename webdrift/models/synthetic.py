@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import InvalidArgumentError
+from ..weights.source import expected_tensor_shapes
 from .config import ModelConfig
 
 
@@ -70,28 +71,6 @@ def synthetic_config(name: str) -> ModelConfig:
                        rope_theta=s.rope_theta, rope_style="half", max_position=s.max_position,
                        tied_embeddings=s.tied, bos_token_id=None, eos_token_ids=[], name=f"synthetic-{name}",
                        rope_scaling=s.rope_scaling)
-
-
-def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Canonical (GGUF) name -> numpy-order shape of every tensor of a llama-family model."""
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (cfg.vocab_size, cfg.dim),
-                                          "output_norm.weight": (cfg.dim,)}
-    if not cfg.tied_embeddings:
-        shapes["output.weight"] = (cfg.vocab_size, cfg.dim)
-    for i in range(cfg.n_layers):
-        p = f"blk.{i}."
-        shapes.update({
-            p + "attn_norm.weight": (cfg.dim,),
-            p + "attn_q.weight": (cfg.q_dim, cfg.dim),
-            p + "attn_k.weight": (cfg.kv_dim, cfg.dim),
-            p + "attn_v.weight": (cfg.kv_dim, cfg.dim),
-            p + "attn_output.weight": (cfg.dim, cfg.q_dim),
-            p + "ffn_norm.weight": (cfg.dim,),
-            p + "ffn_gate.weight": (cfg.ffn_dim, cfg.dim),
-            p + "ffn_up.weight": (cfg.ffn_dim, cfg.dim),
-            p + "ffn_down.weight": (cfg.dim, cfg.ffn_dim),
-        })
-    return shapes
 
 
 def stored_bytes(type_name: str, shape: tuple[int, ...]) -> int:
@@ -176,7 +155,7 @@ class SyntheticSource:
         self.config = synthetic_config(name)
         qt = QUANTS[quant]
         self.tensors = {n: SyntheticTensor(n, s, "F32" if len(s) == 1 else qt)
-                        for n, s in tensor_shapes(self.config).items()}
+                        for n, s in expected_tensor_shapes(self.config).items()}
 
     @property
     def n_params(self) -> int:
