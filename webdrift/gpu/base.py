@@ -68,6 +68,7 @@ class DeviceInfo:
     features: set = field(default_factory=set)
     limits: dict = field(default_factory=dict)
     is_cpu: bool = False          # a software adapter (lavapipe, SwiftShader): prefers barrier-free kernels
+    wgsl_features: set = field(default_factory=set)   # WGSL language extensions the compiler accepts
 
 
 class Device:
@@ -84,6 +85,11 @@ class Device:
     @property
     def has_subgroups(self) -> bool:
         return "subgroup" in self.info.features or "subgroups" in self.info.features
+
+    @property
+    def has_dp4a(self) -> bool:
+        """WGSL's packed 4x8 integer dot products (dot4I8Packed, pack4xI8)."""
+        return "packed_4x8_integer_dot_product" in self.info.wgsl_features
 
     @property
     def has_timestamps(self) -> bool:

@@ -105,6 +105,7 @@ _JS_HELPERS = r"""
             !!(i.isFallbackAdapter || adapter.isFallbackAdapter)];
   },
   features(obj) { return Array.from(obj.features); },
+  wgslFeatures() { return navigator.gpu.wgslLanguageFeatures ? Array.from(navigator.gpu.wgslLanguageFeatures) : []; },
   limit(obj, name) { const v = obj.limits[name]; return v === undefined ? -1 : v; },
 })
 """
@@ -384,7 +385,8 @@ async def create_browser_device(power_preference: str = "high-performance") -> B
         if v >= 0:
             dev_limits[_kebab(k)] = int(v)
     info = DeviceInfo(adapter=name, backend="WebGPU (browser)", vendor=vendor,
-                      features=set(h.features(device).to_py()), limits=dev_limits, is_cpu=software)
+                      features=set(h.features(device).to_py()), limits=dev_limits, is_cpu=software,
+                      wgsl_features=set(h.wgslFeatures().to_py()))
     dev = BrowserDevice(adapter, device, info)
     dev.architecture = arch
     return dev

@@ -77,7 +77,8 @@ class NativeDevice(Device):
         self.info = DeviceInfo(adapter=info.get("device", ""), backend=info.get("backend_type", ""),
                                vendor=info.get("vendor", ""), features=set(self._dev.features),
                                limits=dict(self._dev.limits),
-                               is_cpu=info.get("adapter_type") == "CPU" or "llvmpipe" in info.get("device", ""))
+                               is_cpu=info.get("adapter_type") == "CPU" or "llvmpipe" in info.get("device", ""),
+                               wgsl_features={"packed_4x8_integer_dot_product"})   # naga in wgpu-native 0.32
         self._queue = self._dev.queue
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}

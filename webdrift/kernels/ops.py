@@ -17,6 +17,7 @@ from __future__ import annotations
 from ..errors import UnsupportedModelError
 from ..gpu.base import READ, RW, UNI, Device
 from ..tensor import TensorDesc, accessor_wgsl
+from . import gemv_blk
 from .base import Kernel, ceil_div
 from .step import STEP_DECL
 from .weights import GPUWeight, wide_accessor_wgsl, wide_supported
@@ -60,6 +61,14 @@ class RMSNormKernel(Kernel):
         return (t, 1, 1)
 
 
+def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) -> str:
+    if variant == "wide":
+        return wide_accessor_wgsl(n, binding, w.fmt, w.o, w.i)
+    if variant == "blk":
+        return gemv_blk.weight_decl(n, binding, w.fmt, w.o, w.i)
+    return w.wgsl(n, binding, native_f16=dev.has_f16)
+
+
 class LinearKernel(Kernel):
     """y = x W^T, stage-aware: `stage="decode"` -> matvec.wgsl, `"prefill"` -> matmul.wgsl."""
 
@@ -70,6 +79,16 @@ class LinearKernel(Kernel):
                  unroll: int = 1):
         """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding."""
         self.template = "matvec" if stage == "decode" else "matmul"
+        blk = stage == "decode" and variant == "blk"
+        if blk:
+            self.template = "matvec_blk"
+            for v in (w, w2):
+                if v is not None and not gemv_blk.supported(v.fmt, v.i):
+                    raise UnsupportedModelError(f"the integer-dot GEMV reads q8 and q4 weights; {v.name} is {v.fmt}")
+            if not dev.has_dp4a:
+                raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
+            if x.c != gemv_blk.row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
+                raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
         if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -78,7 +97,7 @@ class LinearKernel(Kernel):
         d = {"STEP_DECL": STEP_DECL,
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
-             "W_DECL": (wide_accessor_wgsl("w", b, w.fmt, w.o, w.i) if variant == "wide" else w.wgsl("w", b, native_f16=dev.has_f16)),
+             "W_DECL": _weight_decl("w", b, w, variant, dev),
              "DUAL": w2 is not None, "WIDE": variant == "wide", "UNROLL4": unroll == 4,
              "SG_VARIANT": variant in ("subgroup", "wide"),
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
@@ -89,17 +108,20 @@ class LinearKernel(Kernel):
         binds = (UNI, RW, RW) + (READ,) * w.n_bindings
         b += w.n_bindings
         if w2 is not None:
-            d["W2_DECL"] = wide_accessor_wgsl("w2", b, w2.fmt, w2.o, w2.i) if variant == "wide" else w2.wgsl("w2", b, native_f16=dev.has_f16)
+            d["W2_DECL"] = _weight_decl("w2", b, w2, variant, dev)
             binds += (READ,) * w2.n_bindings
             b += w2.n_bindings
         if bias:
             d["BIAS_BINDING"] = b
             binds += (READ,)
             b += 1
-        d["PRE_NORM"] = pre_norm is not None
-        if pre_norm is not None:
+        d["PRE_NORM"] = pre_norm is not None and not blk
+        if pre_norm is not None and not blk:
             d.update(NW_BINDING=b, EPS=_f(pre_norm[0]), W_OFFSET=_f(pre_norm[1]))
             binds += (READ,)
+        if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
+            d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups, dev.wgsl_subgroup_enable),
+                     XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False)
         if x_last_row and stage != "decode":
             raise ValueError("x_last_row is a decode-kernel option")
         super().__init__(dev, d, binds, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")
@@ -109,6 +131,28 @@ class LinearKernel(Kernel):
             per_wg = self.wg if self.variant == "row" else self.rows
             return (ceil_div(self.w.o, per_wg), t, 1)
         return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)
+
+
+class QuantizeKernel(Kernel):
+    """Activation rows (optionally RMS-normalised) -> int8 blocks for the integer-dot GEMV
+    (wgsl/quantize.wgsl); `fmt` is the consuming weight's format (it fixes the int8 order)."""
+    template = "quantize"
+
+    def __init__(self, dev: Device, x: TensorDesc, xq: TensorDesc, fmt: str, pre_norm: tuple | None = None,
+                 last_row: bool = False):
+        if x.c % 32 or xq.c != gemv_blk.row_words(x.c) or fmt not in gemv_blk.FORMATS:
+            raise ValueError(f"cannot quantize {x.name} ({x.c} channels) into {xq.name} ({xq.c} words) for {fmt}")
+        d = {"STEP_DECL": STEP_DECL, "X_DECL": accessor_wgsl(x, 1, "x"), "PRE_NORM": pre_norm is not None,
+             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **gemv_blk.quantize_defines(fmt, x.c)}
+        binds = (UNI, RW, RW)
+        self.n_groups = gemv_blk.n_partials(x.c)
+        if pre_norm is not None:   # (eps, w_offset): the norm weight here, 1/rms in the GEMV
+            d.update(W_OFFSET=_f(pre_norm[1]))
+            binds += (READ,)
+        super().__init__(dev, d, binds, f"quantize_{fmt}")
+
+    def workgroups(self, t: int):
+        return (self.n_groups, t, 1)
 
 
 class RopeQKVKernel(Kernel):

@@ -1,0 +1,196 @@
+"""The integer-dot-product decode GEMV (wgsl/matvec_blk.wgsl, variant "blk") and its input
+quantization (wgsl/quantize.wgsl, QuantizeKernel, with the fused RMSNorm) vs numpy.
+
+QuantizeKernel turns each input row into int8 per 32-block (scale max|x| / 127, round half to
+even) and the GEMV multiplies those with the weights' integers exactly (dot4I8Packed), so the
+reference emulates that quantization in float64 (tight tolerance: only f32 summation order
+differs); the result is also checked against the exact product of the dequantized weights and
+the unquantized input (the error budget of int8 activations)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device, download, f32_buffer, make_weight, upload, write_step
+from tests.test_kernels_linear import SENTINEL, _weights, gelu_tanh, rms_norm_ref, silu
+from webdrift.errors import UnsupportedModelError
+from webdrift.kernels import gemv_blk
+from webdrift.kernels.ops import LinearKernel, QuantizeKernel
+from webdrift.tensor import TensorDesc
+
+CAP = 8
+
+
+def run_linear(stage, T, W, fmt, *, w2=None, bias=None, y0=None, act="silu", softcap=None, x_last_row=False,
+               seed=0, tuning=None, norm_w=None, act_layout="linear"):
+    """QuantizeKernel (with the norm when norm_w is given) then the blk GEMV, for random x (T, I);
+    returns (x, dense W, dense W2, y rows [0, CAP))."""
+    assert stage == "decode"
+    dev = device()
+    O, I = W.shape
+    x = np.random.default_rng(seed).standard_normal((T, I)).astype(np.float32)
+    xd = TensorDesc("x", I, CAP, layout=act_layout)
+    qd = gemv_blk.xq_desc("xq", I, CAP)
+    yd = TensorDesc("y", O, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    gw, wref = make_weight(W, fmt)
+    qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=(1e-5, 0.0) if norm_w is not None else None, last_row=x_last_row)
+    gw2 = w2ref = None
+    if w2 is not None:
+        gw2, w2ref = make_weight(w2, fmt, name="w2")
+    bufs = [qb, upload(yd, y0, fill=SENTINEL)] + gw.buffers + (gw2.buffers if gw2 else [])
+    if bias is not None:
+        bufs.append(f32_buffer(bias))
+    k = LinearKernel(dev, stage, qd, yd, gw, w2=gw2, bias=bias is not None, residual=y0 is not None, act=act,
+                     softcap=softcap, x_last_row=x_last_row, pre_norm=(1e-5, 0.0) if norm_w is not None else None,
+                     **(tuning or {}))
+    write_step(T)
+    qbinds = [xb, qb] + ([f32_buffer(norm_w)] if norm_w is not None else [])
+    rows = 1 if x_last_row else T
+    from tests.gpu_util import step_buffer
+    dev.submit([qk.dispatch([step_buffer()] + qbinds, qk.workgroups(rows)),
+                k.dispatch([step_buffer()] + bufs, k.workgroups(rows))])
+    return x, wref, w2ref, download(yd, bufs[1])
+
+TUNINGS = [pytest.param({"variant": "blk", "rows": 4, "wg": 64}, id="blk4x64"),
+           pytest.param({"variant": "blk", "rows": 2, "wg": 128}, id="blk2x128"),
+           pytest.param({"variant": "blk", "rows": 1, "wg": 32}, id="blk1x32")]
+
+
+def quant_x(x):
+    """The kernel's int8 view of x (T, I): per 32-block scale and round-half-even integers."""
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    qs = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.rint(xb * qs)
+    return (q * (amax / np.float32(127.0))).reshape(x.shape).astype(np.float64)
+
+
+def check(y, x, wref, fmt, fn=lambda lin: lin(WREF), rel_exact=3e-2):
+    """fn(lin) builds the expected output from lin(w) = the layer's product with weight w.
+    q4 (x = d q + m, GGUF Q4_1 here: m is each block's minimum) takes its min term from the
+    unquantized input: d dx sum(q qx) + m sum(x)."""
+    x64 = x.astype(np.float64)
+    xq = quant_x(x)
+
+    def emu(w):
+        w = wref if w is WREF else w
+        out = xq @ w.T.astype(np.float64)
+        if fmt == "q4":
+            m = np.repeat(w.reshape(w.shape[0], -1, 32).min(-1), 32, axis=1).astype(np.float64)
+            out += (x64 - xq) @ m.T
+        return out
+
+    want = fn(emu)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    exact = fn(lambda w: x64 @ (wref if w is WREF else w).T.astype(np.float64))
+    scale = max(float(np.abs(exact).max()), float(np.abs(x64 @ wref.T.astype(np.float64)).max()))
+    err = np.abs(y - exact).max() / max(1e-6, scale)
+    assert err < rel_exact, err
+
+
+WREF = object()   # stands for the layer's own weight in fn
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+@pytest.mark.parametrize("fmt,O,I", [("q8", 45, 576), ("q4", 45, 576), ("q4", 301, 1536), ("q8", 7, 32)])
+def test_blk_formats(tuning, fmt, O, I):
+    T = 3
+    x, wref, _, y = run_linear("decode", T, _weights(O, I), fmt, tuning=tuning)
+    check(y[:T], x, wref, fmt)
+    assert (y[T:] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("tuning", TUNINGS)
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_blk_pre_norm(tuning, fmt):
+    T, I = 2, 576
+    nw = np.random.default_rng(11).standard_normal(I).astype(np.float32)
+    x, wref, _, y = run_linear("decode", T, _weights(45, I), fmt, tuning=tuning, norm_w=nw)
+    xn = rms_norm_ref(x, nw).astype(np.float32)
+    check(y[:T], xn, wref, fmt)
+
+
+@pytest.mark.parametrize("fusion", ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"])
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_blk_fusions(fusion, fmt):
+    tuning = {"variant": "blk", "rows": 4, "wg": 64}
+    T, O, I = 2, 45, 576
+    rng = np.random.default_rng(12)
+    W = _weights(O, I, seed=13) * 3
+    kw = {"tuning": tuning}
+    if fusion.startswith("dual"):
+        kw.update(w2=_weights(O, I, seed=14), act="silu" if fusion == "dual_silu" else "gelu_tanh")
+    if fusion == "bias_residual":
+        kw.update(bias=rng.standard_normal(O).astype(np.float32), y0=rng.standard_normal((T, O)).astype(np.float32))
+    if fusion == "softcap":
+        kw.update(softcap=2.0)
+    x, wref, w2ref, y = run_linear("decode", T, W, fmt, x_last_row=fusion == "x_last_row", **kw)
+    if fusion == "x_last_row":
+        check(y[:1], x[T - 1:], wref, fmt)
+        assert (y[1:] == SENTINEL).all()
+        return
+    fn = {"dual_silu": lambda lin: silu(lin(WREF)) * lin(w2ref), "dual_gelu": lambda lin: gelu_tanh(lin(WREF)) * lin(w2ref),
+          "bias_residual": lambda lin: lin(WREF) + kw["bias"] + kw["y0"],
+          "softcap": lambda lin: 2.0 * np.tanh(lin(WREF) / 2.0)}[fusion]
+    check(y[:T], x, wref, fmt, fn)
+    assert (y[T:] == SENTINEL).all()
+
+
+def test_blk_refuses_float_weights_and_unquantized_inputs():
+    gw, _ = make_weight(_weights(4, 64), "f16")
+    with pytest.raises(UnsupportedModelError, match="q8 and q4"):
+        LinearKernel(device(), "decode", gemv_blk.xq_desc("xq", 64, 1), TensorDesc("y", 4, 1), gw, variant="blk")
+    gq, _ = make_weight(_weights(4, 64), "q8")
+    with pytest.raises(ValueError, match="QuantizeKernel"):
+        LinearKernel(device(), "decode", TensorDesc("x", 64, 1), TensorDesc("y", 4, 1), gq, variant="blk")
+    with pytest.raises(ValueError, match="cannot quantize"):
+        QuantizeKernel(device(), TensorDesc("x", 48, 1), gemv_blk.xq_desc("xq", 48, 1), "q8")
+
+
+@pytest.mark.parametrize("fmt,I", [("q8", 96), ("q4", 96), ("q4", 1120)])
+def test_quantize_layout(fmt, I):
+    """The int8 words, scales and sums QuantizeKernel writes, decoded on the host (sliced input;
+    1120 channels take two workgroups per row)."""
+    T = 3
+    x = np.random.default_rng(5).standard_normal((T, I)).astype(np.float32) * 3
+    x[1, :32] = 0.0                                   # an all-zero block: scale 0, values 0
+    xd, qd = TensorDesc("x", I, CAP, layout="sliced"), gemv_blk.xq_desc("xq", I, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    from tests.gpu_util import run
+    run(QuantizeKernel(device(), xd, qd, fmt), [xb, qb], T)
+    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
+    nb = I // 32
+    q = words[:, :8 * nb].copy().view(np.int8).reshape(T, nb, 32).astype(np.float64)
+    if fmt == "q4":   # per 8 values: evens then odds
+        q = q.reshape(T, nb, 4, 2, 4).transpose(0, 1, 2, 4, 3).reshape(T, nb, 32)
+    nbp = (nb + 3) // 4 * 4
+    d = words[:, 8 * nb: 8 * nb + nb].view(np.float32)
+    ssum = words[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32)
+    xb32 = x.reshape(T, nb, 32)
+    np.testing.assert_allclose(d, np.abs(xb32).max(-1) / 127, rtol=1e-6)
+    np.testing.assert_allclose(ssum, xb32.sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(q, np.rint(quant_x(x).reshape(T, nb, 32) / np.where(d > 0, d, 1)[..., None]))
+    assert (q[1, 0] == 0).all() and d[1, 0] == 0
+
+
+def test_quantize_norm_partials():
+    """With the norm fused, QuantizeKernel scales by the norm weight and leaves partial sums of
+    x^2 (one per workgroup) that add up to the row's."""
+    T, I = 2, 2080
+    x = np.random.default_rng(6).standard_normal((T, I)).astype(np.float32)
+    nw = np.random.default_rng(7).standard_normal(I).astype(np.float32)
+    xd, qd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    from tests.gpu_util import run
+    k = QuantizeKernel(device(), xd, qd, "q8", pre_norm=(1e-5, 0.5))
+    run(k, [xb, qb, f32_buffer(nw)], T)
+    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
+    nb, nbp = I // 32, (I // 32 + 3) // 4 * 4
+    npart = gemv_blk.n_partials(I)
+    assert npart == 3
+    parts = words[:, 8 * nb + 2 * nbp: 8 * nb + 2 * nbp + npart].view(np.float32)
+    np.testing.assert_allclose(parts.sum(1), (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
+    u = (x * (nw + 0.5)).reshape(T, nb, 32)
+    np.testing.assert_allclose(words[:, 8 * nb: 8 * nb + nb].view(np.float32), np.abs(u).max(-1) / 127, rtol=1e-6)

@@ -1,0 +1,132 @@
+"""Code generation for the integer-dot-product decode GEMV (wgsl/matvec_blk.wgsl, variant "blk").
+
+The templates hold the structure (quantize.wgsl: RMSNorm + int8 quantization of activation rows;
+matvec_blk.wgsl: block loop and reduction); this module writes the unrolled parts: per-row bodies
+with named accumulators (arrays indexed in loops can end up in local memory) and the input
+quantization whose int8 packing matches each weight format's byte order for dot4I8Packed:
+  q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
+  q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
+      8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from ..errors import UnsupportedModelError
+
+FORMATS = ("q8", "q4")
+
+
+def supported(fmt: str, i: int) -> bool:
+    return fmt in FORMATS and i % 32 == 0
+
+
+def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
+    nb = i // 32
+    head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
+    if fmt == "q8":
+        return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}, 2) int8 x 16\n"
+                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;  // ({o}, {nb})\n")
+    if fmt == "q4":
+        return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
+                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
+    raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
+
+
+QWG = 256          # quantize.wgsl's workgroup: 32 blocks of 8 invocations
+
+
+def row_words(i: int) -> int:
+    """u32 words per row of a quantized activation (wgsl/quantize.wgsl's layout)."""
+    nb = i // 32
+    return 8 * nb + 2 * _ceil4(nb) + _ceil4(n_partials(i))
+
+
+def n_partials(i: int) -> int:
+    """Workgroups quantize.wgsl runs per row (each writes one partial sum of x^2)."""
+    return -(-(i // 4) // QWG)
+
+
+def _ceil4(n: int) -> int:
+    return (n + 3) // 4 * 4
+
+
+def xq_desc(name: str, i: int, rows: int):
+    """The arena tensor holding `rows` quantized activation rows of i channels."""
+    from ..tensor import TensorDesc
+    return TensorDesc(name, row_words(i), rows)
+
+
+def quantize_defines(fmt: str, i: int) -> dict:
+    nb = i // 32
+    return {"NB": nb, "NBP": _ceil4(nb), "STRIDE": row_words(i), "WG": QWG, "Q4": fmt == "q4"}
+
+
+def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
+    o = f"o{r}"
+    if fmt == "q8":
+        terms = [f"dot4I8Packed({n}a{r}.{c}, xa.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xb.{c})" for c in "xyzw"]
+        return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
+                f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
+                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scale[{o} * NB + b] * dx);"]
+    terms = []
+    for k, c in enumerate("xyzw"):
+        src = "xa" if k < 2 else "xb"
+        lo, hi = ("x", "y") if k % 2 == 0 else ("z", "w")
+        terms.append(f"dot4I8Packed({n}q{r}.{c} & 0x0F0F0F0Fu, {src}.{lo})")
+        terms.append(f"dot4I8Packed(({n}q{r}.{c} >> 4u) & 0x0F0F0F0Fu, {src}.{hi})")
+    return [f"    let {n}q{r} = {n}_data[{o} * NB + b];",
+            f"    let {n}m{r} = unpack2x16float({n}_sm[{o} * NB + b]);",
+            f"    {acc}{r} += {n}m{r}.x * dx * f32({' + '.join(terms)}) + {n}m{r}.y * sx;"]
+
+
+def row_body(fmt: str, rows: int, dual: bool) -> str:
+    L = [f"    let o{r} = min(o0 + {r}u, w_O - 1u);" for r in range(rows)]
+    for r in range(rows):
+        L += _row("w", "a", r, fmt)
+        if dual:
+            L += _row("w2", "g", r, fmt)
+    return "\n".join(L)
+
+
+def acc_decl(rows: int, dual: bool) -> str:
+    names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+    return "\n".join(f"  var {v} = 0.0;" for v in names)
+
+
+def reduce(rows: int, dual: bool, subgroups: bool) -> str:
+    """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r."""
+    names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+    if subgroups:
+        L = [f"  let {v}s = subgroupAdd({v});" for v in names]
+        L.append("  if (lane == 0u) {")
+        L += [f"    red[{k}u * WG + lid / sg] = {v}s;" for k, v in enumerate(names)]
+        L.append("  }")
+        L.append("  workgroupBarrier();")
+        L.append(f"  if (lid < {len(names)}u) {{")
+        L.append("    var tot = 0.0;")
+        L.append("    for (var k = 0u; k < WG / sg; k++) { tot += red[lid * WG + k]; }")
+        L.append("    red[lid * WG] = tot;")
+        L.append("  }")
+    else:
+        L = [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)]
+        L.append("  workgroupBarrier();")
+        L.append("  for (var k = WG / 2u; k > 0u; k >>= 1u) {")
+        L.append(f"    if (lid < k) {{ for (var r = 0u; r < {len(names)}u; r++) {{ red[r * WG + lid] += red[r * WG + lid + k]; }} }}")
+        L.append("    workgroupBarrier();")
+        L.append("  }")
+    L.append("  workgroupBarrier();")
+    L.append("  if (lid < ROWS && o0 + lid < w_O) {")
+    L.append(f"    epilogue(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
+    L.append("  }")
+    return "\n".join(L)
+
+
+def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool) -> dict:
+    nb = i // 32
+    return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + _ceil4(nb) // 4,
+            "P0": 8 * nb + 2 * _ceil4(nb), "NP": n_partials(i), "Q4": fmt == "q4",
+            "RED": max(wg, rows * (2 if dual else 1) * wg),
+            "ACC_DECL": acc_decl(rows, dual), "ROW_BODY": row_body(fmt, rows, dual), "REDUCE": reduce(rows, dual, subgroups),
+            "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
+            "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}
