@@ -99,10 +99,14 @@ def model_spec_label(src) -> tuple[str, str]:
     return getattr(src, "bench_name", None) or os.path.basename(str(src.path)), "+".join(fmts)
 
 
-def build_engine(dev, src, max_context: int, prefill_chunk: int = 256):
+INT8_CHOICES = {"auto": None, "on": True, "off": False}
+
+
+def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None):
     from .models.synthetic import NullTokenizer
     from .runtime.engine import Engine
-    return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk)
+    return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk,
+                  int8_activations=int8_activations)
 
 
 def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
@@ -136,7 +140,8 @@ def machine_info(dev) -> dict:
 # -- one model -----------------------------------------------------------------------------------
 
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
-                peers: bool = False, log=None, peer_cache: dict | None = None) -> list[dict]:
+                peers: bool = False, log=None, peer_cache: dict | None = None,
+                int8_activations: bool | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant."""
     from .models.footprint import decode_read_bytes, plan_weights
@@ -167,7 +172,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     log(f"loading {model} ({quant}) ...")
     eng = None
     try:
-        eng = build_engine(dev, src, max_ctx, prefill_chunk)
+        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations)
+        base["int8_activations"] = eng.model.int8
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
         generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4)         # compile + warm every kernel
         rows = []
@@ -281,7 +287,8 @@ def run_bench(args, dev=None, log=None) -> dict:
     results, peer_cache = [], {}
     for src in sources:
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
-                               peers=peers_ok, log=log, peer_cache=peer_cache)
+                               peers=peers_ok, log=log, peer_cache=peer_cache,
+                               int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")])
     for r in results:
         if r["peers"] is None:
             r["peers"] = {name: {"skipped": peers_note} for name in PEER_NAMES}
@@ -471,6 +478,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--roofline-mib", type=int, default=None,
                    help="streaming-read buffer (default 1024, --quick 16; capped by the binding limit)")
     p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
+                   help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")

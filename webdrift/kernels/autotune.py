@@ -27,6 +27,9 @@ CANDIDATES = (
     {"variant": "wide", "rows": 8, "wg": 256},
     {"variant": "wide", "rows": 32, "wg": 256},
 )
+# the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
+BLK_CANDIDATES = tuple({"variant": "blk", "rows": r, "wg": w}
+                       for r, w in ((2, 32), (4, 32), (2, 64), (4, 64), (8, 64), (2, 128), (4, 128), (4, 256)))
 _memory: dict[str, dict] = {}
 
 
@@ -50,7 +53,9 @@ def _load_file() -> dict:
     return {}
 
 
-def static_choice(dev: Device) -> dict:
+def static_choice(dev: Device, int8: bool = False) -> dict:
+    if int8:
+        return {"variant": "blk", "rows": 4, "wg": 64}
     if dev.info.is_cpu:
         return {"variant": "row", "rows": 1, "wg": 64}
     if dev.has_subgroups:
@@ -58,9 +63,10 @@ def static_choice(dev: Device) -> dict:
     return {"variant": "split", "rows": 4, "wg": 64}
 
 
-def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
-    """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused)."""
-    key = f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = False) -> dict:
+    """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
+    int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}{'|int8' if int8 else ''}"
     if key in _memory:
         return _memory[key]
     disk = _load_file()
@@ -68,15 +74,16 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
         _memory[key] = disk[key]
         return disk[key]
     if not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps"):
-        return static_choice(dev)
+        return static_choice(dev, int8)
+    from . import gemv_blk
     from .ops import LinearKernel
-    x = TensorDesc("x", w.i, 1)
+    x = gemv_blk.xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
     dev.write_buffer(sb, pack_step(1, 0))
     best, best_ns, timings = None, None, {}
-    for cand in CANDIDATES:
+    for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
         if cand["variant"] in ("subgroup", "wide") and not dev.has_subgroups:
             continue
         if cand["variant"] == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
@@ -87,17 +94,17 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True) -> dict:
         except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
             continue
         d = k.dispatch([sb, xb, yb] + w.buffers + (w2.buffers if w2 else []), k.workgroups(1))
-        dev.submit([d])                                  # warm up
-        rec = TimestampRecorder(3)
-        dev.submit([d, d, d], timestamps=rec)
+        dev.submit([d] * 8)                              # warm up (and let the clocks rise)
+        rec = TimestampRecorder(5)
+        dev.submit([d] * 5, timestamps=rec)
         dev.read_timestamps(rec)
-        ns = min(b - a for a, b in rec.ticks_ns)
+        ns = sorted(b - a for a, b in rec.ticks_ns)[2]  # the median
         timings[f"{cand['variant']}/{cand['rows']}/{cand['wg']}/{cand.get('unroll', 1)}"] = ns
         if ns > 0 and (best_ns is None or ns < best_ns):
             best, best_ns = cand, ns
     for b in (xb, yb, sb):
         dev.release_buffer(b)
-    best = dict(best or static_choice(dev))
+    best = dict(best or static_choice(dev, int8))
     _memory[key] = best
     p = _cache_path()
     if p:

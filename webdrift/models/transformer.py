@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
+from ..kernels import gemv_blk
 from ..kernels.autotune import choose_gemv
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
@@ -27,6 +28,7 @@ from ..kernels.ops import (
     AttentionKernel,
     EmbeddingKernel,
     LinearKernel,
+    QuantizeKernel,
     RMSNormKernel,
     RopeQKVKernel,
     SampleKernel,
@@ -88,7 +90,7 @@ class GPUModel:
     """Runtime weights + KV cache of one model on one device."""
 
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
-                 progress=None, autotune: bool = True):
+                 progress=None, autotune: bool = True, int8_activations: bool | None = None):
         self.dev, self.cfg, self.cap = dev, source.config, max_context
         cfg = self.cfg
         if cfg.n_heads % cfg.n_kv_heads:
@@ -115,6 +117,23 @@ class GPUModel:
         self.inv_freq_local = (self._f32_buffer(rope_inv_freq(cfg, cfg.rope_local_theta), "inv_freq_local")
                                if cfg.rope_local_theta else self.inv_freq)
         self._src = None
+        self.int8 = self._int8_choice(int8_activations)
+
+    def _int8_choice(self, wanted: bool | None) -> bool:
+        """Whether decode feeds q4/q8 layers int8 activations (QuantizeKernel + integer-dot GEMV).
+        Auto: on GPUs with packed integer dot products, when a layer's quantized weights are big
+        enough (>= 8 MiB) for the faster GEMV to repay the extra quantize dispatches."""
+        lw = self.layers[0]
+        mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+        ok = self.dev.has_dp4a and all(gemv_blk.supported(w.fmt, w.i) for w in mats)
+        if wanted is not None:
+            if wanted and not ok:
+                raise UnsupportedModelError(
+                    "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+                    f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
+                    f"adapter: {self.dev.has_dp4a})")
+            return wanted
+        return ok and not self.dev.info.is_cpu and sum(w.nbytes for w in mats) >= 8 << 20
 
     # -- loading ---------------------------------------------------------------------------
     def _check_memory(self) -> None:
@@ -222,6 +241,9 @@ class Program:
                  fuse: bool = True):
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.fuse = fuse   # fold each RMSNorm into the linear layer that consumes it
+        # decode on q4/q8 layers: int8 activations for the integer-dot GEMV (GPUModel decides)
+        self.int8 = stage == "decode" and model.int8
+        self.int8_head = self.int8 and gemv_blk.supported(model.output.fmt, model.output.i) and not all_logits
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.graph = self._build_graph(layout)
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
@@ -254,11 +276,21 @@ class Program:
         rows = T if self.all_logits else 1
         g.tensor("xl", cfg.dim, rows)
         g.tensor("logits", cfg.vocab_size, rows)
+        q8 = self.int8
+        if q8:   # int8 activation rows for the integer-dot GEMVs
+            for i in range(cfg.n_layers):
+                for nm, width in (("xqa", cfg.dim), ("xqo", cfg.q_dim), ("xqf", cfg.dim), ("xqd", cfg.ffn_dim)):
+                    g.tensor(f"{nm}{i}", gemv_blk.row_words(width), layout="linear")
+            if self.int8_head:
+                g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
 
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
         for i in range(cfg.n_layers):
-            if fuse:
+            if q8:
+                g.op(f"L{i}.norm+quant", ["x"], [f"xqa{i}"], ("quant", i, "attn"))
+                g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
+            elif fuse:
                 g.op(f"L{i}.norm+qkv", ["x"], [f"qkv{i}"], ("qkv", i))
             else:
                 g.op(f"L{i}.attn_norm", ["x"], [f"h{i}"], ("norm", i, "attn"))
@@ -266,22 +298,36 @@ class Program:
             g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
             g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
             g.op(f"L{i}.attn_combine", [f"part{i}"], [f"attn{i}"], ("combine", i))
+            o_in = f"attn{i}"
+            if q8:
+                g.op(f"L{i}.quant_o", [f"attn{i}"], [f"xqo{i}"], ("quant", i, "o"))
+                o_in = f"xqo{i}"
             if cfg.post_norms:
-                g.op(f"L{i}.o_proj", [f"attn{i}"], [f"proj{i}"], ("oproj", i))
+                g.op(f"L{i}.o_proj", [o_in], [f"proj{i}"], ("oproj", i))
                 g.op(f"L{i}.post_attn_norm", [f"proj{i}"], ["x"], ("postnorm", i, "attn"))
             else:
-                g.op(f"L{i}.o_proj+residual", [f"attn{i}", "x"], ["x"], ("oproj", i))
-            if fuse:
+                g.op(f"L{i}.o_proj+residual", [o_in, "x"], ["x"], ("oproj", i))
+            if q8:
+                g.op(f"L{i}.norm+quant_ffn", ["x"], [f"xqf{i}"], ("quant", i, "ffn"))
+                g.op(f"L{i}.gate_up+act", [f"xqf{i}"], [f"act{i}"], ("gateup", i))
+            elif fuse:
                 g.op(f"L{i}.norm+gate_up+act", ["x"], [f"act{i}"], ("gateup", i))
             else:
                 g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
                 g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
+            d_in = f"act{i}"
+            if q8:
+                g.op(f"L{i}.quant_down", [f"act{i}"], [f"xqd{i}"], ("quant", i, "down"))
+                d_in = f"xqd{i}"
             if cfg.post_norms:
-                g.op(f"L{i}.down", [f"act{i}"], [f"ffo{i}"], ("down", i))
+                g.op(f"L{i}.down", [d_in], [f"ffo{i}"], ("down", i))
                 g.op(f"L{i}.post_ffn_norm", [f"ffo{i}"], ["x"], ("postnorm", i, "ffn"))
             else:
-                g.op(f"L{i}.down+residual", [f"act{i}", "x"], ["x"], ("down", i))
-        if fuse:
+                g.op(f"L{i}.down+residual", [d_in, "x"], ["x"], ("down", i))
+        if q8 and self.int8_head:
+            g.op("norm+quant_head", ["x"], ["xql"], ("quant", None, "head"))
+            g.op("lm_head", ["xql"], ["logits"], ("lm_head",))
+        elif fuse and self.stage != "decode":   # decode: a separate norm (the LM head has many workgroups)
             g.op("norm+lm_head", ["x"], ["logits"], ("lm_head",))
         else:
             g.op("output_norm", ["x"], ["xl"], ("final_norm",))
@@ -306,7 +352,12 @@ class Program:
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
         def mv_for(w, w2=None):
-            return choose_gemv(dev, w, w2, enabled=m.autotune) if stage == "decode" else {}
+            return choose_gemv(dev, w, w2, enabled=m.autotune, int8=self.int8) if stage == "decode" else {}
+        quant_src = {"attn": lambda i: ("x", f"xqa{i}", m.layers[i].wqkv, m.layers[i].attn_norm),
+                     "o": lambda i: (f"attn{i}", f"xqo{i}", m.layers[i].wo, None),
+                     "ffn": lambda i: ("x", f"xqf{i}", m.layers[i].w_gate, m.layers[i].ffn_norm),
+                     "down": lambda i: (f"act{i}", f"xqd{i}", m.layers[i].w_down, None),
+                     "head": lambda i: ("x", "xql", m.output, m.output_norm)}
         ops = []
         for node in g.ops:
             kind = node.build[0]
@@ -327,14 +378,20 @@ class Program:
                 src = f"proj{i}" if which == "attn" else f"ffo{i}"
                 k = RMSNormKernel(dev, D(src), D("x"), cfg.norm_eps, cfg.norm_weight_offset, accumulate=True)
                 binds = [self.step_buf, a(src), a("x"), lw.post_attn_norm if which == "attn" else lw.post_ffn_norm]
+            elif kind == "quant":
+                src, dst, w, nw = quant_src[node.build[2]](node.build[1])
+                k = QuantizeKernel(dev, D(src), D(dst), w.fmt, pre_norm=nrm if nw is not None else None,
+                                   last_row=dst == "xql" and not self.all_logits)
+                binds = [self.step_buf, a(src), a(dst)] + ([nw] if nw is not None else [])
             elif kind == "qkv":
                 i = node.build[1]
                 lw = m.layers[i]
-                src = "x" if self.fuse else f"h{i}"
+                src = node.reads[0]
+                normed = src in ("x", f"xqa{i}")
                 k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                 pre_norm=nrm if self.fuse else None, **mv_for(lw.wqkv))
+                                 pre_norm=nrm if normed else None, **mv_for(lw.wqkv))
                 binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
-                binds += [lw.attn_norm] if self.fuse else []
+                binds += [lw.attn_norm] if src == "x" else []
             elif kind == "rope":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -360,36 +417,40 @@ class Program:
                 i = node.build[1]
                 lw = m.layers[i]
                 out = f"proj{i}" if cfg.post_norms else "x"
-                k = LinearKernel(dev, stage, D(f"attn{i}"), D(out), lw.wo, residual=not cfg.post_norms, **mv_for(lw.wo))
-                binds = [self.step_buf, a(f"attn{i}"), a(out)] + lw.wo.buffers
+                src = node.reads[0]
+                k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms, **mv_for(lw.wo))
+                binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers
             elif kind == "gateup":
                 i = node.build[1]
                 lw = m.layers[i]
-                src = "x" if self.fuse else f"h2_{i}"
+                src = node.reads[0]
+                normed = src in ("x", f"xqf{i}")
                 k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
-                                 pre_norm=nrm if self.fuse else None, **mv_for(lw.w_gate, lw.w_up))
+                                 pre_norm=nrm if normed else None, **mv_for(lw.w_gate, lw.w_up))
                 binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
-                binds += [lw.ffn_norm] if self.fuse else []
+                binds += [lw.ffn_norm] if src == "x" else []
             elif kind == "down":
                 i = node.build[1]
                 lw = m.layers[i]
                 out = f"ffo{i}" if cfg.post_norms else "x"
-                k = LinearKernel(dev, stage, D(f"act{i}"), D(out), lw.w_down, residual=not cfg.post_norms, **mv_for(lw.w_down))
-                binds = [self.step_buf, a(f"act{i}"), a(out)] + lw.w_down.buffers
+                src = node.reads[0]
+                k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms, **mv_for(lw.w_down))
+                binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
                                   last_row=not self.all_logits)
                 binds = [self.step_buf, a("x"), a("xl"), m.output_norm]
             elif kind == "lm_head":
                 lm_stage = "decode" if not self.all_logits else stage
-                lm = choose_gemv(dev, m.output, enabled=m.autotune) if lm_stage == "decode" else {}
+                src = node.reads[0]     # x (norm fused in), xl (normalised) or xql (quantized)
+                lm = (choose_gemv(dev, m.output, enabled=m.autotune, int8=src == "xql")
+                      if lm_stage == "decode" else {})
                 if lm.get("rows", 4) * dev.max_workgroups < m.output.o:
                     lm = dict(lm, rows=ceil_div(m.output.o, dev.max_workgroups))
-                src = "x" if self.fuse else "xl"
-                last = self.fuse and not self.all_logits
+                last = src in ("x", "xql") and not self.all_logits
                 k = LinearKernel(dev, lm_stage, D(src), D("logits"), m.output, softcap=cfg.final_logit_softcap,
-                                 pre_norm=nrm if self.fuse else None, x_last_row=last, **lm)
-                binds = [self.step_buf, a(src), a("logits")] + m.output.buffers + ([m.output_norm] if self.fuse else [])
+                                 pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
+                binds = [self.step_buf, a(src), a("logits")] + m.output.buffers + ([m.output_norm] if src == "x" else [])
             elif kind == "sample":
                 k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u")
                 binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf]

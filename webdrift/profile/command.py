@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--int8-activations", choices=("auto", "off", "on"), default="auto",
+                   help="decode q4/q8 layers from int8 activations (default auto)")
     p.add_argument("--no-kernels", action="store_true", help="host phases only (no GPU timestamps)")
     p.add_argument("--trace", default=None, metavar="PATH", help="write a Chrome trace (Perfetto) JSON")
     p.add_argument("--json", default=None, metavar="PATH", help="write the summary as JSON")
@@ -74,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_profile(args) -> int:
-    from ..bench import build_engine, open_real_source
+    from ..bench import INT8_CHOICES, build_engine, open_real_source
     from ..errors import InvalidArgumentError, WebdriftError
     from ..gpu.native import get_device
     from ..models.synthetic import synthetic_source
@@ -93,7 +95,8 @@ def cmd_profile(args) -> int:
             sys.stderr.write(f"the default model is not available ({e}); profiling --synthetic smollm2-135m\n")
             src = synthetic_source("smollm2-135m", args.quant)
     dev = get_device()
-    eng = build_engine(dev, src, args.prompt_tokens + args.new_tokens + 1, args.prefill_chunk)
+    eng = build_engine(dev, src, args.prompt_tokens + args.new_tokens + 1, args.prefill_chunk,
+                       INT8_CHOICES[args.int8_activations])
     res = run_profile(eng, args.prompt_tokens, args.new_tokens, kernels=not args.no_kernels)
     s = res["summary"]
     print(f"{src.path} on {dev.info.adapter}: prompt {args.prompt_tokens}, new {args.new_tokens}, load "

@@ -107,7 +107,8 @@ class Engine:
 
     def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
                  weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
-                 progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto"):
+                 progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
+                 int8_activations: bool | None = None):
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         limit = cfg.max_position or 2048
@@ -129,7 +130,8 @@ class Engine:
         self.max_context = max_context
         self.prefill_chunk = min(prefill_chunk, max_context)
         t0 = time.perf_counter()
-        self.model = GPUModel(dev, source, max_context, weight_format, progress, autotune=autotune)
+        self.model = GPUModel(dev, source, max_context, weight_format, progress, autotune=autotune,
+                              int8_activations=int8_activations)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
