@@ -1,5 +1,5 @@
 """AttentionKernel + AttentionCombineKernel (wgsl/attention.wgsl, attention_combine.wgsl) vs a
-numpy causal softmax attention with GQA grouping: positions crossing the 256-key chunks, sliding
+numpy causal softmax attention with GQA grouping: positions crossing the key chunks, sliding
 windows, attention soft-capping and the score scale. The caches are filled with random values
 directly: K (KVH, CAP, DH), V (KVH, DH, CAP); queries as q_rel (B = KVH, W = T * GROUP, C = DH)."""
 
@@ -66,9 +66,9 @@ def assert_close(got, ref):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])
+@pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (63, 1), (64, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])
 def test_attention_gqa(pos0, T):
-    """SmolLM2's heads (H=9, KVH=3, DH=64), CAP=512: decode and prefill, across the 256 split."""
+    """SmolLM2's heads (H=9, KVH=3, DH=64), CAP=512: decode and prefill, across the 64-key splits."""
     assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20))
 
 
@@ -110,16 +110,18 @@ def test_attention_partials_layout():
     q, kc, vc = random_inputs(KVH, 2, DH, cap, 3)
     q_d = TensorDesc("q", DH, 2, b=KVH)
     att = AttentionKernel(device(), q_d, H, KVH, DH, cap, 2, scale)
-    assert att.nsplit == 3
-    part = device().create_buffer(KVH * 2 * 3 * (DH + 2) * 4)
-    pos0 = 299                                   # rows at positions 299, 300: splits 0 and 1 visible
+    C = att.CHUNK
+    assert C == 64 and att.nsplit == 12          # 64-key chunks for head_dim <= 64
+    ns = att.nsplit
+    part = device().create_buffer(KVH * 2 * ns * (DH + 2) * 4)
+    pos0 = 299                                   # rows at positions 299, 300: splits 0-4 visible
     run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], 2, pos0=pos0)
-    got = read_f32(part, KVH * 2 * 3 * (DH + 2)).reshape(KVH, 2, 3, DH + 2)
+    got = read_f32(part, KVH * 2 * ns * (DH + 2)).reshape(KVH, 2, ns, DH + 2)
     for kvh in range(KVH):
         for row in range(2):
             p = pos0 + row
-            for split in range(3):
-                k0, k1 = 256 * split, min(256 * split + 256, p + 1)
+            for split in range(ns):
+                k0, k1 = C * split, min(C * split + C, p + 1)
                 if k0 > p:
                     assert got[kvh, row, split, DH] == np.float32(-3.0e38)
                     assert got[kvh, row, split, DH + 1] == 0

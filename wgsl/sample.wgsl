@@ -66,7 +66,8 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   if (step.temperature <= 0.0) {
     var best = -3.4e38;
     var bi = 0xffffffffu;
-    for (var i = i0; i < i1; i++) { let v = logit(i); if (v > best) { best = v; bi = i; } }
+    // strided (coalesced) scan: a thread sees its ids in increasing order, so `>` keeps the lowest
+    for (var i = lid; i < V; i += WG) { let v = logit(i); if (v > best) { best = v; bi = i; } }
     rf[lid] = best;
     ru[lid] = bi;
     workgroupBarrier();

@@ -36,7 +36,6 @@ from ..kernels.ops import (
 from ..kernels.weights import GPUWeight
 from .config import ModelConfig
 
-CHUNK = AttentionKernel.CHUNK
 
 
 @dataclass
@@ -260,7 +259,7 @@ class Program:
         m, cfg = self.model, self.model.cfg
         g = Graph(self.capacity, layout)
         group = cfg.n_heads // cfg.n_kv_heads
-        nsplit = ceil_div(m.cap, CHUNK)
+        nsplit = ceil_div(m.cap, AttentionKernel.chunk_for(cfg.head_dim))
         g.tensor("x", cfg.dim)
         for i in range(cfg.n_layers):
             g.tensor(f"h{i}", cfg.dim)
@@ -348,7 +347,7 @@ class Program:
         stage = "decode" if self.stage == "decode" else "prefill"
         group = cfg.n_heads // cfg.n_kv_heads
         rows_cap = self.capacity * group
-        nsplit = ceil_div(m.cap, CHUNK)
+        nsplit = ceil_div(m.cap, AttentionKernel.chunk_for(cfg.head_dim))
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
         def mv_for(w, w2=None):
