@@ -8,19 +8,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu_util import device, read_u32, run, run_steps, upload
-from webdrift.kernels.ops import SampleKernel
+from tests.gpu_util import device, read_u32, run, run_steps, step_buffer, upload, write_step
+from webdrift.kernels.ops import ArgmaxKernel, SampleKernel
 from webdrift.tensor import TensorDesc
 
 _kernels: dict = {}
 
 
-def sampler(V: int, rows: int = 1):
-    """(kernel, logits desc): one compiled kernel per vocabulary size (compiles are slow on lavapipe)."""
-    if (V, rows) not in _kernels:
+def sampler(V: int, rows: int = 1, span: int = 0):
+    """(kernel, logits desc, argmax kernel or None): compiled once per vocabulary size (compiles
+    are slow on lavapipe); span > 0: greedy through ArgmaxKernel's per-span maxima."""
+    if (V, rows, span) not in _kernels:
         d = TensorDesc("logits", V, rows)
-        _kernels[(V, rows)] = (SampleKernel(device(), d, V), d)
-    return _kernels[(V, rows)]
+        am = ArgmaxKernel(device(), d, V, span=span) if span else None
+        _kernels[(V, rows, span)] = (SampleKernel(device(), d, V, partials=am.n_parts if am else 0), d, am)
+    return _kernels[(V, rows, span)]
 
 
 def u32_zeros(n):
@@ -31,13 +33,36 @@ def u32_zeros(n):
 
 # -- greedy --------------------------------------------------------------------------------------
 
-def greedy(logits: np.ndarray, step: int = 0) -> tuple[int, int, int]:
+def greedy(logits: np.ndarray, step: int = 0, span: int = 0) -> tuple[int, int, int]:
     """(token from out_tokens[step], ids[0], rows) for logits (rows, V); samples row rows - 1."""
     rows, V = logits.shape
-    k, d = sampler(V, rows)
+    k, d, am = sampler(V, rows, span)
     out, ids = u32_zeros(step + 1), u32_zeros(4)
-    run(k, [upload(d, logits), out, ids], rows, step=step, temperature=0.0)
+    lb = upload(d, logits)
+    if am is None:
+        run(k, [lb, out, ids], rows, step=step, temperature=0.0)
+    else:
+        part = u32_zeros(2 * am.n_parts)
+        write_step(rows, step=step, temperature=0.0)
+        device().submit([am.dispatch([step_buffer(), lb, part], am.workgroups()),
+                         k.dispatch([step_buffer(), lb, out, ids, part], k.workgroups())])
     return int(read_u32(out)[step]), int(read_u32(ids)[0]), rows
+
+
+@pytest.mark.parametrize("V,span", [(50, 0), (257, 0), (1000, 0), (1000, 256), (5000, 300)])
+def test_greedy_argmax_spans(V, span):
+    """Through ArgmaxKernel's per-span maxima (several spans; a partial last one) and ties across
+    spans (lowest id wins)."""
+    rng = np.random.default_rng(V + span)
+    for where in (0, V - 1, V // 2 + 1, 37, span):
+        lg = rng.standard_normal((2, V)).astype(np.float32) - 50
+        lg[1, where] = 0.0
+        lg[0, 3] = 10.0                                          # another row: not sampled
+        assert greedy(lg, step=2, span=span)[:2] == (where, where)
+    if span:
+        lg = rng.standard_normal((1, V)).astype(np.float32)
+        lg[0, [span + 1, 2 * span + 3, V - 1]] = 7.0
+        assert greedy(lg, span=span)[0] == span + 1
 
 
 @pytest.mark.parametrize("V", [50, 257, 1000])
@@ -98,7 +123,7 @@ def top_p_keeping(logits, temperature, top_k, n_keep) -> float:
 
 def draw(logits, n, seed=7, step0=0, **params) -> np.ndarray:
     V = logits.size
-    k, d = sampler(V)
+    k, d, _ = sampler(V)
     out, ids = u32_zeros(step0 + n), u32_zeros(4)
     steps = [dict(n_tokens=1, pos0=0, step=step0 + i, seed=seed, **params) for i in range(n)]
     run_steps(k, [upload(d, logits[None]), out, ids], steps)

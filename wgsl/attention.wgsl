@@ -10,7 +10,7 @@
 {{STEP_DECL}}
 {{Q_DECL}}
 @group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
-@group(0) @binding(3) var<storage, read_write> vc: array<f32>;   // (KVH, DH, CAP)
+@group(0) @binding(3) var<storage, read_write> vc: array<vec4<f32>>;   // (KVH, DH, CAP / 4), CAP % 4 == 0
 @group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
 const DH: u32 = {{DH}}u;
 const GROUP: u32 = {{GROUP}}u;
@@ -23,7 +23,7 @@ const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
 const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
 const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
-var<workgroup> sc: array<f32, {{CHUNK}}>;
+var<workgroup> sc: array<vec4<f32>, {{CHUNK4}}>;
 var<workgroup> red: array<f32, {{CHUNK}}>;
 
 @compute @workgroup_size({{CHUNK}})
@@ -64,7 +64,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   var e = 0.0;
   if (k <= p && k >= lo) { e = exp(s - m); }
-  sc[lid] = e;
+  sc[lid / 4u][lid % 4u] = e;
   red[lid] = e;
   workgroupBarrier();
   for (var st = CHUNK / 2u; st > 0u; st >>= 1u) {
@@ -74,15 +74,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lsum = red[0];
   let nvis = min(p + 1u - k0, CHUNK);              // keys k0 .. k0 + nvis - 1 may be visible
   // out[d] = sum_j e_j V[d][k0 + j]: invocation (d, g) sums its group's keys (each streams its own
-  // contiguous run of V row d), then the NJ group sums are added through workgroup memory.
+  // contiguous run of V row d, four keys per load, in four independent chains), then the NJ group
+  // sums are added through workgroup memory. Keys past nvis have e = 0 (JL and CAP are multiples
+  // of 4, so the rounded-up run stays inside row d and inside the group).
   workgroupBarrier();
   let d = lid % DH;
   let g = lid / DH;
   var acc = 0.0;
   if (g < NJ) {
-    let vb = (kvh * DH + d) * CAP + k0;
-    let j1 = min((g + 1u) * JL, nvis);
-    for (var j = g * JL; j < j1; j++) { acc += sc[j] * vc[vb + j]; }
+    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
+    let j0 = g * JL / 4u;
+    let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
+    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+    var j = j0;
+    for (; j + 4u <= j1; j += 4u) {
+      acc += dot(sc[j], vc[vb + j]);
+      a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
+      a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
+      a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
+    }
+    for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
+    acc += (a1 + a2) + a3;
   }
   red[lid] = acc;
   workgroupBarrier();

@@ -1,5 +1,6 @@
 // Sampling on the GPU: one workgroup of 256 threads over the vocabulary of one logits row.
-//   temperature <= 0 : greedy argmax (ties -> lowest id, like torch.argmax)
+//   temperature <= 0 : greedy argmax (ties -> lowest id, like torch.argmax); with NPART, from the
+//                      per-span maxima argmax.wgsl wrote (many workgroups) instead of a full scan
 //   otherwise        : softmax(l / temperature), keep the top_k highest (top_k = 0: all), then
 //                      the smallest top set whose mass >= top_p, and draw with a counter-based
 //                      RNG of (seed, step). Thresholds are found exactly by bisection over
@@ -10,6 +11,10 @@
 {{L_DECL}}
 @group(0) @binding(2) var<storage, read_write> out_tokens: array<u32>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
+#if NPART
+@group(0) @binding(4) var<storage, read_write> part: array<u32>;   // argmax.wgsl's (value, id) per span
+const NPART: u32 = {{NPART}}u;
+#endif
 const V: u32 = {{V}}u;
 const WG: u32 = 256u;
 const CH: u32 = {{CH}}u;      // contiguous chunk per thread = ceil(V / WG)
@@ -66,8 +71,16 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   if (step.temperature <= 0.0) {
     var best = -3.4e38;
     var bi = 0xffffffffu;
+#if NPART
+    // the spans' maxima (argmax.wgsl); spans are in id order, so `>` keeps the lowest id
+    for (var k = lid; k < NPART; k += WG) {
+      let v = bitcast<f32>(part[2u * k]);
+      if (v > best) { best = v; bi = part[2u * k + 1u]; }
+    }
+#else
     // strided (coalesced) scan: a thread sees its ids in increasing order, so `>` keeps the lowest
     for (var i = lid; i < V; i += WG) { let v = logit(i); if (v > best) { best = v; bi = i; } }
+#endif
     rf[lid] = best;
     ru[lid] = bi;
     workgroupBarrier();

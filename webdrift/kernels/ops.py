@@ -193,7 +193,9 @@ class AttentionKernel(Kernel):
         self.nsplit = ceil_div(cap, self.CHUNK)
         self.group, self.n_kv = n_heads // n_kv, n_kv
         nj = self.CHUNK // head_dim
-        d = {"STEP_DECL": STEP_DECL,
+        if cap % 4 or ceil_div(self.CHUNK, nj) % 4:
+            raise ValueError(f"attention reads V four keys at a time: cache rows {cap} must be a multiple of 4")
+        d = {"STEP_DECL": STEP_DECL, "CHUNK4": self.CHUNK // 4,
              "Q_DECL": accessor_wgsl(q_rel, 1, "q"),
              "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": ceil_div(self.CHUNK, nj),
              "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
@@ -223,11 +225,25 @@ class AttentionCombineKernel(Kernel):
 class SampleKernel(Kernel):
     template = "sample"
 
-    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row"):
+    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", partials: int = 0):
+        """partials: the number of ArgmaxKernel spans greedy sampling reduces (binding 4); 0: scan."""
         d = {"STEP_DECL": STEP_DECL,
              "L_DECL": accessor_wgsl(logits, 1, "l"),
-             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row}
-        super().__init__(dev, d, (UNI, RW, RW, RW), "sample")
+             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row, "NPART": partials}
+        super().__init__(dev, d, (UNI, RW, RW, RW) + ((RW,) if partials else ()), "sample")
 
     def workgroups(self, t: int = 1):
         return (1, 1, 1)
+
+
+class ArgmaxKernel(Kernel):
+    """Greedy sampling's first phase (wgsl/argmax.wgsl): the maximum of each SPAN of logits."""
+    template = "argmax"
+
+    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", span: int = 4096):
+        self.n_parts = ceil_div(vocab, span)
+        d = {"STEP_DECL": STEP_DECL, "L_DECL": accessor_wgsl(logits, 1, "l"), "V": vocab, "SPAN": span, "LROW": row}
+        super().__init__(dev, d, (UNI, RW, RW), "argmax")
+
+    def workgroups(self, t: int = 1):
+        return (self.n_parts, 1, 1)

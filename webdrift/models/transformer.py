@@ -24,6 +24,7 @@ from ..kernels.autotune import choose_gemv
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
 from ..kernels.ops import (
+    ArgmaxKernel,
     AttentionCombineKernel,
     AttentionKernel,
     EmbeddingKernel,
@@ -35,7 +36,6 @@ from ..kernels.ops import (
 )
 from ..kernels.weights import GPUWeight
 from .config import ModelConfig
-
 
 
 @dataclass
@@ -91,6 +91,7 @@ class GPUModel:
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
                  progress=None, autotune: bool = True, int8_activations: bool | None = None):
         self.dev, self.cfg, self.cap = dev, source.config, max_context
+        self.cap_stride = (max_context + 3) // 4 * 4   # KV cache rows per head (attention reads V as vec4)
         cfg = self.cfg
         if cfg.n_heads % cfg.n_kv_heads:
             raise UnsupportedModelError(f"{source.path}: {cfg.n_heads} heads is not a multiple of {cfg.n_kv_heads} KV heads")
@@ -206,7 +207,7 @@ class GPUModel:
                 self.dev.submit([], copies=[(tmp.buffers[0], 0, bqkv, off, 4 * b.shape[0])])
                 self.dev.release_buffer(tmp.buffers[0])
                 off += 4 * b.shape[0]
-        cap, dh, kvh = self.cap, cfg.head_dim, cfg.n_kv_heads
+        cap, dh, kvh = self.cap_stride, cfg.head_dim, cfg.n_kv_heads
         lw = LayerWeights(
             attn_norm=self._vector(p + "attn_norm.weight"),
             wqkv=self._matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], p + "wqkv"),
@@ -259,7 +260,7 @@ class Program:
         m, cfg = self.model, self.model.cfg
         g = Graph(self.capacity, layout)
         group = cfg.n_heads // cfg.n_kv_heads
-        nsplit = ceil_div(m.cap, AttentionKernel.chunk_for(cfg.head_dim))
+        nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
         g.tensor("x", cfg.dim)
         for i in range(cfg.n_layers):
             g.tensor(f"h{i}", cfg.dim)
@@ -332,7 +333,9 @@ class Program:
             g.op("output_norm", ["x"], ["xl"], ("final_norm",))
             g.op("lm_head", ["xl"], ["logits"], ("lm_head",))
         if not self.all_logits:
-            g.op("sample", ["logits"], [], ("sample",))
+            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), 1, layout="linear")
+            g.op("argmax", ["logits"], ["amax"], ("argmax",))
+            g.op("sample", ["logits", "amax"], [], ("sample",))
         return g
 
     # -- kernels and bind groups (built once) ------------------------------------------------
@@ -347,7 +350,7 @@ class Program:
         stage = "decode" if self.stage == "decode" else "prefill"
         group = cfg.n_heads // cfg.n_kv_heads
         rows_cap = self.capacity * group
-        nsplit = ceil_div(m.cap, AttentionKernel.chunk_for(cfg.head_dim))
+        nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
         def mv_for(w, w2=None):
@@ -360,7 +363,7 @@ class Program:
         ops = []
         for node in g.ops:
             kind = node.build[0]
-            head = node.label in ("output_norm", "lm_head", "norm+lm_head", "sample")
+            head = node.label in ("output_norm", "lm_head", "norm+lm_head", "norm+quant_head", "argmax", "sample")
             nrm = (cfg.norm_eps, cfg.norm_weight_offset)
             if kind == "embed":
                 k = EmbeddingKernel(dev, m.tok_embd, D("x"), cfg.embed_scale)
@@ -394,7 +397,7 @@ class Program:
             elif kind == "rope":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = RopeQKVKernel(dev, D(f"qkv{i}"), D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap,
+                k = RopeQKVKernel(dev, D(f"qkv{i}"), D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
                                   rope_half=cfg.rope_style == "half", qk_norm=cfg.qk_norm, eps=cfg.norm_eps,
                                   w_offset=cfg.norm_weight_offset)
                 freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
@@ -404,7 +407,7 @@ class Program:
             elif kind == "attn":
                 i = node.build[1]
                 lw = m.layers[i]
-                k = AttentionKernel(dev, D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap, rows_cap,
+                k = AttentionKernel(dev, D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, rows_cap,
                                     scale, window=cfg.sliding_window if cfg.layer_is_sliding(i) else 0)
                 binds = [self.step_buf, a(f"q{i}"), lw.k_cache, lw.v_cache, a(f"part{i}")]
             elif kind == "combine":
@@ -450,9 +453,12 @@ class Program:
                 k = LinearKernel(dev, lm_stage, D(src), D("logits"), m.output, softcap=cfg.final_logit_softcap,
                                  pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
                 binds = [self.step_buf, a(src), a("logits")] + m.output.buffers + ([m.output_norm] if src == "x" else [])
+            elif kind == "argmax":
+                k = ArgmaxKernel(dev, D("logits"), cfg.vocab_size, row="0u")
+                binds = [self.step_buf, a("logits"), a("amax")]
             elif kind == "sample":
-                k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u")
-                binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf]
+                k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u", partials=ceil_div(cfg.vocab_size, 4096))
+                binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf, a("amax")]
             else:  # pragma: no cover
                 raise AssertionError(kind)
             bg = dev.create_bind_group(k.pipeline, binds)
