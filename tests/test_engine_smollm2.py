@@ -111,12 +111,20 @@ def test_int8_activations_teacher_forced(engine_int8, ref_model):
 
 @pytest.mark.parametrize("prompt", PROMPTS[1:])
 def test_int8_activations_greedy(engine_int8, ref_model, prompt):
+    """Greedy with int8 activations may take the other branch at a near-tie (the kernels' rounding
+    differs from fp32), so each chosen token is checked against transformers' logits on the same
+    prefix: it must be the reference's top token or within 1.5 logits of it."""
     model, tok = ref_model
     ids = tok.encode(prompt)
-    out = engine_int8.generate(prompt, max_new_tokens=8, temperature=0.0, stop_at_eos=False)
+    out = engine_int8.generate(prompt, max_new_tokens=12, temperature=0.0, stop_at_eos=False)
+    seq = ids + out.token_ids
     with torch.no_grad():
-        g = model.generate(torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
-    assert out.token_ids == g[0, len(ids):].tolist()
+        ref = model(torch.tensor([seq])).logits[0].numpy()
+    for k, t in enumerate(out.token_ids):
+        row = ref[len(ids) + k - 1]
+        assert row.max() - row[t] <= 1.5, (k, t, int(row.argmax()), float(row.max() - row[t]))
+    agree = sum(int(ref[len(ids) + k - 1].argmax() == t) for k, t in enumerate(out.token_ids))
+    assert agree >= 10, agree
 
 
 def test_int8_activations_choice(engine, smollm2_gguf_path):

@@ -1,6 +1,8 @@
 // Attention phase 2: merge the per-chunk partials of each query row (log-sum-exp rescaling)
 // and write the heads back to token-major order: out[t, h * DH + d], h = kvh * GROUP + g.
-// Dispatch: (T * GROUP, KVH), DH threads (up to 256) per workgroup.
+// The chunks' maxima and sums are read once, in parallel, into workgroup memory; each output
+// channel then sums its NSPLIT partials in four independent chains.
+// Dispatch: (T * GROUP, KVH), WG threads per workgroup.
 {{STEP_DECL}}
 @group(0) @binding(1) var<storage, read_write> part: array<f32>;  // (KVH, ROWS_CAP, NSPLIT, DH + 2)
 {{OUT_DECL}}
@@ -9,6 +11,12 @@ const GROUP: u32 = {{GROUP}}u;
 const NSPLIT: u32 = {{NSPLIT}}u;
 const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const WG: u32 = {{WG}}u;
+var<workgroup> ms: array<f32, {{NSPLIT}}>;   // chunk maxima, then their weights exp(m_s - m)
+var<workgroup> ls: array<f32, {{NSPLIT}}>;   // chunk sums, then weighted
+
+// weight s times partial p; a chunk with no visible key wrote only (m, l): its accumulator words
+// hold whatever the arena had there (possibly NaN bit patterns), so they are selected away
+fn wpart(s: u32, p: u32) -> f32 { return select(0.0, ms[s] * part[p], ms[s] > 0.0); }
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -16,21 +24,35 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.y;
   if (row >= step.n_tokens * GROUP) { return; }
   let base = (kvh * ROWS_CAP + row) * NSPLIT * (DH + 2u);
-  var m = -3.0e38;
-  for (var s = 0u; s < NSPLIT; s++) { m = max(m, part[base + s * (DH + 2u) + DH]); }
-  var l = 0.0;
-  for (var s = 0u; s < NSPLIT; s++) {
-    let ms = part[base + s * (DH + 2u) + DH];
-    if (ms > -1.0e38) { l += exp(ms - m) * part[base + s * (DH + 2u) + DH + 1u]; }
+  for (var s = lid; s < NSPLIT; s += WG) {
+    ms[s] = part[base + s * (DH + 2u) + DH];
+    ls[s] = part[base + s * (DH + 2u) + DH + 1u];
   }
+  workgroupBarrier();
+  var m = -3.0e38;
+  for (var s = 0u; s < NSPLIT; s++) { m = max(m, ms[s]); }
+  workgroupBarrier();
+  for (var s = lid; s < NSPLIT; s += WG) {
+    let w = select(0.0, exp(ms[s] - m), ms[s] > -1.0e38);   // chunks with no visible key weigh 0
+    ms[s] = w;
+    ls[s] = w * ls[s];
+  }
+  workgroupBarrier();
+  var l = 0.0;
+  for (var s = 0u; s < NSPLIT; s++) { l += ls[s]; }
   let t = row / GROUP;
   let h = kvh * GROUP + row % GROUP;
   for (var d = lid; d < DH; d += WG) {
-    var acc = 0.0;
-    for (var s = 0u; s < NSPLIT; s++) {
-      let ms = part[base + s * (DH + 2u) + DH];
-      if (ms > -1.0e38) { acc += exp(ms - m) * part[base + s * (DH + 2u) + d]; }
+    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+    var s = 0u;
+    for (; s + 4u <= NSPLIT; s += 4u) {
+      let p = base + s * (DH + 2u) + d;
+      a0 += wpart(s, p);
+      a1 += wpart(s + 1u, p + DH + 2u);
+      a2 += wpart(s + 2u, p + 2u * (DH + 2u));
+      a3 += wpart(s + 3u, p + 3u * (DH + 2u));
     }
-    out_write1(0u, t, 0u, h * DH + d, acc / l);
+    for (; s < NSPLIT; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
+    out_write1(0u, t, 0u, h * DH + d, ((a0 + a1) + (a2 + a3)) / l);
   }
 }
