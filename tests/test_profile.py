@@ -83,7 +83,7 @@ def test_summary_adds_up(profiled):
     h = s["host"]
     assert h["decode_step_ms"]["n"] == NEW - 1 and h["decode_step_ms"]["min"] > 0
     assert h["host_overhead_us_per_step"]["n"] == NEW - 1 and h["time_to_first_token_ms"] > 0
-    assert set(s["runs"]) == {"off", "phases", "phases+kernels"}
+    assert set(s["runs"]) == {"off", "phases", "phases+kernels", "phases+steps"}
     for r in s["runs"].values():
         assert r["new_tokens"] == NEW and r["decode_tokens_per_s"] > 0
 
@@ -144,3 +144,19 @@ def test_disabled_profiler_costs_nothing_measurable():
     per_step_us = (time.perf_counter_ns() - t0) / n / 1e3
     assert per_step_us < 25.0         # ~1.5 us on a desktop, ~6 us on a 2-core CI VM: far below a decode step
     assert DISABLED.spans == [] and DISABLED.batches == []
+
+
+def test_whole_step_timing(profiled):
+    """run_profile's fourth run times each decode submit as one pass: one (start, end) per step,
+    in order and not overlapping, and busy + idle = span."""
+    eng, res = profiled
+    gs = res["summary"]["gpu_steps"]
+    assert gs["submits"] == NEW - 1                     # the first token comes from prefill
+    assert abs(gs["busy_pct"] + gs["idle_pct"] - 100.0) < 0.05
+    assert gs["span_ms"] > 0 and gs["busy_pct"] > 0
+    prof = Profiler.for_device(eng.dev, kernels=True, steps=True)
+    from webdrift.profile.command import profile_generation
+    profile_generation(eng, [1, 2, 3], 4, prof)
+    dec = [b for b in prof.batches if b.stage == "decode"]
+    assert dec and all(len(b.kernels) == 1 and b.kernels[0][1] < b.kernels[0][2] for b in dec)
+    assert all(a.kernels[0][2] <= b.kernels[0][1] for a, b in pairwise(dec))   # steps do not overlap

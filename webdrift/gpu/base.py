@@ -149,10 +149,13 @@ class Device:
 
 
 class TimestampRecorder:
-    """Collects GPU timestamps around each dispatch (backend fills `ticks`)."""
+    """Collects GPU timestamps around each dispatch (backend fills `ticks`); whole=True: one
+    (start, end) pair around the whole submit instead (native backend; the others time each
+    dispatch)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, whole: bool = False):
         self.capacity = capacity
+        self.whole = whole
         self.labels: list[str] = []
         self.ticks_ns: list[tuple[int, int]] = []
 

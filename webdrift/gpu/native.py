@@ -218,31 +218,17 @@ class NativeDevice(Device):
         enc = self._dev.create_command_encoder()
         if timestamps is None:
             cp = enc.begin_compute_pass()
-            if _lib is not None:
-                # wgpu-py's set_bind_group allocates a cffi array per call (~10 us); a decode step
-                # is hundreds of dispatches, so encode through the C API with cached raw handles.
-                h, null = cp._internal, _ffi.NULL
-                set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
-                disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
-                last_p = None
-                for d in dispatches:
-                    raw = d.raw
-                    if raw is None:
-                        raw = d.raw = (d.pipeline.handle._internal, d.bind_group.handle._internal) + tuple(d.workgroups)
-                    if raw[0] is not last_p:
-                        set_p(h, raw[0])
-                        last_p = raw[0]
-                    set_bg(h, 0, raw[1], 0, null)
-                    disp(h, raw[2], raw[3], raw[4])
-            else:
-                last_p = None
-                for d in dispatches:
-                    if d.pipeline is not last_p:
-                        cp.set_pipeline(d.pipeline.handle)
-                        last_p = d.pipeline
-                    cp.set_bind_group(0, d.bind_group.handle)
-                    cp.dispatch_workgroups(*d.workgroups)
+            self._encode_pass(cp, dispatches)
             cp.end()
+        elif timestamps.whole:   # one pass, timestamps at its start and end (a decode step's GPU span)
+            qs = self._dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
+                                                          "end_of_pass_write_index": 1})
+            self._encode_pass(cp, dispatches)
+            cp.end()
+            resolve = self._dev.create_buffer(size=16, usage=_U.QUERY_RESOLVE | _U.COPY_SRC)
+            enc.resolve_query_set(qs, 0, 2, resolve, 0)
+            timestamps._pending = (resolve, [f"step of {len(dispatches)} kernels"])
         else:
             self._encode_timed(enc, dispatches, timestamps)
         for src, so, dst, do, n in copies or ():
@@ -253,6 +239,32 @@ class NativeDevice(Device):
             return None
         arr = _ffi.new("WGPUCommandBuffer[]", [cb._internal])
         return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
+
+    def _encode_pass(self, cp, dispatches: list[Dispatch]) -> None:
+        if _lib is not None:
+            # wgpu-py's set_bind_group allocates a cffi array per call (~10 us); a decode step
+            # is hundreds of dispatches, so encode through the C API with cached raw handles.
+            h, null = cp._internal, _ffi.NULL
+            set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
+            disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
+            last_p = None
+            for d in dispatches:
+                raw = d.raw
+                if raw is None:
+                    raw = d.raw = (d.pipeline.handle._internal, d.bind_group.handle._internal) + tuple(d.workgroups)
+                if raw[0] is not last_p:
+                    set_p(h, raw[0])
+                    last_p = raw[0]
+                set_bg(h, 0, raw[1], 0, null)
+                disp(h, raw[2], raw[3], raw[4])
+        else:
+            last_p = None
+            for d in dispatches:
+                if d.pipeline is not last_p:
+                    cp.set_pipeline(d.pipeline.handle)
+                    last_p = d.pipeline
+                cp.set_bind_group(0, d.bind_group.handle)
+                cp.dispatch_workgroups(*d.workgroups)
 
     def _encode_timed(self, enc, dispatches: list[Dispatch], rec: TimestampRecorder) -> None:
         n = len(dispatches)

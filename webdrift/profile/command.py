@@ -45,6 +45,11 @@ def run_profile(eng, prompt_tokens: int, new_tokens: int, kernels: bool = True) 
     if timed.kernels:
         st, _ = profile_generation(eng, ids, new_tokens, timed)
         runs["phases+kernels"] = st.as_dict()
+    stepped = None
+    if timed.kernels and hasattr(eng.dev, "read_timestamps"):   # GPU busy / idle per whole step
+        stepped = Profiler.for_device(eng.dev, kernels=True, steps=True)
+        st, _ = profile_generation(eng, ids, new_tokens, stepped)
+        runs["phases+steps"] = st.as_dict()
     off, on = runs["off"]["decode_tokens_per_s"], runs["phases"]["decode_tokens_per_s"]
     overhead = {"decode_pct": round(100.0 * (off - on) / off, 2) if off and on else None}
     p_off, p_on = runs["off"]["prefill_s"], runs["phases"]["prefill_s"]
@@ -53,6 +58,9 @@ def run_profile(eng, prompt_tokens: int, new_tokens: int, kernels: bool = True) 
     summary = summarize(timed, tl) if timed.kernels else {"gpu": {}}
     summary["host"] = summarize(host, Timeline(host))["host"]
     summary["phases"] = phase_table(summary)
+    if stepped is not None:
+        dec = summarize(stepped, Timeline(stepped))["gpu"].get("decode", {})
+        summary["gpu_steps"] = {k: dec.get(k) for k in ("submits", "span_ms", "busy_pct", "idle_pct", "step_gap_us")}
     summary["runs"] = runs
     summary["phase_profiling_overhead"] = overhead
     if not timed.kernels:

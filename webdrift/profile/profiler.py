@@ -83,21 +83,24 @@ class Profiler:
     """Collects host phase spans and GPU kernel timestamps of one or more generations.
 
     enabled: record host phases. kernels: also time every dispatch with GPU timestamps (needs
-    the adapter's timestamp-query feature; see `for_device`).
+    the adapter's timestamp-query feature; see `for_device`). steps: time each submit as a
+    whole instead (one pass with a timestamp at each end; native backend): the GPU's busy and
+    idle time between decode steps without the per-kernel passes' overhead.
     """
 
-    def __init__(self, enabled: bool = True, kernels: bool = False):
+    def __init__(self, enabled: bool = True, kernels: bool = False, steps: bool = False):
         self.enabled = bool(enabled)
         self.kernels = bool(enabled and kernels)
+        self.steps = bool(self.kernels and steps)
         self.spans: list[Span] = []
         self.batches: list[GPUBatch] = []
         self.t_start = _now()
 
     @classmethod
-    def for_device(cls, dev, kernels: bool = True) -> Profiler:
-        """A profiler that times kernels only where the device can (timestamp-query)."""
+    def for_device(cls, dev, kernels: bool = True, steps: bool = False) -> Profiler:
+        """A profiler that times kernels (or whole steps) only where the device can (timestamp-query)."""
         return cls(True, kernels and getattr(dev, "has_timestamps", False)
-                   and (hasattr(dev, "read_timestamps") or hasattr(dev, "aread_timestamps")))
+                   and (hasattr(dev, "read_timestamps") or hasattr(dev, "aread_timestamps")), steps=steps)
 
     def __bool__(self) -> bool:
         return self.enabled
@@ -113,7 +116,7 @@ class Profiler:
         """A TimestampRecorder for the next submit (pass it as `timestamps=`), or None."""
         if not self.kernels:
             return None
-        rec = TimestampRecorder(n_dispatches)
+        rec = TimestampRecorder(n_dispatches, whole=self.steps)
         self.batches.append(GPUBatch(stage, _now(), rec, args))
         return rec
 

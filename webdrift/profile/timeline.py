@@ -235,4 +235,9 @@ def format_summary(summary: dict) -> str:
         for name, f in g["families"].items():
             lines.append(f"  {name:<22} {f['count']:>6} {f['total_ms']:>11.3f} {f['mean_us']:>10.1f} "
                          f"{f['share_pct']:>7.2f}%")
+    gs = summary.get("gpu_steps")
+    if gs and gs.get("submits"):
+        lines.append(f"GPU decode, whole steps timed (one pass each, no per-kernel passes): {gs['submits']} steps, "
+                     f"span {gs['span_ms']:.3f} ms, busy {gs['busy_pct']:.1f}% / idle {gs['idle_pct']:.1f}%, "
+                     f"gap between steps mean {gs['step_gap_us']['mean']:.1f} us")
     return "\n".join(lines)
