@@ -200,3 +200,28 @@ def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
     assert out_a == out_b == torch_greedy(ref, ids, 8)
     with pytest.raises(webdrift.InvalidArgumentError, match="prefill_kernels"):
         webdrift.load(str(d), prefill_kernels="fast")
+
+
+def test_int8_roles_mixed_graph_and_bad_roles():
+    """int8 activations on some GEMV roles only (what the auto choice builds on GPUs where only
+    the big matrices repay their quantize dispatch): logits stay close to the float path's on
+    the same weights; an unknown role is an InvalidArgumentError; int8_pays measures both paths."""
+    from webdrift.bench import build_engine
+    from webdrift.gpu.native import get_device
+    from webdrift.kernels.autotune import int8_pays
+    from webdrift.models.synthetic import synthetic_source
+    dev = get_device()
+    src = synthetic_source("tiny", "q4")
+    ref = build_engine(dev, src, 48, int8_activations=False)
+    mixed = build_engine(dev, src, 48, int8_activations={"gateup": True, "down": True, "head": True})
+    assert mixed.model.int8_roles == {"qkv": False, "o": False, "gateup": True, "down": True, "head": True}
+    ids = [5, 17, 3, 99, 42, 7, 1, 250]
+    a, b = ref.logits(ids), mixed.logits(ids)
+    cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert cos.min() > 0.99, cos
+    assert not np.array_equal(a, b)                     # the int8 kernels really ran
+    with pytest.raises(webdrift.InvalidArgumentError, match="unknown roles"):
+        build_engine(dev, src, 48, int8_activations={"attention": True})
+    lw = ref.model.layers[0]
+    m = int8_pays(dev, lw.w_gate, lw.w_up, pre_norm=True)
+    assert m["float_ns"] > 0 and m["int8_ns"] > 0 and isinstance(m["int8"], bool)

@@ -52,7 +52,7 @@ def make_tokenizer(source):
 def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
          progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
-         int8_activations: bool | None = None):
+         int8_activations: bool | dict | None = None):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
@@ -64,8 +64,9 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
     prefill_kernels: "gemm" (tiled matrix-matrix kernels), "gemv" (the decode kernels over the
     prompt's rows) or "auto" (gemv on software adapters such as lavapipe, gemm elsewhere).
     int8_activations: decode q4/q8 layers from int8-quantized activations (per 32-block scales,
-    like llama.cpp's MMVQ) with integer dot products; None (auto): on GPUs that have them, for
-    layers of >= 8 MiB of weights, where the faster GEMV repays the quantize dispatches.
+    like llama.cpp's MMVQ) with integer dot products. None (auto): on GPUs that have them, for
+    each GEMV role where measuring both paths shows the faster GEMV repays its quantize dispatch;
+    True / False: every role; a dict {"qkv", "o", "gateup", "down", "head": bool}: those roles.
     """
     from .hub import resolve_model
     from .runtime.engine import Engine

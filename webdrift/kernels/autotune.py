@@ -53,6 +53,75 @@ def _load_file() -> dict:
     return {}
 
 
+def _time(dev: Device, d) -> int:
+    """GPU ns of one dispatch: the median of 5 timed runs after 8 warm-up runs (clocks rise)."""
+    dev.submit([d] * 8)
+    rec = TimestampRecorder(5)
+    dev.submit([d] * 5, timestamps=rec)
+    dev.read_timestamps(rec)
+    return sorted(b - a for a, b in rec.ticks_ns)[2]
+
+
+def _cached(key: str, compute):
+    if key in _memory:
+        return _memory[key]
+    disk = _load_file()
+    if key in disk:
+        _memory[key] = disk[key]
+        return disk[key]
+    val = _memory[key] = compute()
+    p = _cache_path()
+    if p:
+        disk = _load_file()
+        disk[key] = val
+        try:
+            with open(p + ".tmp", "w") as f:
+                json.dump(disk, f, indent=1, sort_keys=True)
+            os.replace(p + ".tmp", p)
+        except OSError:
+            pass
+    return val
+
+
+HOST_NS_PER_DISPATCH = 3000   # host encode cost of the extra quantize dispatch (H100 host, measured ~3-5 us)
+
+
+def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False) -> dict:
+    """Time one layer's decode GEMV both ways on this adapter: the best float-activation variant
+    (with the RMSNorm fused in when pre_norm) against QuantizeKernel + the best integer-dot
+    variant. Returns {"float_ns", "int8_ns", "int8": whether the int8 path is faster, counting
+    the extra dispatch's host cost}. Cached like the kernel choices."""
+    key = (f"{dev.info.adapter}|{dev.info.backend}|int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+           f"|{int(pre_norm)}")
+    return _cached(key, lambda: _measure_int8(dev, w, w2, pre_norm))
+
+
+def _measure_int8(dev: Device, w, w2, pre_norm: bool) -> dict:
+    from . import gemv_blk
+    from .ops import LinearKernel, QuantizeKernel
+    fc, qc = choose_gemv(dev, w, w2), choose_gemv(dev, w, w2, int8=True)
+    x, y, xq = TensorDesc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("xq", w.i, 1)
+    bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, xq)] + [dev.create_buffer(4 * w.i, label="tune.nw")]
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, 0))
+    xb, yb, qb, nb = bufs
+    wb = w.buffers + (w2.buffers if w2 else [])
+    norm = (1e-5, 0.0) if pre_norm else None
+    try:
+        kf = LinearKernel(dev, "decode", x, y, w, w2=w2, pre_norm=norm, **fc)
+        t_f = _time(dev, kf.dispatch([sb, xb, yb] + wb + ([nb] if pre_norm else []), kf.workgroups(1)))
+        kq = LinearKernel(dev, "decode", xq, y, w, w2=w2, pre_norm=norm, **qc)
+        qk = QuantizeKernel(dev, x, xq, w.fmt, pre_norm=norm)
+        t_q = (_time(dev, kq.dispatch([sb, qb, yb] + wb, kq.workgroups(1)))
+               + _time(dev, qk.dispatch([sb, xb, qb] + ([nb] if pre_norm else []), qk.workgroups(1))))
+    except (GPUError, UnsupportedModelError):
+        return {"float_ns": None, "int8_ns": None, "int8": False}
+    finally:
+        for b in bufs + [sb]:
+            dev.release_buffer(b)
+    return {"float_ns": t_f, "int8_ns": t_q, "int8": t_q + HOST_NS_PER_DISPATCH < t_f}
+
+
 def static_choice(dev: Device, int8: bool = False) -> dict:
     if int8:
         return {"variant": "blk", "rows": 4, "wg": 64}
@@ -67,14 +136,13 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
     """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
     int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
     key = f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}{'|int8' if int8 else ''}"
-    if key in _memory:
-        return _memory[key]
-    disk = _load_file()
-    if key in disk:
-        _memory[key] = disk[key]
-        return disk[key]
-    if not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps"):
+    if key not in _memory and key not in _load_file() and (
+            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
         return static_choice(dev, int8)
+    return dict(_cached(key, lambda: _search(dev, w, w2, int8)))
+
+
+def _search(dev: Device, w, w2, int8: bool) -> dict:
     from . import gemv_blk
     from .ops import LinearKernel
     x = gemv_blk.xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
@@ -82,7 +150,7 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
     dev.write_buffer(sb, pack_step(1, 0))
-    best, best_ns, timings = None, None, {}
+    best, best_ns = None, None
     for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
         if cand["variant"] in ("subgroup", "wide") and not dev.has_subgroups:
             continue
@@ -94,26 +162,9 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
         except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
             continue
         d = k.dispatch([sb, xb, yb] + w.buffers + (w2.buffers if w2 else []), k.workgroups(1))
-        dev.submit([d] * 8)                              # warm up (and let the clocks rise)
-        rec = TimestampRecorder(5)
-        dev.submit([d] * 5, timestamps=rec)
-        dev.read_timestamps(rec)
-        ns = sorted(b - a for a, b in rec.ticks_ns)[2]  # the median
-        timings[f"{cand['variant']}/{cand['rows']}/{cand['wg']}/{cand.get('unroll', 1)}"] = ns
+        ns = _time(dev, d)
         if ns > 0 and (best_ns is None or ns < best_ns):
             best, best_ns = cand, ns
     for b in (xb, yb, sb):
         dev.release_buffer(b)
-    best = dict(best or static_choice(dev, int8))
-    _memory[key] = best
-    p = _cache_path()
-    if p:
-        disk = _load_file()
-        disk[key] = best
-        try:
-            with open(p + ".tmp", "w") as f:
-                json.dump(disk, f, indent=1, sort_keys=True)
-            os.replace(p + ".tmp", p)
-        except OSError:
-            pass
-    return best
+    return dict(best or static_choice(dev, int8))

@@ -16,11 +16,11 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from ..errors import GPULimitError, UnsupportedModelError
+from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
-from ..kernels.autotune import choose_gemv
+from ..kernels.autotune import choose_gemv, int8_pays
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
 from ..kernels.ops import (
@@ -89,7 +89,7 @@ class GPUModel:
     """Runtime weights + KV cache of one model on one device."""
 
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
-                 progress=None, autotune: bool = True, int8_activations: bool | None = None):
+                 progress=None, autotune: bool = True, int8_activations: bool | dict | None = None):
         self.dev, self.cfg, self.cap = dev, source.config, max_context
         self.cap_stride = (max_context + 3) // 4 * 4   # KV cache rows per head (attention reads V as vec4)
         cfg = self.cfg
@@ -117,23 +117,46 @@ class GPUModel:
         self.inv_freq_local = (self._f32_buffer(rope_inv_freq(cfg, cfg.rope_local_theta), "inv_freq_local")
                                if cfg.rope_local_theta else self.inv_freq)
         self._src = None
-        self.int8 = self._int8_choice(int8_activations)
+        self.int8_roles = self._int8_choice(int8_activations)
+        self.int8 = any(self.int8_roles.values())
 
-    def _int8_choice(self, wanted: bool | None) -> bool:
-        """Whether decode feeds q4/q8 layers int8 activations (QuantizeKernel + integer-dot GEMV).
-        Auto: on GPUs with packed integer dot products, when a layer's quantized weights are big
-        enough (>= 8 MiB) for the faster GEMV to repay the extra quantize dispatches."""
+    def _int8_choice(self, wanted: bool | None) -> dict:
+        """Which decode GEMVs take int8 activations (QuantizeKernel + integer-dot GEMV), by role:
+        qkv, o, gateup, down, head. True/False: all of them (True needs q4/q8 layers). Auto: on
+        GPUs with packed integer dot products, per role where the measured GEMV time saved pays
+        for the extra quantize dispatch (kernels/autotune.py int8_pays; without timestamps, for
+        weights >= 12 MiB); never on software adapters."""
         lw = self.layers[0]
+        roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
+                 "down": (lw.w_down, None, False), "head": (self.output, None, True)}
         mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
         ok = self.dev.has_dp4a and all(gemv_blk.supported(w.fmt, w.i) for w in mats)
+        head_ok = self.dev.has_dp4a and gemv_blk.supported(self.output.fmt, self.output.i)
+        if isinstance(wanted, dict):    # per role (unnamed roles: off)
+            bad = sorted(set(wanted) - set(roles))
+            if bad:
+                raise InvalidArgumentError(f"int8_activations: unknown roles {bad}; the roles are {sorted(roles)}")
+            out = {r: bool(wanted.get(r, False)) for r in roles}
+            if (any(v for r, v in out.items() if r != "head") and not ok) or (out["head"] and not head_ok):
+                raise UnsupportedModelError(f"int8 activations for {sorted(r for r, v in out.items() if v)} need "
+                                            "q4/q8 weights with inputs a multiple of 32 and packed 4x8 integer dot products")
+            return out
         if wanted is not None:
             if wanted and not ok:
                 raise UnsupportedModelError(
                     "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
                     f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                     f"adapter: {self.dev.has_dp4a})")
-            return wanted
-        return ok and not self.dev.info.is_cpu and sum(w.nbytes for w in mats) >= 8 << 20
+            return {r: bool(wanted) and (r != "head" or head_ok) for r in roles}
+        out = {}
+        for r, (w, w2, norm) in roles.items():
+            if self.dev.info.is_cpu or not (head_ok if r == "head" else ok):
+                out[r] = False
+            elif self.autotune and self.dev.has_timestamps and hasattr(self.dev, "read_timestamps"):
+                out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm)["int8"])
+            else:
+                out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
+        return out
 
     # -- loading ---------------------------------------------------------------------------
     def _check_memory(self) -> None:
@@ -242,8 +265,8 @@ class Program:
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.fuse = fuse   # fold each RMSNorm into the linear layer that consumes it
         # decode on q4/q8 layers: int8 activations for the integer-dot GEMV (GPUModel decides)
-        self.int8 = stage == "decode" and model.int8
-        self.int8_head = self.int8 and gemv_blk.supported(model.output.fmt, model.output.i) and not all_logits
+        self.q8 = {r: stage == "decode" and v for r, v in model.int8_roles.items()}
+        self.q8["head"] = self.q8["head"] and not all_logits
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.graph = self._build_graph(layout)
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
@@ -276,18 +299,19 @@ class Program:
         rows = T if self.all_logits else 1
         g.tensor("xl", cfg.dim, rows)
         g.tensor("logits", cfg.vocab_size, rows)
-        q8 = self.int8
-        if q8:   # int8 activation rows for the integer-dot GEMVs
-            for i in range(cfg.n_layers):
-                for nm, width in (("xqa", cfg.dim), ("xqo", cfg.q_dim), ("xqf", cfg.dim), ("xqd", cfg.ffn_dim)):
+        q8 = self.q8   # int8 activation rows for the integer-dot GEMVs, per role
+        for i in range(cfg.n_layers):
+            for nm, role, width in (("xqa", "qkv", cfg.dim), ("xqo", "o", cfg.q_dim), ("xqf", "gateup", cfg.dim),
+                                    ("xqd", "down", cfg.ffn_dim)):
+                if q8[role]:
                     g.tensor(f"{nm}{i}", gemv_blk.row_words(width), layout="linear")
-            if self.int8_head:
-                g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
+        if q8["head"]:
+            g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
 
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
         for i in range(cfg.n_layers):
-            if q8:
+            if q8["qkv"]:
                 g.op(f"L{i}.norm+quant", ["x"], [f"xqa{i}"], ("quant", i, "attn"))
                 g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
             elif fuse:
@@ -299,7 +323,7 @@ class Program:
             g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
             g.op(f"L{i}.attn_combine", [f"part{i}"], [f"attn{i}"], ("combine", i))
             o_in = f"attn{i}"
-            if q8:
+            if q8["o"]:
                 g.op(f"L{i}.quant_o", [f"attn{i}"], [f"xqo{i}"], ("quant", i, "o"))
                 o_in = f"xqo{i}"
             if cfg.post_norms:
@@ -307,7 +331,7 @@ class Program:
                 g.op(f"L{i}.post_attn_norm", [f"proj{i}"], ["x"], ("postnorm", i, "attn"))
             else:
                 g.op(f"L{i}.o_proj+residual", [o_in, "x"], ["x"], ("oproj", i))
-            if q8:
+            if q8["gateup"]:
                 g.op(f"L{i}.norm+quant_ffn", ["x"], [f"xqf{i}"], ("quant", i, "ffn"))
                 g.op(f"L{i}.gate_up+act", [f"xqf{i}"], [f"act{i}"], ("gateup", i))
             elif fuse:
@@ -316,7 +340,7 @@ class Program:
                 g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
                 g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
             d_in = f"act{i}"
-            if q8:
+            if q8["down"]:
                 g.op(f"L{i}.quant_down", [f"act{i}"], [f"xqd{i}"], ("quant", i, "down"))
                 d_in = f"xqd{i}"
             if cfg.post_norms:
@@ -324,7 +348,7 @@ class Program:
                 g.op(f"L{i}.post_ffn_norm", [f"ffo{i}"], ["x"], ("postnorm", i, "ffn"))
             else:
                 g.op(f"L{i}.down+residual", [d_in, "x"], ["x"], ("down", i))
-        if q8 and self.int8_head:
+        if q8["head"]:
             g.op("norm+quant_head", ["x"], ["xql"], ("quant", None, "head"))
             g.op("lm_head", ["xql"], ["logits"], ("lm_head",))
         elif fuse and self.stage != "decode":   # decode: a separate norm (the LM head has many workgroups)
@@ -353,8 +377,8 @@ class Program:
         nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
-        def mv_for(w, w2=None):
-            return choose_gemv(dev, w, w2, enabled=m.autotune, int8=self.int8) if stage == "decode" else {}
+        def mv_for(w, w2=None, int8=False):
+            return choose_gemv(dev, w, w2, enabled=m.autotune, int8=int8) if stage == "decode" else {}
         quant_src = {"attn": lambda i: ("x", f"xqa{i}", m.layers[i].wqkv, m.layers[i].attn_norm),
                      "o": lambda i: (f"attn{i}", f"xqo{i}", m.layers[i].wo, None),
                      "ffn": lambda i: ("x", f"xqf{i}", m.layers[i].w_gate, m.layers[i].ffn_norm),
@@ -391,7 +415,7 @@ class Program:
                 src = node.reads[0]
                 normed = src in ("x", f"xqa{i}")
                 k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                 pre_norm=nrm if normed else None, **mv_for(lw.wqkv))
+                                 pre_norm=nrm if normed else None, **mv_for(lw.wqkv, int8=src.startswith("xq")))
                 binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
                 binds += [lw.attn_norm] if src == "x" else []
             elif kind == "rope":
@@ -420,7 +444,8 @@ class Program:
                 lw = m.layers[i]
                 out = f"proj{i}" if cfg.post_norms else "x"
                 src = node.reads[0]
-                k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms, **mv_for(lw.wo))
+                k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms,
+                                 **mv_for(lw.wo, int8=src.startswith("xq")))
                 binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers
             elif kind == "gateup":
                 i = node.build[1]
@@ -428,7 +453,8 @@ class Program:
                 src = node.reads[0]
                 normed = src in ("x", f"xqf{i}")
                 k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
-                                 pre_norm=nrm if normed else None, **mv_for(lw.w_gate, lw.w_up))
+                                 pre_norm=nrm if normed else None,
+                                 **mv_for(lw.w_gate, lw.w_up, int8=src.startswith("xq")))
                 binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
                 binds += [lw.ffn_norm] if src == "x" else []
             elif kind == "down":
@@ -436,7 +462,8 @@ class Program:
                 lw = m.layers[i]
                 out = f"ffo{i}" if cfg.post_norms else "x"
                 src = node.reads[0]
-                k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms, **mv_for(lw.w_down))
+                k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms,
+                                 **mv_for(lw.w_down, int8=src.startswith("xq")))
                 binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,

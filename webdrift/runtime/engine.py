@@ -108,7 +108,7 @@ class Engine:
     def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
                  weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
                  progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
-                 int8_activations: bool | None = None):
+                 int8_activations: bool | dict | None = None):
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         limit = cfg.max_position or 2048
