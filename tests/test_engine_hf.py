@@ -167,8 +167,10 @@ def test_sliced_layout_gives_same_logits(tmp_path, hf_tokenizer_dir):
 
 
 def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
-    """Fused kernels (norm folded into QKV, gate/up and the LM head) vs the unfused graph:
-    the same greedy tokens and logits equal to float rounding; and fewer dispatches."""
+    """Fused kernels (norm folded into QKV, gate/up and the prefill LM head; the decode LM head
+    keeps a separate norm, which its thousands of workgroups would otherwise each recompute) vs
+    the unfused graph: the same greedy tokens and logits equal to float rounding; and 2 fewer
+    dispatches per layer."""
     d, _ = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
     ids = list(range(7, 77))
     fused = webdrift.load(str(d), max_context=128, prefill_chunk=32)
@@ -179,7 +181,7 @@ def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
     gb = plain.generate(ids, max_new_tokens=12, stop_at_eos=False).token_ids
     assert ga == gb
     n_layers = fused.config.n_layers
-    assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == 2 * n_layers + 1
+    assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == 2 * n_layers
 
 
 def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):

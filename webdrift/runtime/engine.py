@@ -24,6 +24,7 @@ from ..models.transformer import GPUModel, Program
 from ..profile.profiler import DISABLED, Profiler
 
 RING = 4          # staging buffers for token read-back
+IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
 
 
 @dataclass
@@ -278,8 +279,10 @@ class Engine:
         t_dec = None
         finish = "length"
         while read < submitted:
-            # keep one step in flight: submit step `submitted` before reading token `read`
-            if submitted < budget and not self._stop_requested and submitted == read + 1:
+            # keep IN_FLIGHT steps queued: submit steps up to `read + IN_FLIGHT` before reading
+            # token `read`, so the GPU has the next step while the host waits, reads and encodes
+            # (each step's uniform is written in queue order, between the submits)
+            while submitted < budget and not self._stop_requested and submitted < read + IN_FLIGHT:
                 with prof.phase("decode.submit", step=submitted):
                     dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
                                                               sp.temperature, sp.top_k, sp.top_p))
@@ -310,7 +313,7 @@ class Engine:
                 finish = "context"
         if finish != "eos" and finish != "stopped" and read < budget:
             finish = "stopped"
-        # drain a step still in flight (its token is discarded)
+        # drain the steps still in flight (their tokens are discarded)
         while read < submitted:
             await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
             read += 1
