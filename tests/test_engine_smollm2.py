@@ -87,7 +87,7 @@ def test_bad_input(engine):
 
 @pytest.fixture(scope="module")
 def engine_int8(smollm2_gguf_path):
-    eng = webdrift.load(str(smollm2_gguf_path), max_context=128, int8_activations=True)
+    eng = webdrift.load(str(smollm2_gguf_path), max_context=160, int8_activations=True)
     assert eng.model.int8
     return eng
 
@@ -96,9 +96,10 @@ def test_int8_activations_teacher_forced(engine_int8, ref_model):
     """Decode kernels fed int8 activations (QuantizeKernel + integer-dot GEMV; on lavapipe the
     scoring pass runs the decode kernels) vs transformers fp32. A 135M model with 576 channels is
     about the most sensitive case for per-32-block int8 activations; measured: mean cosine 0.997,
-    min 0.96, top-1 97% over these 64 positions."""
+    min 0.944, top-1 96% over these 128 positions (near-ties make top-1 move by a few positions
+    with any change of float summation order)."""
     model, tok = ref_model
-    ids = tok.encode(" ".join(PROMPTS) * 8)[:64]
+    ids = tok.encode(" ".join(PROMPTS) * 8)[:128]
     got = engine_int8.logits(ids)
     with torch.no_grad():
         want = model(torch.tensor([ids])).logits[0].numpy()
@@ -106,7 +107,7 @@ def test_int8_activations_teacher_forced(engine_int8, ref_model):
     top1 = (got.argmax(1) == want.argmax(1)).mean()
     assert cos.mean() >= 0.993, cos.mean()
     assert cos.min() >= 0.9, cos.min()
-    assert top1 >= 0.93, top1
+    assert top1 >= 0.92, top1
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[1:])

@@ -131,3 +131,34 @@ def test_attention_partials_layout():
                 np.testing.assert_allclose(got[kvh, row, split, DH], s.max(), rtol=1e-5, atol=1e-5)
                 np.testing.assert_allclose(got[kvh, row, split, DH + 1], e.sum(), rtol=1e-5)
                 np.testing.assert_allclose(got[kvh, row, split, :DH], vc[kvh, :, k0:k1] @ e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,DH", [("q8", 64), ("q4", 64), ("q4", 128)])
+def test_combine_writes_int8_blocks(fmt, DH):
+    """AttentionCombineKernel(quant=fmt) writes the heads straight into QuantizeKernel's int8 row
+    layout (the O projection's integer-dot input): the same words and scales as the f32 combine
+    followed by QuantizeKernel, the block sums equal to float rounding."""
+    from webdrift.kernels import gemv_blk
+    from webdrift.kernels.ops import QuantizeKernel
+    H, KVH, cap, pos0, T = 4, 2, 256, 100, 3
+    group, rows_cap = H // KVH, T * (H // KVH)
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, 4)
+    q_d = TensorDesc("q", DH, rows_cap, b=KVH)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, DH ** -0.5)
+    part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
+    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], T, pos0=pos0)
+    out_d, xq_d = TensorDesc("out", H * DH, T), gemv_blk.xq_desc("xq", H * DH, T)
+    ob, want, got = upload(out_d), upload(xq_d), upload(xq_d)
+    run(AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap), [part, ob], T, pos0=pos0)
+    run(QuantizeKernel(device(), out_d, xq_d, fmt), [ob, want], T)
+    run(AttentionCombineKernel(device(), xq_d, H, KVH, DH, att.nsplit, rows_cap, quant=fmt), [part, got], T,
+        pos0=pos0)
+    w = np.frombuffer(device().read_buffer_sync(want), np.uint32).reshape(T, -1)
+    g = np.frombuffer(device().read_buffer_sync(got), np.uint32).reshape(T, -1)
+    nb = H * DH // 32
+    nbp = (nb + 3) // 4 * 4
+    np.testing.assert_array_equal(g[:, :8 * nb + nb], w[:, :8 * nb + nb])        # int8 words, scales
+    np.testing.assert_allclose(g[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32),
+                               w[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        AttentionCombineKernel(device(), gemv_blk.xq_desc("xq", H * 40, T), H, KVH, 40, 4, rows_cap, quant="q8")

@@ -2,10 +2,22 @@
 // and write the heads back to token-major order: out[t, h * DH + d], h = kvh * GROUP + g.
 // The chunks' maxima and sums are read once, in parallel, into workgroup memory; each output
 // channel then sums its NSPLIT partials in four independent chains.
+// QUANT: instead of f32, write the head's channels as int8 32-blocks in QuantizeKernel's row
+// layout (the O projection's integer-dot GEMV input; saves a quantize dispatch). Needs
+// WG == DH, a multiple of 32.
 // Dispatch: (T * GROUP, KVH), WG threads per workgroup.
 {{STEP_DECL}}
 @group(0) @binding(1) var<storage, read_write> part: array<f32>;  // (KVH, ROWS_CAP, NSPLIT, DH + 2)
+#if QUANT
+@group(0) @binding(2) var<storage, read_write> xq: array<u32>;
+const NB: u32 = {{NB}}u;
+const NBP: u32 = {{NBP}}u;
+const STRIDE: u32 = {{STRIDE}}u;
+var<workgroup> qa: array<f32, {{WG}}>;
+var<workgroup> qw: array<u32, {{WG}}>;
+#else
 {{OUT_DECL}}
+#endif
 const DH: u32 = {{DH}}u;
 const GROUP: u32 = {{GROUP}}u;
 const NSPLIT: u32 = {{NSPLIT}}u;
@@ -53,6 +65,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       a3 += wpart(s + 3u, p + 3u * (DH + 2u));
     }
     for (; s < NSPLIT; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
+#if QUANT
+    let v = ((a0 + a1) + (a2 + a3)) / l;
+    qa[d] = abs(v);
+    workgroupBarrier();
+    let l0 = d - d % 32u;
+    var amax = 0.0;
+    for (var j = 0u; j < 32u; j++) { amax = max(amax, qa[l0 + j]); }
+    workgroupBarrier();
+    qa[d] = v;
+    let q = i32(round(v * select(0.0, 127.0 / amax, amax > 0.0)));
+    qw[d] = u32(q & 0xff);
+    workgroupBarrier();
+    let c = h * DH + d;                 // channel in the attention output row
+    let b = c / 32u;
+    let base = t * STRIDE;
+    if (d % 4u == 0u) {
+      let k = (d % 32u) / 4u;           // word in the block
+#if Q4
+      let w0 = l0 + 8u * (k / 2u) + (k % 2u);   // evens (k even) or odds of the 8 values
+      let wv = qw[w0] | (qw[w0 + 2u] << 8u) | (qw[w0 + 4u] << 16u) | (qw[w0 + 6u] << 24u);
+#else
+      let wv = qw[d] | (qw[d + 1u] << 8u) | (qw[d + 2u] << 16u) | (qw[d + 3u] << 24u);
+#endif
+      xq[base + 8u * b + k] = wv;
+    }
+    if (d % 32u == 0u) {
+      var sum = 0.0;
+      for (var j = 0u; j < 32u; j++) { sum += qa[l0 + j]; }
+      xq[base + 8u * NB + b] = bitcast<u32>(amax / 127.0);
+      xq[base + 8u * NB + NBP + b] = bitcast<u32>(sum);
+    }
+#else
     out_write1(0u, t, 0u, h * DH + d, ((a0 + a1) + (a2 + a3)) / l);
+#endif
   }
 }

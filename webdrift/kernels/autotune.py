@@ -86,17 +86,19 @@ def _cached(key: str, compute):
 HOST_NS_PER_DISPATCH = 3000   # host encode cost of the extra quantize dispatch (H100 host, measured ~3-5 us)
 
 
-def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False) -> dict:
+def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True) -> dict:
     """Time one layer's decode GEMV both ways on this adapter: the best float-activation variant
     (with the RMSNorm fused in when pre_norm) against QuantizeKernel + the best integer-dot
     variant. Returns {"float_ns", "int8_ns", "int8": whether the int8 path is faster, counting
-    the extra dispatch's host cost}. Cached like the kernel choices."""
+    the extra dispatch's host cost}. quantize_dispatch=False: the producer writes the int8 rows
+    itself (the attention combine for the O projection): only the GEMVs are compared. Cached
+    like the kernel choices."""
     key = (f"{dev.info.adapter}|{dev.info.backend}|int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-           f"|{int(pre_norm)}")
-    return _cached(key, lambda: _measure_int8(dev, w, w2, pre_norm))
+           f"|{int(pre_norm)}{'' if quantize_dispatch else '|fused'}")
+    return _cached(key, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch))
 
 
-def _measure_int8(dev: Device, w, w2, pre_norm: bool) -> dict:
+def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -> dict:
     from . import gemv_blk
     from .ops import LinearKernel, QuantizeKernel
     fc, qc = choose_gemv(dev, w, w2), choose_gemv(dev, w, w2, int8=True)
@@ -112,14 +114,16 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool) -> dict:
         t_f = _time(dev, kf.dispatch([sb, xb, yb] + wb + ([nb] if pre_norm else []), kf.workgroups(1)))
         kq = LinearKernel(dev, "decode", xq, y, w, w2=w2, pre_norm=norm, **qc)
         qk = QuantizeKernel(dev, x, xq, w.fmt, pre_norm=norm)
-        t_q = (_time(dev, kq.dispatch([sb, qb, yb] + wb, kq.workgroups(1)))
-               + _time(dev, qk.dispatch([sb, xb, qb] + ([nb] if pre_norm else []), qk.workgroups(1))))
+        t_q = _time(dev, kq.dispatch([sb, qb, yb] + wb, kq.workgroups(1)))
+        if quantize_dispatch:
+            t_q += _time(dev, qk.dispatch([sb, xb, qb] + ([nb] if pre_norm else []), qk.workgroups(1)))
     except (GPUError, UnsupportedModelError):
         return {"float_ns": None, "int8_ns": None, "int8": False}
     finally:
         for b in bufs + [sb]:
             dev.release_buffer(b)
-    return {"float_ns": t_f, "int8_ns": t_q, "int8": t_q + HOST_NS_PER_DISPATCH < t_f}
+    host = HOST_NS_PER_DISPATCH if quantize_dispatch else 0
+    return {"float_ns": t_f, "int8_ns": t_q, "int8": t_q + host < t_f}
 
 
 def static_choice(dev: Device, int8: bool = False) -> dict:

@@ -211,12 +211,24 @@ class AttentionCombineKernel(Kernel):
     template = "attention_combine"
 
     def __init__(self, dev: Device, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int, nsplit: int,
-                 rows_cap: int):
+                 rows_cap: int, quant: str | None = None):
+        """quant ("q8" / "q4"): out is a QuantizeKernel row tensor for n_heads * head_dim channels
+        and the heads are written as int8 blocks for that weight format."""
         self.group, self.n_kv = n_heads // n_kv, n_kv
-        d = {"STEP_DECL": STEP_DECL, "OUT_DECL": accessor_wgsl(out, 2, "out"),
-             "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "ROWS_CAP": rows_cap,
-             "WG": min(256, max(32, head_dim))}
+        d = {"STEP_DECL": STEP_DECL, "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "ROWS_CAP": rows_cap,
+             "WG": min(256, max(32, head_dim)), "QUANT": quant is not None}
+        if quant is None:
+            d["OUT_DECL"] = accessor_wgsl(out, 2, "out")
+        else:
+            if not self.quant_supported(head_dim) or out.c != gemv_blk.row_words(n_heads * head_dim):
+                raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
+                                 f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
+            d.update(gemv_blk.quantize_defines(quant, n_heads * head_dim))
         super().__init__(dev, d, (UNI, RW, RW), "attention_combine")
+
+    @staticmethod
+    def quant_supported(head_dim: int) -> bool:
+        return head_dim % 32 == 0 and head_dim <= 256
 
     def workgroups(self, t: int):
         return (t * self.group, self.n_kv, 1)

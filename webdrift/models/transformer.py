@@ -153,7 +153,8 @@ class GPUModel:
             if self.dev.info.is_cpu or not (head_ok if r == "head" else ok):
                 out[r] = False
             elif self.autotune and self.dev.has_timestamps and hasattr(self.dev, "read_timestamps"):
-                out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm)["int8"])
+                fused = r == "o" and AttentionCombineKernel.quant_supported(self.cfg.head_dim)
+                out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
             else:
                 out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
         return out
@@ -321,9 +322,13 @@ class Program:
                 g.op(f"L{i}.qkv", [f"h{i}"], [f"qkv{i}"], ("qkv", i))
             g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
             g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
-            g.op(f"L{i}.attn_combine", [f"part{i}"], [f"attn{i}"], ("combine", i))
             o_in = f"attn{i}"
-            if q8["o"]:
+            if q8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim):   # combine writes int8
+                o_in = f"xqo{i}"
+                g.op(f"L{i}.attn_combine+quant", [f"part{i}"], [o_in], ("combine", i))
+            else:
+                g.op(f"L{i}.attn_combine", [f"part{i}"], [o_in], ("combine", i))
+            if q8["o"] and o_in == f"attn{i}":
                 g.op(f"L{i}.quant_o", [f"attn{i}"], [f"xqo{i}"], ("quant", i, "o"))
                 o_in = f"xqo{i}"
             if cfg.post_norms:
@@ -436,9 +441,10 @@ class Program:
                 binds = [self.step_buf, a(f"q{i}"), lw.k_cache, lw.v_cache, a(f"part{i}")]
             elif kind == "combine":
                 i = node.build[1]
-                k = AttentionCombineKernel(dev, D(f"attn{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, nsplit,
-                                           rows_cap)
-                binds = [self.step_buf, a(f"part{i}"), a(f"attn{i}")]
+                dst = node.writes[0]
+                k = AttentionCombineKernel(dev, D(dst), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, nsplit, rows_cap,
+                                           quant=m.layers[i].wo.fmt if dst.startswith("xq") else None)
+                binds = [self.step_buf, a(f"part{i}"), a(dst)]
             elif kind == "oproj":
                 i = node.build[1]
                 lw = m.layers[i]
