@@ -194,3 +194,57 @@ def test_quantize_norm_partials():
     np.testing.assert_allclose(parts.sum(1), (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
     u = (x * (nw + 0.5)).reshape(T, nb, 32)
     np.testing.assert_allclose(words[:, 8 * nb: 8 * nb + nb].view(np.float32), np.abs(u).max(-1) / 127, rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt,qfmt,dual,residual,qnorm,wg", [
+    ("q4", "q4", False, True, 0.0, 256),     # down / O projection + residual -> next norm's int8 row
+    ("q8", "q8", False, True, 1.0, 64),      # Gemma-style norm weight offset; smaller workgroup
+    ("q4", "q8", True, False, None, 128),    # gate/up + SiLU -> the down projection's int8 row, no y
+])
+def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
+    """qout: the GEMV also writes its outputs as the next GEMV's int8 row (norm weight applied,
+    partial sums of y^2 per 32 outputs): the same words and scales as the plain GEMV followed by
+    QuantizeKernel with that norm, y unchanged, and the partials adding up to sum(y^2)."""
+    dev = device()
+    T, O, I = 2, 96, 576
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    xd, qd, yd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)
+    nd = gemv_blk.xq_desc("next", O, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    y0 = rng.standard_normal((T, O)).astype(np.float32) if residual else None
+    gw, _ = make_weight(_weights(O, I, seed=22), fmt)
+    gw2 = make_weight(_weights(O, I, seed=23), fmt, name="w2")[0] if dual else None
+    wbufs = gw.buffers + (gw2.buffers if dual else [])
+    nw = rng.standard_normal(O).astype(np.float32)
+    write_step(T)
+    from tests.gpu_util import run, step_buffer
+    run(QuantizeKernel(dev, xd, qd, fmt), [xb, qb], T)
+    kw = {"w2": gw2, "residual": residual, "variant": "blk", "wg": wg}
+    # reference: plain blk GEMV, then QuantizeKernel(norm) on its output
+    y_ref = upload(yd, y0)
+    plain = LinearKernel(dev, "decode", qd, yd, gw, rows=4, **kw)
+    run(plain, [qb, y_ref] + wbufs, T)
+    want = upload(nd, None)
+    run(QuantizeKernel(dev, yd, nd, qfmt, pre_norm=(1e-5, qnorm) if qnorm is not None else None),
+        [y_ref, want] + ([f32_buffer(nw)] if qnorm is not None else []), T)
+    # fused
+    y_got, got = upload(yd, y0), upload(nd, None)
+    k = LinearKernel(dev, "decode", qd, yd, gw, qout=(nd, qfmt, qnorm, residual), **kw)
+    assert k.rows == 32
+    dev.submit([k.dispatch([step_buffer(), qb, y_got] + wbufs + [got] + ([f32_buffer(nw)] if qnorm is not None else []),
+                           k.workgroups(T))])
+    yr, yg = download(yd, y_ref)[:T], download(yd, y_got)[:T]
+    if residual:
+        np.testing.assert_allclose(yg, yr, rtol=1e-5, atol=1e-5)
+    w = np.frombuffer(dev.read_buffer_sync(want), np.uint32).reshape(CAP, -1)[:T]
+    g = np.frombuffer(dev.read_buffer_sync(got), np.uint32).reshape(CAP, -1)[:T]
+    nb, nbp = O // 32, (O // 32 + 3) // 4 * 4
+    mism = (g[:, :8 * nb] != w[:, :8 * nb]).mean()
+    assert mism <= 0.02, mism            # int8 words: equal but for values a rounding edge apart
+    np.testing.assert_allclose(g[:, 8 * nb:9 * nb].view(np.float32), w[:, 8 * nb:9 * nb].view(np.float32), rtol=1e-5)
+    np.testing.assert_allclose(g[:, 8 * nb + nbp:8 * nb + nbp + nb].view(np.float32),
+                               w[:, 8 * nb + nbp:8 * nb + nbp + nb].view(np.float32), rtol=1e-4, atol=1e-5)
+    if qnorm is not None:
+        parts = g[:, 8 * nb + 2 * nbp: 8 * nb + 2 * nbp + nb].view(np.float32)
+        np.testing.assert_allclose(parts.sum(1), (yr.astype(np.float64) ** 2).sum(1), rtol=1e-4)

@@ -9,12 +9,11 @@
 {{STEP_DECL}}
 @group(0) @binding(1) var<storage, read_write> part: array<f32>;  // (KVH, ROWS_CAP, NSPLIT, DH + 2)
 #if QUANT
-@group(0) @binding(2) var<storage, read_write> xq: array<u32>;
-const NB: u32 = {{NB}}u;
-const NBP: u32 = {{NBP}}u;
-const STRIDE: u32 = {{STRIDE}}u;
-var<workgroup> qa: array<f32, {{WG}}>;
-var<workgroup> qw: array<u32, {{WG}}>;
+@group(0) @binding(2) var<storage, read_write> qout: array<u32>;
+const QNB: u32 = {{QNB}}u;
+const QNBP: u32 = {{QNBP}}u;
+const QSTRIDE: u32 = {{QSTRIDE}}u;
+#include quant_block
 #else
 {{OUT_DECL}}
 #endif
@@ -25,6 +24,21 @@ const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const WG: u32 = {{WG}}u;
 var<workgroup> ms: array<f32, {{NSPLIT}}>;   // chunk maxima, then their weights exp(m_s - m)
 var<workgroup> ls: array<f32, {{NSPLIT}}>;   // chunk sums, then weighted
+
+// output channel d: the weighted partials in four independent chains, over l
+fn channel(base: u32, d: u32, l: f32) -> f32 {
+  var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+  var s = 0u;
+  for (; s + 4u <= NSPLIT; s += 4u) {
+    let p = base + s * (DH + 2u) + d;
+    a0 += wpart(s, p);
+    a1 += wpart(s + 1u, p + DH + 2u);
+    a2 += wpart(s + 2u, p + 2u * (DH + 2u));
+    a3 += wpart(s + 3u, p + 3u * (DH + 2u));
+  }
+  for (; s < NSPLIT; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
+  return ((a0 + a1) + (a2 + a3)) / l;
+}
 
 // weight s times partial p; a chunk with no visible key wrote only (m, l): its accumulator words
 // hold whatever the arena had there (possibly NaN bit patterns), so they are selected away
@@ -54,50 +68,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var s = 0u; s < NSPLIT; s++) { l += ls[s]; }
   let t = row / GROUP;
   let h = kvh * GROUP + row % GROUP;
-  for (var d = lid; d < DH; d += WG) {
-    var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-    var s = 0u;
-    for (; s + 4u <= NSPLIT; s += 4u) {
-      let p = base + s * (DH + 2u) + d;
-      a0 += wpart(s, p);
-      a1 += wpart(s + 1u, p + DH + 2u);
-      a2 += wpart(s + 2u, p + 2u * (DH + 2u));
-      a3 += wpart(s + 3u, p + 3u * (DH + 2u));
-    }
-    for (; s < NSPLIT; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
 #if QUANT
-    let v = ((a0 + a1) + (a2 + a3)) / l;
-    qa[d] = abs(v);
-    workgroupBarrier();
-    let l0 = d - d % 32u;
-    var amax = 0.0;
-    for (var j = 0u; j < 32u; j++) { amax = max(amax, qa[l0 + j]); }
-    workgroupBarrier();
-    qa[d] = v;
-    let q = i32(round(v * select(0.0, 127.0 / amax, amax > 0.0)));
-    qw[d] = u32(q & 0xff);
-    workgroupBarrier();
-    let c = h * DH + d;                 // channel in the attention output row
-    let b = c / 32u;
-    let base = t * STRIDE;
-    if (d % 4u == 0u) {
-      let k = (d % 32u) / 4u;           // word in the block
-#if Q4
-      let w0 = l0 + 8u * (k / 2u) + (k % 2u);   // evens (k even) or odds of the 8 values
-      let wv = qw[w0] | (qw[w0 + 2u] << 8u) | (qw[w0 + 4u] << 16u) | (qw[w0 + 6u] << 24u);
+  let d = lid;                          // WG == DH: one channel per invocation, no loop (barriers)
+  let v = channel(base, d, l);
+  quant_blocks(lid, v, true, t * QSTRIDE, (h * DH + d) / 32u);
 #else
-      let wv = qw[d] | (qw[d + 1u] << 8u) | (qw[d + 2u] << 16u) | (qw[d + 3u] << 24u);
+  for (var d = lid; d < DH; d += WG) { out_write1(0u, t, 0u, h * DH + d, channel(base, d, l)); }
 #endif
-      xq[base + 8u * b + k] = wv;
-    }
-    if (d % 32u == 0u) {
-      var sum = 0.0;
-      for (var j = 0u; j < 32u; j++) { sum += qa[l0 + j]; }
-      xq[base + 8u * NB + b] = bitcast<u32>(amax / 127.0);
-      xq[base + 8u * NB + NBP + b] = bitcast<u32>(sum);
-    }
-#else
-    out_write1(0u, t, 0u, h * DH + d, ((a0 + a1) + (a2 + a3)) / l);
-#endif
-  }
 }

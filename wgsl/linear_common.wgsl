@@ -32,6 +32,10 @@ fn act(g: f32) -> f32 {
 
 // output o of token t from its dot product(s): bias, gate/up activation, soft-cap, residual
 fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
+  y_write1(0u, t, 0u, o, epilogue_value(t, o, acc, acc2));
+}
+
+fn epilogue_value(t: u32, o: u32, acc: f32, acc2: f32) -> f32 {
   var v = acc;
 #if BIAS
   v += bias[o];
@@ -45,5 +49,5 @@ fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
 #if RESIDUAL
   v += y_read1(0u, t, 0u, o);
 #endif
-  y_write1(0u, t, 0u, o, v);
+  return v;
 }

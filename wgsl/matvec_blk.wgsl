@@ -10,6 +10,11 @@
 // A workgroup computes ROWS outputs (all of its invocations stride the blocks of every row, so
 // short rows still fill it), reduced with subgroupAdd where available, else through workgroup
 // memory. Fusions as in matvec.wgsl: bias, DUAL gate/up + activation, soft-cap, residual.
+// QOUT (ROWS = 32, subgroups): each subgroup computes RPS rows at a time (lanes stride the
+// blocks), and the workgroup writes its 32 outputs also as one int8 block of the next GEMV's
+// input row (quant_block.wgsl), optionally times that GEMV's RMSNorm weight with this
+// workgroup's partial sum of y^2 (QNORM): the next layer needs no quantize dispatch.
+// QSKIP_Y: the int8 block is the only output.
 // Dispatch: (ceil(O / ROWS), tokens).
 {{SUBGROUP_DIRECTIVES}}
 {{STEP_DECL}}
@@ -30,6 +35,19 @@ const S4: u32 = {{S4}}u;
 const P0: u32 = {{P0}}u;            // first word of the partial sums of x^2 (XNORM)
 const NP: u32 = {{NP}}u;
 var<workgroup> red: array<f32, {{RED}}>;
+#if QOUT
+@group(0) @binding({{QOUT_BINDING}}) var<storage, read_write> qout: array<u32>;
+#if QNORM
+@group(0) @binding({{QNW_BINDING}}) var<storage, read> qnw: array<f32>;
+#endif
+const QNB: u32 = {{QNB}}u;
+const QNBP: u32 = {{QNBP}}u;
+const QSTRIDE: u32 = {{QSTRIDE}}u;
+const QP0: u32 = {{QP0}}u;
+const RPS: u32 = {{RPS}}u;
+var<workgroup> res: array<f32, 64>;
+#include quant_block
+#endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
@@ -39,10 +57,58 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let o0 = wid.x * ROWS;
   var inv = 1.0;
 #if XNORM
-  var ss = 0.0;
-  for (var k = 0u; k < NP; k++) { ss += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
-  inv = inverseSqrt(ss / {{XC}}.0 + {{XEPS}});
+  // 1/rms of the input row from the NP partial sums of x^2 its producer left in it
+  var ssp = 0.0;
+  for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
+  red[lid] = ssp;
+  workgroupBarrier();
+  for (var k = WG / 2u; k > 0u; k >>= 1u) {
+    if (lid < k) { red[lid] += red[lid + k]; }
+    workgroupBarrier();
+  }
+  inv = inverseSqrt(red[0] / {{XC}}.0 + {{XEPS}});
+  workgroupBarrier();
 #endif
+#if QOUT
+  for (var r0 = (lid / sg) * RPS; r0 < ROWS; r0 += (WG / sg) * RPS) {
+{{ACC_DECL}}
+    for (var b = lane; b < NB; b += sg) {
+      let xa = xq[xr + 2u * b];
+      let xb = xq[xr + 2u * b + 1u];
+      let dx = bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]);
+#if Q4
+      let sx = bitcast<f32>(xq[xr + S4 + b / 4u][b % 4u]);
+#endif
+{{ROW_BODY}}
+    }
+{{SG_STORE}}
+  }
+  workgroupBarrier();
+  let ok = lid < ROWS && o0 + lid < w_O;
+  var v = 0.0;
+  var u = 0.0;
+  if (ok) {
+    v = epilogue_value(t, o0 + lid, inv * res[lid], inv * res[ROWS + lid]);
+#if !QSKIP_Y
+    y_write1(0u, t, 0u, o0 + lid, v);
+#endif
+    u = v;
+#if QNORM
+    u = v * (qnw[o0 + lid] + {{QW_OFFSET}});
+#endif
+  }
+  quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
+#if QNORM
+  workgroupBarrier();
+  qa[lid] = select(0.0, v * v, ok);
+  workgroupBarrier();
+  if (lid == 0u) {
+    var s2 = 0.0;
+    for (var j = 0u; j < ROWS; j++) { s2 += qa[j]; }
+    qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2);
+  }
+#endif
+#else
 {{ACC_DECL}}
   for (var b = lid; b < NB; b += WG) {
     let xa = xq[xr + 2u * b];
@@ -54,4 +120,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{ROW_BODY}}
   }
 {{REDUCE}}
+#endif
 }

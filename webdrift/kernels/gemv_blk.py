@@ -37,9 +37,10 @@ QWG = 256          # quantize.wgsl's workgroup: 32 blocks of 8 invocations
 
 
 def row_words(i: int) -> int:
-    """u32 words per row of a quantized activation (wgsl/quantize.wgsl's layout)."""
+    """u32 words per row of a quantized activation (wgsl/quantize.wgsl's layout); the partial
+    sums of x^2 have room for one per 32-block (what a quantizing GEMV epilogue writes)."""
     nb = i // 32
-    return 8 * nb + 2 * _ceil4(nb) + _ceil4(n_partials(i))
+    return 8 * nb + 3 * _ceil4(nb)
 
 
 def n_partials(i: int) -> int:
@@ -57,13 +58,20 @@ def xq_desc(name: str, i: int, rows: int):
     return TensorDesc(name, row_words(i), rows)
 
 
+def qout_defines(fmt: str, i: int, wg: int) -> dict:
+    """Defines of wgsl/quant_block.wgsl for a kernel writing rows of i channels for fmt weights."""
+    nb = i // 32
+    return {"QNB": nb, "QNBP": _ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * _ceil4(nb),
+            "QWG": wg, "QPACK_Q4": fmt == "q4"}
+
+
 def quantize_defines(fmt: str, i: int) -> dict:
     nb = i // 32
     return {"NB": nb, "NBP": _ceil4(nb), "STRIDE": row_words(i), "WG": QWG, "Q4": fmt == "q4"}
 
 
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
-    o = f"o{r}"
+    o = f"rw{r}"
     if fmt == "q8":
         terms = [f"dot4I8Packed({n}a{r}.{c}, xa.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xb.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
@@ -80,8 +88,8 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
             f"    {acc}{r} += {n}m{r}.x * dx * f32({' + '.join(terms)}) + {n}m{r}.y * sx;"]
 
 
-def row_body(fmt: str, rows: int, dual: bool) -> str:
-    L = [f"    let o{r} = min(o0 + {r}u, w_O - 1u);" for r in range(rows)]
+def row_body(fmt: str, rows: int, dual: bool, base: str = "o0") -> str:
+    L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
     for r in range(rows):
         L += _row("w", "a", r, fmt)
         if dual:
@@ -122,11 +130,31 @@ def reduce(rows: int, dual: bool, subgroups: bool) -> str:
     return "\n".join(L)
 
 
-def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool) -> dict:
+def sg_store(rps: int, dual: bool) -> str:
+    """QOUT: the subgroup's RPS row sums into `res` (lane 0)."""
+    names = [f"a{r}" for r in range(rps)] + ([f"g{r}" for r in range(rps)] if dual else [])
+    L = [f"    let {v}s = subgroupAdd({v});" for v in names]
+    L.append("    if (lane == 0u) {")
+    L += [f"      res[r0 + {r}u] = a{r}s;" for r in range(rps)]
+    if dual:
+        L += [f"      res[ROWS + r0 + {r}u] = g{r}s;" for r in range(rps)]
+    L.append("    }")
+    return "\n".join(L)
+
+
+def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool,
+            x_partials: int | None = None, qout: bool = False, rps: int = 4) -> dict:
+    """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
+    n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
+    epilogue (rows == 32; each subgroup accumulates RPS rows at a time)."""
     nb = i // 32
+    acc_rows = rps if qout else rows
     return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + _ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * _ceil4(nb), "NP": n_partials(i), "Q4": fmt == "q4",
-            "RED": max(wg, rows * (2 if dual else 1) * wg),
-            "ACC_DECL": acc_decl(rows, dual), "ROW_BODY": row_body(fmt, rows, dual), "REDUCE": reduce(rows, dual, subgroups),
+            "P0": 8 * nb + 2 * _ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt == "q4",
+            "RED": wg if qout else max(wg, rows * (2 if dual else 1) * wg), "RPS": rps,
+            "SG_STORE": sg_store(rps, dual) if qout else "",
+            "ACC_DECL": acc_decl(acc_rows, dual),
+            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0"),
+            "REDUCE": "" if qout else reduce(rows, dual, subgroups),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
             "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}

@@ -76,8 +76,13 @@ class LinearKernel(Kernel):
                  w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
                  rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None,
-                 unroll: int = 1):
-        """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding."""
+                 unroll: int = 1, x_partials: int | None = None, qout: tuple | None = None, rps: int = 4):
+        """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding (blk:
+        x came from QuantizeKernel with the norm weight applied; 1/rms is applied here from the
+        x_partials partial sums of x^2 in the row).
+        qout=(xq desc, consumer fmt, norm w_offset or None, write_y) (blk, subgroups): also write
+        the outputs as the next GEMV's int8 input row; bindings after the others: the xq buffer,
+        then that GEMV's norm weight. Forces rows = 32."""
         self.template = "matvec" if stage == "decode" else "matmul"
         blk = stage == "decode" and variant == "blk"
         if blk:
@@ -89,6 +94,11 @@ class LinearKernel(Kernel):
                 raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
             if x.c != gemv_blk.row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
                 raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
+            if qout is not None:
+                rows = 32
+                if not dev.has_subgroups or w.o % 32 or qout[0].c != gemv_blk.row_words(w.o):
+                    raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
+                                     f"{gemv_blk.row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
         if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -120,8 +130,18 @@ class LinearKernel(Kernel):
             d.update(NW_BINDING=b, EPS=_f(pre_norm[0]), W_OFFSET=_f(pre_norm[1]))
             binds += (READ,)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
-            d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups, dev.wgsl_subgroup_enable),
+            d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups, dev.wgsl_subgroup_enable,
+                                      x_partials=x_partials, qout=qout is not None, rps=rps),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False)
+            d["QOUT"] = qout is not None
+            if qout is not None:
+                _, qfmt, qnorm, write_y = qout
+                d.update(gemv_blk.qout_defines(qfmt, w.o, wg), QOUT_BINDING=len(binds), QNORM=qnorm is not None,
+                         QW_OFFSET=_f(qnorm or 0.0), QSKIP_Y=not write_y)
+                binds += (RW,)
+                if qnorm is not None:
+                    d["QNW_BINDING"] = len(binds)
+                    binds += (READ,)
         if x_last_row and stage != "decode":
             raise ValueError("x_last_row is a decode-kernel option")
         super().__init__(dev, d, binds, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")
@@ -223,7 +243,7 @@ class AttentionCombineKernel(Kernel):
             if not self.quant_supported(head_dim) or out.c != gemv_blk.row_words(n_heads * head_dim):
                 raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
                                  f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
-            d.update(gemv_blk.quantize_defines(quant, n_heads * head_dim))
+            d.update(gemv_blk.qout_defines(quant, n_heads * head_dim, min(256, max(32, head_dim))))
         super().__init__(dev, d, (UNI, RW, RW), "attention_combine")
 
     @staticmethod
