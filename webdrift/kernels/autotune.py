@@ -30,6 +30,9 @@ CANDIDATES = (
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
 BLK_CANDIDATES = tuple({"variant": "blk", "rows": r, "wg": w}
                        for r, w in ((2, 32), (4, 32), (2, 64), (4, 64), (8, 64), (2, 128), (4, 128), (4, 256)))
+# the integer-dot GEMV with a quantizing epilogue (32 outputs per workgroup): RPS rows per
+# subgroup at a time; bigger workgroups give more subgroups per 32 rows
+QOUT_CANDIDATES = ({"wg": 256, "rps": 4}, {"wg": 512, "rps": 2}, {"wg": 1024, "rps": 1}, {"wg": 128, "rps": 8})
 _memory: dict[str, dict] = {}
 
 
@@ -144,6 +147,43 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
             not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
         return static_choice(dev, int8)
     return dict(_cached(key, lambda: _search(dev, w, w2, int8)))
+
+
+def choose_qout(dev: Device, w, w2=None, enabled: bool = True) -> dict:
+    """The fastest quantizing-epilogue configuration ({"variant": "blk", "rows": 32, "wg", "rps"})
+    for weight w, timed like choose_gemv."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    static = {"variant": "blk", "rows": 32, "wg": 256, "rps": 4}
+    if key not in _memory and key not in _load_file() and (
+            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+        return static
+    return dict(_cached(key, lambda: _search_qout(dev, w, w2, static)))
+
+
+def _search_qout(dev: Device, w, w2, static: dict) -> dict:
+    from . import gemv_blk
+    from .ops import LinearKernel
+    x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
+    bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, 0))
+    best, best_ns = None, None
+    limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
+    for cand in QOUT_CANDIDATES:
+        if cand["wg"] > limit:
+            continue
+        try:
+            k = LinearKernel(dev, "decode", x, y, w, w2=w2, variant="blk", wg=cand["wg"], rps=cand["rps"],
+                             qout=(q, w.fmt, 0.0, True))
+        except (GPUError, UnsupportedModelError, ValueError):
+            continue
+        ns = _time(dev, k.dispatch([sb, bufs[0], bufs[1]] + w.buffers + (w2.buffers if w2 else []) + [bufs[2], bufs[3]],
+                                   k.workgroups(1)))
+        if ns > 0 and (best_ns is None or ns < best_ns):
+            best, best_ns = dict(static, **cand), ns
+    for b in bufs + [sb]:
+        dev.release_buffer(b)
+    return best or static
 
 
 def _search(dev: Device, w, w2, int8: bool) -> dict:

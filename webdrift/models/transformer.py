@@ -20,7 +20,7 @@ from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
-from ..kernels.autotune import choose_gemv, int8_pays
+from ..kernels.autotune import choose_gemv, choose_qout, int8_pays
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
 from ..kernels.ops import (
@@ -157,6 +157,13 @@ class GPUModel:
                 out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
             else:
                 out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
+        cfg = self.cfg
+        chain = (self.dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
+                 and AttentionCombineKernel.quant_supported(cfg.head_dim))
+        if chain and out["gateup"] and out["down"]:
+            # the big GEMVs pay: make every layer GEMV int8, so each writes the next one's int8 row
+            # itself (Program.qchain) and no per-layer quantize dispatch remains
+            out.update(qkv=True, o=True)
         return out
 
     # -- loading ---------------------------------------------------------------------------
@@ -268,6 +275,12 @@ class Program:
         # decode on q4/q8 layers: int8 activations for the integer-dot GEMV (GPUModel decides)
         self.q8 = {r: stage == "decode" and v for r, v in model.int8_roles.items()}
         self.q8["head"] = self.q8["head"] and not all_logits
+        # the int8 chain: each layer's GEMVs write the next GEMV's int8 rows themselves (quantizing
+        # epilogues, the combine for the O projection): no quantize dispatch but layer 0's
+        cfg, dev = model.cfg, model.dev
+        self.qchain = (all(self.q8[r] for r in ("qkv", "o", "gateup", "down")) and dev.has_subgroups
+                       and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
+                       and AttentionCombineKernel.quant_supported(cfg.head_dim))
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.graph = self._build_graph(layout)
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
@@ -311,8 +324,11 @@ class Program:
 
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
+        chain = self.qchain
         for i in range(cfg.n_layers):
-            if q8["qkv"]:
+            if chain and i > 0:    # the previous layer's down projection wrote xqa{i}
+                g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
+            elif q8["qkv"]:
                 g.op(f"L{i}.norm+quant", ["x"], [f"xqa{i}"], ("quant", i, "attn"))
                 g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
             elif fuse:
@@ -334,9 +350,13 @@ class Program:
             if cfg.post_norms:
                 g.op(f"L{i}.o_proj", [o_in], [f"proj{i}"], ("oproj", i))
                 g.op(f"L{i}.post_attn_norm", [f"proj{i}"], ["x"], ("postnorm", i, "attn"))
+            elif chain:
+                g.op(f"L{i}.o_proj+residual+quant", [o_in, "x"], ["x", f"xqf{i}"], ("oproj", i))
             else:
                 g.op(f"L{i}.o_proj+residual", [o_in, "x"], ["x"], ("oproj", i))
-            if q8["gateup"]:
+            if chain:
+                g.op(f"L{i}.gate_up+act+quant", [f"xqf{i}"], [f"xqd{i}"], ("gateup", i))
+            elif q8["gateup"]:
                 g.op(f"L{i}.norm+quant_ffn", ["x"], [f"xqf{i}"], ("quant", i, "ffn"))
                 g.op(f"L{i}.gate_up+act", [f"xqf{i}"], [f"act{i}"], ("gateup", i))
             elif fuse:
@@ -345,12 +365,16 @@ class Program:
                 g.op(f"L{i}.ffn_norm", ["x"], [f"h2_{i}"], ("norm", i, "ffn"))
                 g.op(f"L{i}.gate_up+act", [f"h2_{i}"], [f"act{i}"], ("gateup", i))
             d_in = f"act{i}"
-            if q8["down"]:
+            if chain:
+                d_in = f"xqd{i}"
+            elif q8["down"]:
                 g.op(f"L{i}.quant_down", [f"act{i}"], [f"xqd{i}"], ("quant", i, "down"))
                 d_in = f"xqd{i}"
             if cfg.post_norms:
                 g.op(f"L{i}.down", [d_in], [f"ffo{i}"], ("down", i))
                 g.op(f"L{i}.post_ffn_norm", [f"ffo{i}"], ["x"], ("postnorm", i, "ffn"))
+            elif chain and i + 1 < cfg.n_layers:
+                g.op(f"L{i}.down+residual+quant", [d_in, "x"], ["x", f"xqa{i + 1}"], ("down", i))
             else:
                 g.op(f"L{i}.down+residual", [d_in, "x"], ["x"], ("down", i))
         if q8["head"]:
@@ -382,6 +406,12 @@ class Program:
         nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
+        def qout_for(w, w2=None):
+            return {k: v for k, v in choose_qout(dev, w, w2, enabled=m.autotune).items() if k != "rows"}
+
+        def chained(produced_by_gemv: bool):   # partial sums of x^2 in a row made by a quantizing epilogue
+            return cfg.dim // 32 if self.qchain and produced_by_gemv else None
+
         def mv_for(w, w2=None, int8=False):
             return choose_gemv(dev, w, w2, enabled=m.autotune, int8=int8) if stage == "decode" else {}
         quant_src = {"attn": lambda i: ("x", f"xqa{i}", m.layers[i].wqkv, m.layers[i].attn_norm),
@@ -420,7 +450,8 @@ class Program:
                 src = node.reads[0]
                 normed = src in ("x", f"xqa{i}")
                 k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                 pre_norm=nrm if normed else None, **mv_for(lw.wqkv, int8=src.startswith("xq")))
+                                 pre_norm=nrm if normed else None, x_partials=chained(i > 0),
+                                 **mv_for(lw.wqkv, int8=src.startswith("xq")))
                 binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
                 binds += [lw.attn_norm] if src == "x" else []
             elif kind == "rope":
@@ -450,27 +481,47 @@ class Program:
                 lw = m.layers[i]
                 out = f"proj{i}" if cfg.post_norms else "x"
                 src = node.reads[0]
-                k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms,
-                                 **mv_for(lw.wo, int8=src.startswith("xq")))
-                binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers
+                if len(node.writes) == 2:    # int8 chain: also the gate/up GEMV's input row
+                    q = node.writes[1]
+                    k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=True,
+                                     qout=(D(q), lw.w_gate.fmt, cfg.norm_weight_offset, True), **qout_for(lw.wo))
+                    binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers + [a(q), lw.ffn_norm]
+                else:
+                    k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms,
+                                     **mv_for(lw.wo, int8=src.startswith("xq")))
+                    binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers
             elif kind == "gateup":
                 i = node.build[1]
                 lw = m.layers[i]
                 src = node.reads[0]
                 normed = src in ("x", f"xqf{i}")
-                k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
-                                 pre_norm=nrm if normed else None,
-                                 **mv_for(lw.w_gate, lw.w_up, int8=src.startswith("xq")))
-                binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
-                binds += [lw.ffn_norm] if src == "x" else []
+                if node.writes[0].startswith("xq"):   # int8 chain: writes only the down GEMV's input row
+                    q = node.writes[0]
+                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
+                                     pre_norm=nrm, x_partials=chained(True),
+                                     qout=(D(q), lw.w_down.fmt, None, False), **qout_for(lw.w_gate, lw.w_up))
+                    # y is never written (QSKIP_Y): any arena range satisfies the binding
+                    binds = [self.step_buf, a(src), a("x")] + lw.w_gate.buffers + lw.w_up.buffers + [a(q)]
+                else:
+                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
+                                     pre_norm=nrm if normed else None,
+                                     **mv_for(lw.w_gate, lw.w_up, int8=src.startswith("xq")))
+                    binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
+                    binds += [lw.ffn_norm] if src == "x" else []
             elif kind == "down":
                 i = node.build[1]
                 lw = m.layers[i]
                 out = f"ffo{i}" if cfg.post_norms else "x"
                 src = node.reads[0]
-                k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms,
-                                 **mv_for(lw.w_down, int8=src.startswith("xq")))
-                binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers
+                if len(node.writes) == 2:    # int8 chain: also the next layer's QKV input row
+                    q, nxt = node.writes[1], m.layers[i + 1]
+                    k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=True,
+                                     qout=(D(q), nxt.wqkv.fmt, cfg.norm_weight_offset, True), **qout_for(lw.w_down))
+                    binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers + [a(q), nxt.attn_norm]
+                else:
+                    k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms,
+                                     **mv_for(lw.w_down, int8=src.startswith("xq")))
+                    binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
                                   last_row=not self.all_logits)
