@@ -210,7 +210,7 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     the same weights; an unknown role is an InvalidArgumentError; int8_pays measures both paths."""
     from webdrift.bench import build_engine
     from webdrift.gpu.native import get_device
-    from webdrift.kernels.autotune import int8_pays
+    from webdrift.kernels.autotune import chain_pays, int8_pays
     from webdrift.models.synthetic import synthetic_source
     dev = get_device()
     src = synthetic_source("tiny", "q4")
@@ -227,3 +227,5 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     lw = ref.model.layers[0]
     m = int8_pays(dev, lw.w_gate, lw.w_up, pre_norm=True)
     assert m["float_ns"] > 0 and m["int8_ns"] > 0 and isinstance(m["int8"], bool)
+    c = chain_pays(dev, [(lw.wo, None, "q4", True), (lw.w_gate, lw.w_up, "q4", False)])
+    assert c["separate_ns"] > 0 and c["chained_ns"] > 0 and c["chain"] == (c["chained_ns"] < c["separate_ns"])

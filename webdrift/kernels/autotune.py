@@ -186,6 +186,48 @@ def _search_qout(dev: Device, w, w2, static: dict) -> dict:
     return best or static
 
 
+def chain_pays(dev: Device, links: list) -> dict:
+    """Whether quantizing epilogues beat separate quantize dispatches for one layer. links: per
+    producing GEMV (w, w2, next_fmt, next_norm: bool) -- O projection, gate/up, down. Compares
+    sum(best integer-dot GEMV + QuantizeKernel of its output + host cost of that dispatch) with
+    sum(best quantizing-epilogue GEMV). Returns {"separate_ns", "chained_ns", "chain": bool}."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|chain|" + ";".join(
+        f"{w.fmt},{w.o},{w.i},{int(w2 is not None)},{nf},{int(nn)}" for w, w2, nf, nn in links)
+    return _cached(key, lambda: _measure_chain(dev, links))
+
+
+def _measure_chain(dev: Device, links: list) -> dict:
+    from . import gemv_blk
+    from .ops import LinearKernel, QuantizeKernel
+    sep = chained = 0
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, 0))
+    try:
+        for w, w2, nfmt, nnorm in links:
+            x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
+            bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o)]
+            xb, yb, qb, nb = bufs
+            wb = w.buffers + (w2.buffers if w2 else [])
+            norm = (1e-5, 0.0) if nnorm else None
+            try:
+                k = LinearKernel(dev, "decode", x, y, w, w2=w2, **choose_gemv(dev, w, w2, int8=True))
+                qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
+                sep += (_time(dev, k.dispatch([sb, xb, yb] + wb, k.workgroups(1)))
+                        + _time(dev, qk.dispatch([sb, yb, qb] + ([nb] if nnorm else []), qk.workgroups(1)))
+                        + HOST_NS_PER_DISPATCH)
+                qc = {k2: v for k2, v in choose_qout(dev, w, w2).items() if k2 != "rows"}
+                kq = LinearKernel(dev, "decode", x, y, w, w2=w2, qout=(q, nfmt, 0.0 if nnorm else None, True), **qc)
+                chained += _time(dev, kq.dispatch([sb, xb, yb] + wb + [qb] + ([nb] if nnorm else []), kq.workgroups(1)))
+            finally:
+                for b in bufs:
+                    dev.release_buffer(b)
+    except (GPUError, UnsupportedModelError, ValueError):
+        return {"separate_ns": None, "chained_ns": None, "chain": False}
+    finally:
+        dev.release_buffer(sb)
+    return {"separate_ns": sep, "chained_ns": chained, "chain": chained < sep}
+
+
 def _search(dev: Device, w, w2, int8: bool) -> dict:
     from . import gemv_blk
     from .ops import LinearKernel

@@ -20,7 +20,7 @@ from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
-from ..kernels.autotune import choose_gemv, choose_qout, int8_pays
+from ..kernels.autotune import chain_pays, choose_gemv, choose_qout, int8_pays
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
 from ..kernels.ops import (
@@ -117,6 +117,7 @@ class GPUModel:
         self.inv_freq_local = (self._f32_buffer(rope_inv_freq(cfg, cfg.rope_local_theta), "inv_freq_local")
                                if cfg.rope_local_theta else self.inv_freq)
         self._src = None
+        self.int8_chain = False   # _int8_choice decides (auto: by measurement)
         self.int8_roles = self._int8_choice(int8_activations)
         self.int8 = any(self.int8_roles.values())
 
@@ -137,6 +138,7 @@ class GPUModel:
             if bad:
                 raise InvalidArgumentError(f"int8_activations: unknown roles {bad}; the roles are {sorted(roles)}")
             out = {r: bool(wanted.get(r, False)) for r in roles}
+            self.int8_chain = all(out[r] for r in ("qkv", "o", "gateup", "down"))
             if (any(v for r, v in out.items() if r != "head") and not ok) or (out["head"] and not head_ok):
                 raise UnsupportedModelError(f"int8 activations for {sorted(r for r, v in out.items() if v)} need "
                                             "q4/q8 weights with inputs a multiple of 32 and packed 4x8 integer dot products")
@@ -147,6 +149,7 @@ class GPUModel:
                     "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
                     f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                     f"adapter: {self.dev.has_dp4a})")
+            self.int8_chain = bool(wanted)
             return {r: bool(wanted) and (r != "head" or head_ok) for r in roles}
         out = {}
         for r, (w, w2, norm) in roles.items():
@@ -161,9 +164,14 @@ class GPUModel:
         chain = (self.dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
                  and AttentionCombineKernel.quant_supported(cfg.head_dim))
         if chain and out["gateup"] and out["down"]:
-            # the big GEMVs pay: make every layer GEMV int8, so each writes the next one's int8 row
-            # itself (Program.qchain) and no per-layer quantize dispatch remains
-            out.update(qkv=True, o=True)
+            # the big GEMVs pay: try every layer GEMV int8, each writing the next one's int8 row
+            # itself (Program.qchain: no per-layer quantize dispatch), if measuring the quantizing
+            # epilogues against separate quantize dispatches says so
+            links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
+                     (lw.w_down, None, lw.wqkv.fmt, True)]
+            if chain_pays(self.dev, links)["chain"]:
+                out.update(qkv=True, o=True)
+                self.int8_chain = True
         return out
 
     # -- loading ---------------------------------------------------------------------------
@@ -278,7 +286,7 @@ class Program:
         # the int8 chain: each layer's GEMVs write the next GEMV's int8 rows themselves (quantizing
         # epilogues, the combine for the O projection): no quantize dispatch but layer 0's
         cfg, dev = model.cfg, model.dev
-        self.qchain = (all(self.q8[r] for r in ("qkv", "o", "gateup", "down")) and dev.has_subgroups
+        self.qchain = (model.int8_chain and all(self.q8[r] for r in ("qkv", "o", "gateup", "down")) and dev.has_subgroups
                        and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
                        and AttentionCombineKernel.quant_supported(cfg.head_dim))
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
