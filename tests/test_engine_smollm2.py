@@ -129,19 +129,19 @@ def test_int8_activations_greedy(engine_int8, ref_model, prompt):
 
 
 def test_int8_chain_dispatches(engine_int8, engine):
-    """With every role int8 (and subgroups), each GEMV writes the next one's int8 row itself: a
-    decode layer is 7 dispatches (the float graph's 7, with the norms still fused) and the only
-    quantize dispatches are layer 0's input and the LM head's."""
+    """With every role int8 (and subgroups), each GEMV writes the next one's int8 row itself and
+    the QKV GEMV applies RoPE and appends K/V: a decode layer is 6 dispatches (the float graph
+    has 7) and the only quantize dispatches are layer 0's input and the LM head's."""
     labels = [d.label for d in engine_int8.decode.dispatches(1)]
     n = engine_int8.config.n_layers
     assert engine_int8.decode.qchain
     quantize_ops = ("norm+quant", "quant_o", "norm+quant_ffn", "quant_down", "norm+quant_head")
     assert [lab for lab in labels if lab.split(".")[-1] in quantize_ops] == ["L0.norm+quant", "norm+quant_head"]
     per_layer = [lab for lab in labels if lab.startswith("L1.")]
-    assert per_layer == ["L1.qkv", "L1.rope_kv", "L1.attention", "L1.attn_combine+quant", "L1.o_proj+residual+quant",
+    assert per_layer == ["L1.qkv+rope_kv", "L1.attention", "L1.attn_combine+quant", "L1.o_proj+residual+quant",
                          "L1.gate_up+act+quant", "L1.down+residual+quant"]
     assert labels[-5:] == [f"L{n - 1}.down+residual", "norm+quant_head", "lm_head", "argmax", "sample"]
-    assert len(labels) == len(engine.decode.dispatches(1)) + 1      # + layer 0's quantize
+    assert len(labels) == len(engine.decode.dispatches(1)) + 1 - n   # + layer 0's quantize, - a RoPE per layer
 
 
 def test_int8_activations_choice(engine, smollm2_gguf_path):

@@ -248,3 +248,46 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
     if qnorm is not None:
         parts = g[:, 8 * nb + 2 * nbp: 8 * nb + 2 * nbp + nb].view(np.float32)
         np.testing.assert_allclose(parts.sum(1), (yr.astype(np.float64) ** 2).sum(1), rtol=1e-4)
+
+
+@pytest.mark.parametrize("rope_half,bias,rows", [(True, False, 4), (False, True, 2), (True, True, 8)])
+def test_blk_rope_epilogue(rope_half, bias, rows):
+    """rope: the QKV GEMV applies RoPE, writes q in the attention's relayout and appends K/V to
+    the caches itself: the same q rows and cache contents as the plain GEMV followed by
+    RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38)."""
+    from tests.gpu_util import run, step_buffer
+    from webdrift.kernels.ops import RopeQKVKernel
+    dev = device()
+    H, KVH, DH, cap, T, pos0 = 4, 2, 32, 64, 2, 37
+    O, I = (H + 2 * KVH) * DH, 256
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    xd, qd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    write_step(T, pos0=pos0)
+    run(QuantizeKernel(dev, xd, qd, "q4"), [xb, qb], T, pos0=pos0)
+    gw, _ = make_weight(_weights(O, I, seed=32), "q4")
+    bb = [f32_buffer(rng.standard_normal(O).astype(np.float32))] if bias else []
+    inv_freq = f32_buffer((10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32))
+    q_rel = TensorDesc("q", DH, T * (H // KVH), b=KVH)
+    cache = lambda: f32_buffer(np.full(KVH * cap * DH, 7.0, np.float32))
+    # reference: plain GEMV into qkv, then RopeQKVKernel
+    yd = TensorDesc("qkv", O, CAP)
+    yb = upload(yd, None)
+    run(LinearKernel(dev, "decode", qd, yd, gw, bias=bias, variant="blk", rows=rows, wg=64), [qb, yb] + gw.buffers + bb,
+        T, pos0=pos0)
+    qr, kr, vr = upload(q_rel, None), cache(), cache()
+    run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half), [yb, qr, kr, vr, inv_freq], T, pos0=pos0)
+    # fused
+    qf, kf, vf = upload(q_rel, None), cache(), cache()
+    k = LinearKernel(dev, "decode", qd, yd, gw, bias=bias, variant="blk", rows=rows, wg=64,
+                     rope={"q": q_rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": cap, "rope_half": rope_half})
+    write_step(T, pos0=pos0)
+    dev.submit([k.dispatch([step_buffer(), qb, upload(yd, None)] + gw.buffers + bb + [qf, kf, vf, inv_freq],
+                           k.workgroups(T))])
+    np.testing.assert_allclose(download(q_rel, qf, squeeze=False), download(q_rel, qr, squeeze=False),
+                               rtol=1e-5, atol=1e-5)
+    for got, want in ((kf, kr), (vf, vr)):
+        g, w = np.frombuffer(dev.read_buffer_sync(got), np.float32), np.frombuffer(dev.read_buffer_sync(want), np.float32)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        assert (g != 7.0).sum() == KVH * T * DH      # exactly the two positions were appended

@@ -174,6 +174,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     try:
         eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations)
         base["int8_activations"] = eng.model.int8
+        base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
+        base["int8_chain"] = eng.model.int8_chain
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
         generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4)         # compile + warm every kernel
         rows = []

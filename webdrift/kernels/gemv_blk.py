@@ -88,8 +88,11 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
             f"    {acc}{r} += {n}m{r}.x * dx * f32({' + '.join(terms)}) + {n}m{r}.y * sx;"]
 
 
-def row_body(fmt: str, rows: int, dual: bool, base: str = "o0") -> str:
-    L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
+def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = False) -> str:
+    if rope:   # output index -> weight row (rotation partners adjacent)
+        L = [f"    let rw{r} = rperm(min({base} + {r}u, w_O - 1u));" for r in range(rows)]
+    else:
+        L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
     for r in range(rows):
         L += _row("w", "a", r, fmt)
         if dual:
@@ -102,8 +105,9 @@ def acc_decl(rows: int, dual: bool) -> str:
     return "\n".join(f"  var {v} = 0.0;" for v in names)
 
 
-def reduce(rows: int, dual: bool, subgroups: bool) -> str:
-    """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r."""
+def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False) -> str:
+    """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r
+    (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1)."""
     names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
     if subgroups:
         L = [f"  let {v}s = subgroupAdd({v});" for v in names]
@@ -125,7 +129,12 @@ def reduce(rows: int, dual: bool, subgroups: bool) -> str:
         L.append("  }")
     L.append("  workgroupBarrier();")
     L.append("  if (lid < ROWS && o0 + lid < w_O) {")
-    L.append(f"    epilogue(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
+    if rope:
+        L.append("    let ix = o0 + lid;")
+        L.append("    rope_out(t, ix, epilogue_value(t, rperm(ix), inv * red[lid * WG], 0.0),")
+        L.append("             epilogue_value(t, rperm(ix ^ 1u), inv * red[(lid ^ 1u) * WG], 0.0));")
+    else:
+        L.append(f"    epilogue(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
     L.append("  }")
     return "\n".join(L)
 
@@ -143,7 +152,7 @@ def sg_store(rps: int, dual: bool) -> str:
 
 
 def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool,
-            x_partials: int | None = None, qout: bool = False, rps: int = 4) -> dict:
+            x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
     n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
     epilogue (rows == 32; each subgroup accumulates RPS rows at a time)."""
@@ -154,7 +163,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
             "RED": wg if qout else max(wg, rows * (2 if dual else 1) * wg), "RPS": rps,
             "SG_STORE": sg_store(rps, dual) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual),
-            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0"),
-            "REDUCE": "" if qout else reduce(rows, dual, subgroups),
+            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope),
+            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
             "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}

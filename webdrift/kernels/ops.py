@@ -76,13 +76,17 @@ class LinearKernel(Kernel):
                  w2: GPUWeight | None = None, bias: bool = False, residual: bool = False,
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
                  rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None,
-                 unroll: int = 1, x_partials: int | None = None, qout: tuple | None = None, rps: int = 4):
+                 unroll: int = 1, x_partials: int | None = None, qout: tuple | None = None, rps: int = 4,
+                 rope: dict | None = None):
         """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding (blk:
         x came from QuantizeKernel with the norm weight applied; 1/rms is applied here from the
         x_partials partial sums of x^2 in the row).
         qout=(xq desc, consumer fmt, norm w_offset or None, write_y) (blk, subgroups): also write
         the outputs as the next GEMV's int8 input row; bindings after the others: the xq buffer,
-        then that GEMV's norm weight. Forces rows = 32."""
+        then that GEMV's norm weight. Forces rows = 32.
+        rope=dict(q=q_rel desc, n_heads, n_kv, head_dim, cap, rope_half) (blk, the QKV projection):
+        RoPE + Q relayout + KV append in the epilogue instead of writing y; bindings after the
+        others: q_rel, K cache, V cache, inv_freq."""
         self.template = "matvec" if stage == "decode" else "matmul"
         blk = stage == "decode" and variant == "blk"
         if blk:
@@ -94,6 +98,9 @@ class LinearKernel(Kernel):
                 raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
             if x.c != gemv_blk.row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
                 raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
+            if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope["head_dim"] % 2
+                                     or w.o != (rope["n_heads"] + 2 * rope["n_kv"]) * rope["head_dim"]):
+                raise ValueError(f"RoPE in the GEMV epilogue needs an even row count and the QKV weight; {w.name}")
             if qout is not None:
                 rows = 32
                 if not dev.has_subgroups or w.o % 32 or qout[0].c != gemv_blk.row_words(w.o):
@@ -134,6 +141,17 @@ class LinearKernel(Kernel):
                                       x_partials=x_partials, qout=qout is not None, rps=rps),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False)
             d["QOUT"] = qout is not None
+            d["ROPE"] = rope is not None
+            if rope is not None:
+                d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, False, dev.has_subgroups, dev.wgsl_subgroup_enable,
+                                          x_partials=x_partials, rope=True),
+                         XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0",
+                         PRE_NORM=False, ROPE=True,
+                         Q_DECL=accessor_wgsl(rope["q"], len(binds), "q"), ROPE_BINDING=len(binds) + 1,
+                         ROPE_BINDING1=len(binds) + 2, ROPE_BINDING2=len(binds) + 3,
+                         RH=rope["n_heads"], RKVH=rope["n_kv"], RDH=rope["head_dim"],
+                         RGROUP=rope["n_heads"] // rope["n_kv"], RCAP=rope["cap"], ROPE_HALF=rope["rope_half"])
+                binds += (RW, RW, RW, READ)
             if qout is not None:
                 _, qfmt, qnorm, write_y = qout
                 d.update(gemv_blk.qout_defines(qfmt, w.o, wg), QOUT_BINDING=len(binds), QNORM=qnorm is not None,

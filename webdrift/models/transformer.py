@@ -333,18 +333,21 @@ class Program:
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
         chain = self.qchain
+        rope_fused = q8["qkv"] and not cfg.qk_norm   # the integer-dot QKV GEMV applies RoPE itself
         for i in range(cfg.n_layers):
-            if chain and i > 0:    # the previous layer's down projection wrote xqa{i}
-                g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
-            elif q8["qkv"]:
+            if q8["qkv"] and not (chain and i > 0):    # (in the chain, layer i-1's down wrote xqa{i})
                 g.op(f"L{i}.norm+quant", ["x"], [f"xqa{i}"], ("quant", i, "attn"))
+            if rope_fused:
+                g.op(f"L{i}.qkv+rope_kv", [f"xqa{i}"], [f"q{i}"], ("qkv", i))
+            elif q8["qkv"]:
                 g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
             elif fuse:
                 g.op(f"L{i}.norm+qkv", ["x"], [f"qkv{i}"], ("qkv", i))
             else:
                 g.op(f"L{i}.attn_norm", ["x"], [f"h{i}"], ("norm", i, "attn"))
                 g.op(f"L{i}.qkv", [f"h{i}"], [f"qkv{i}"], ("qkv", i))
-            g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
+            if not rope_fused:
+                g.op(f"L{i}.rope_kv", [f"qkv{i}"], [f"q{i}"], ("rope", i))
             g.op(f"L{i}.attention", [f"q{i}"], [f"part{i}"], ("attn", i))
             o_in = f"attn{i}"
             if q8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim):   # combine writes int8
@@ -457,11 +460,22 @@ class Program:
                 lw = m.layers[i]
                 src = node.reads[0]
                 normed = src in ("x", f"xqa{i}")
-                k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                 pre_norm=nrm if normed else None, x_partials=chained(i > 0),
-                                 **mv_for(lw.wqkv, int8=src.startswith("xq")))
-                binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + ([lw.bqkv] if lw.bqkv else [])
-                binds += [lw.attn_norm] if src == "x" else []
+                bias = [lw.bqkv] if lw.bqkv else []
+                if node.writes[0] == f"q{i}":   # RoPE, the Q relayout and the KV append in the epilogue
+                    rope = {"q": D(f"q{i}"), "n_heads": cfg.n_heads, "n_kv": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+                            "cap": m.cap_stride, "rope_half": cfg.rope_style == "half"}
+                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
+                                     pre_norm=nrm, x_partials=chained(i > 0), rope=rope, **mv_for(lw.wqkv, int8=True))
+                    freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
+                    # y is never written: any arena range satisfies its binding
+                    binds = ([self.step_buf, a(src), a("x")] + lw.wqkv.buffers + bias
+                             + [a(f"q{i}"), lw.k_cache, lw.v_cache, freq])
+                else:
+                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
+                                     pre_norm=nrm if normed else None, x_partials=chained(i > 0),
+                                     **mv_for(lw.wqkv, int8=src.startswith("xq")))
+                    binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + bias
+                    binds += [lw.attn_norm] if src == "x" else []
             elif kind == "rope":
                 i = node.build[1]
                 lw = m.layers[i]
