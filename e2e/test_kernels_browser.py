@@ -139,3 +139,104 @@ def test_browser_kernels_match_numpy(chromium, server, record):
         for name in names:
             got = np.array(res[name]).reshape(T, O)
             np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+# The int8-activation path (what a browser on a real GPU picks for big q4/q8 models): Tint must
+# accept the integer-dot kernels, and they must compute what the desktop ones do.
+INT8_CODE = r"""
+import base64, json, struct
+from webdrift.gpu.base import UNIFORM
+from webdrift.gpu.browser import create_browser_device
+from webdrift.kernels import gemv_blk
+from webdrift.kernels.convert import allocate_weight, upload_rows
+from webdrift.kernels.ops import LinearKernel, QuantizeKernel
+from webdrift.kernels.step import STEP_BYTES, pack_step
+from webdrift.tensor import TensorDesc
+
+args = json.loads(ARGS)
+b64 = lambda s: base64.b64decode(s)
+dev = await create_browser_device()
+out = {"dp4a": dev.has_dp4a, "subgroups": dev.has_subgroups}
+step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
+T, O, I, CAP, eps = args["T"], args["O"], args["I"], args["CAP"], args["eps"]
+xd, yd = TensorDesc("x", I, CAP), TensorDesc("y", O, CAP)
+qd, nd = gemv_blk.xq_desc("xq", I, CAP), gemv_blk.xq_desc("n", O, CAP)
+xb = dev.create_buffer(xd.nbytes, label="x"); dev.write_buffer(xb, b64(args["x"]))
+nwb = dev.create_buffer(4 * I, label="nw"); dev.write_buffer(nwb, b64(args["nw"]))
+nw2 = dev.create_buffer(4 * O, label="nw2"); dev.write_buffer(nw2, b64(args["nw2"]))
+qb, yb, nb = (dev.create_buffer(d.nbytes, label=d.name) for d in (qd, yd, nd))
+dev.write_buffer(step, pack_step(T, 0))
+for src, fmt in args["formats"]:
+    try:
+        w = allocate_weight(dev, fmt, fmt, O, I, "OI")
+        upload_rows(dev, w, src, b64(args["w_" + src]), O)
+        qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=(eps, 0.0))
+        k = LinearKernel(dev, "decode", qd, yd, w, variant="blk", rows=4, wg=64, pre_norm=(eps, 0.0))
+        dev.submit([qk.dispatch([step, xb, qb, nwb], qk.workgroups(T)), k.dispatch([step, qb, yb] + w.buffers, k.workgroups(T))])
+        out[fmt + "/blk"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+        kq = LinearKernel(dev, "decode", qd, yd, w, variant="blk", wg=64, rps=4, pre_norm=(eps, 0.0),
+                          qout=(nd, "q8", 0.0, True))
+        dev.submit([kq.dispatch([step, qb, yb] + w.buffers + [nb, nw2], kq.workgroups(T))])
+        out[fmt + "/qout_y"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+        out[fmt + "/qout_words"] = base64.b64encode(await dev.read_buffer(nb, 0, nd.nbytes)).decode()
+    except Exception as e:
+        out[fmt] = "ERROR " + str(e)[:1500]
+await dev.check_errors()
+dev.destroy()
+json.dumps(out)
+"""
+
+
+def test_browser_int8_kernels(chromium, server, record):
+    """QuantizeKernel (norm fused) + the integer-dot GEMV, plain and with its quantizing epilogue,
+    compiled by Tint and run on SwiftShader, against the numpy emulation of the desktop tests."""
+    from tests.test_kernels_linear_blk import quant_x
+    rng = np.random.default_rng(9)
+    T, O, I, CAP, eps = 2, 64, 256, 4, 1e-5
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(I)).astype(np.float32)
+    nw2 = (1 + 0.1 * rng.standard_normal(O)).astype(np.float32)
+    w = (rng.standard_normal((O, I)) * 0.2).astype(np.float32)
+    q8_raw, w_q8 = _q8_0(w)
+    q4_raw, w_q4 = _q4_1(w)
+    enc = lambda b: base64.b64encode(b).decode()
+    xp = np.zeros((CAP, I), np.float32)
+    xp[:T] = x
+    args = {"T": T, "O": O, "I": I, "CAP": CAP, "eps": eps, "x": enc(xp.tobytes()), "nw": enc(nw.tobytes()),
+            "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw),
+            "formats": [("Q8_0", "q8"), ("Q4_1", "q4")]}
+    pg = chromium.page(server["url"] + "/e2e/blank.html")
+    try:
+        res = chromium.eval(pg, """async (code) => {
+            const wd = await import("/webdrift.js");
+            const rt = await wd.createRuntime();
+            try { return JSON.parse(await rt.runPython(code)); } finally { await rt.dispose(); }
+        }""", f"ARGS = {json.dumps(json.dumps(args))}\n" + INT8_CODE, timeout_s=400)
+    finally:
+        pg.close()
+    assert res["dp4a"] and res["subgroups"], res            # Chromium's WGSL offers both
+    errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
+    assert not errors, f"int8 kernels failed in the browser: {errors}"
+    # what the kernels compute: int8 blocks of u = x * nw, the GEMV scaled by 1/rms(x); q4 adds
+    # its min term from the exact block sums of u
+    u = (x * nw).astype(np.float32)
+    inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
+    uq = quant_x(u)
+    nb = O // 32
+    for fmt, wref in (("q8", w_q8), ("q4", w_q4)):
+        y = np.array(res[fmt + "/blk"]).reshape(T, O)
+        want = uq @ wref.T.astype(np.float64)
+        if fmt == "q4":
+            m = np.repeat(wref.reshape(O, -1, 32).min(-1), 32, axis=1).astype(np.float64)
+            want += (u - uq) @ m.T
+        want *= inv
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=fmt)
+        yq = np.array(res[fmt + "/qout_y"]).reshape(T, O)
+        np.testing.assert_allclose(yq, y, rtol=1e-5, atol=1e-5)
+        words = np.frombuffer(base64.b64decode(res[fmt + "/qout_words"]), np.uint32).reshape(CAP, -1)[:T]
+        q = words[:, :8 * nb].copy().view(np.int8).reshape(T, nb, 32).astype(np.float64)
+        d = words[:, 8 * nb:9 * nb].view(np.float32)
+        yn = (y * nw2).reshape(T, nb, 32)
+        np.testing.assert_allclose(d, np.abs(yn).max(-1) / 127, rtol=1e-4)
+        assert np.abs(q * d[..., None] - yn).max() <= 0.51 * d.max() + 1e-6    # int8 of y * next norm weight
+    record("int8_kernels_browser", "ok")
