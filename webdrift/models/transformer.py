@@ -126,7 +126,9 @@ class GPUModel:
         qkv, o, gateup, down, head. True/False: all of them (True needs q4/q8 layers). Auto: on
         GPUs with packed integer dot products, per role where the measured GEMV time saved pays
         for the extra quantize dispatch (kernels/autotune.py int8_pays; without timestamps, for
-        weights >= 12 MiB); never on software adapters."""
+        weights >= 12 MiB); then, where gate/up pays and the layer allows it, every layer GEMV
+        with the int8 chain if chain_pays measures it faster (untimed: always); never on software
+        adapters."""
         lw = self.layers[0]
         roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
                  "down": (lw.w_down, None, False), "head": (self.output, None, True)}
@@ -163,14 +165,15 @@ class GPUModel:
         cfg = self.cfg
         chain = (self.dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
                  and AttentionCombineKernel.quant_supported(cfg.head_dim))
-        if chain and out["gateup"] and out["down"]:
-            # the big GEMVs pay: try every layer GEMV int8, each writing the next one's int8 row
-            # itself (Program.qchain: no per-layer quantize dispatch), if measuring the quantizing
-            # epilogues against separate quantize dispatches says so
+        if chain and out["gateup"]:
+            # the biggest GEMV pays: try every layer GEMV int8, each writing the next one's int8
+            # row itself (Program.qchain: no per-layer quantize dispatch), if measuring the
+            # quantizing epilogues against separate quantize dispatches says so
             links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
                      (lw.w_down, None, lw.wqkv.fmt, True)]
-            if chain_pays(self.dev, links)["chain"]:
-                out.update(qkv=True, o=True)
+            timed = self.autotune and self.dev.has_timestamps and hasattr(self.dev, "read_timestamps")
+            if not timed or chain_pays(self.dev, links)["chain"]:   # untimed (browser): the chain
+                out.update(qkv=True, o=True, down=True)
                 self.int8_chain = True
         return out
 

@@ -1,0 +1,62 @@
+"""GPUModel's choice of int8 activations, as pure logic (fake device and weights): forced,
+per-role and automatic, incl. an adapter that cannot time kernels synchronously (the browser),
+which takes the size rule and the int8 chain, and software adapters, which never take int8."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace as NS
+
+import pytest
+
+from webdrift.errors import InvalidArgumentError, UnsupportedModelError
+from webdrift.models.transformer import GPUModel
+
+
+def fake_model(fmt="q4", dim=2048, ffn=8192, is_cpu=False, dp4a=True, timed=False, post_norms=False):
+    def w(o, i):
+        return NS(fmt=fmt, o=o, i=i, nbytes=o * i // (2 if fmt == "q4" else 1))
+    lw = NS(wqkv=w(3 * dim, dim), wo=w(dim, dim), w_gate=w(ffn, dim), w_up=w(ffn, dim), w_down=w(dim, ffn))
+    dev = NS(has_dp4a=dp4a, has_subgroups=True, has_timestamps=timed, info=NS(is_cpu=is_cpu))
+    m = GPUModel.__new__(GPUModel)
+    m.dev, m.layers, m.output, m.autotune, m.int8_chain = dev, [lw], w(128256, dim), True, False
+    m.cfg = NS(post_norms=post_norms, dim=dim, ffn_dim=ffn, head_dim=64)
+    return m
+
+
+def test_untimed_gpu_takes_size_rule_and_chain():
+    m = fake_model()
+    roles = m._int8_choice(None)
+    assert roles == {"qkv": True, "o": True, "gateup": True, "down": True, "head": True}
+    assert m.int8_chain
+
+
+def test_small_layers_stay_float_without_timing():
+    m = fake_model(dim=576, ffn=1536)
+    roles = m._int8_choice(None)
+    assert not any(v for r, v in roles.items() if r != "head") and roles["head"]   # the 49k+ vocab head is big
+    assert not m.int8_chain
+
+
+def test_software_adapter_never_takes_int8():
+    m = fake_model(is_cpu=True)
+    assert not any(m._int8_choice(None).values())
+
+
+def test_forced_and_per_role():
+    m = fake_model()
+    assert all(m._int8_choice(True).values()) and m.int8_chain
+    assert not any(m._int8_choice(False).values())
+    roles = m._int8_choice({"down": True})
+    assert roles["down"] and not roles["qkv"] and not m.int8_chain
+    with pytest.raises(InvalidArgumentError, match="unknown roles"):
+        m._int8_choice({"lm": True})
+    with pytest.raises(UnsupportedModelError, match="int8 activations"):
+        fake_model(fmt="f16")._int8_choice(True)
+    with pytest.raises(UnsupportedModelError, match="int8 activations"):
+        fake_model(dp4a=False)._int8_choice(True)
+
+
+def test_post_norm_models_skip_the_chain():
+    m = fake_model(post_norms=True)    # Gemma's post-norms: no quantizing epilogues; per-role size rule
+    roles = m._int8_choice(None)
+    assert roles["gateup"] and roles["head"] and not roles["down"] and not m.int8_chain
