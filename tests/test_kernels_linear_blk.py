@@ -67,12 +67,17 @@ def quant_x(x):
     return (q * (amax / np.float32(127.0))).reshape(x.shape).astype(np.float64)
 
 
-def check(y, x, wref, fmt, fn=lambda lin: lin(WREF), rel_exact=3e-2):
+def check(y, x, wref, fmt, fn=lambda lin: lin(WREF), rel_exact=3e-2, row_scale=None):
     """fn(lin) builds the expected output from lin(w) = the layer's product with weight w.
     q4 (x = d q + m, GGUF Q4_1 here: m is each block's minimum) takes its min term from the
-    unquantized input: d dx sum(q qx) + m sum(x)."""
+    unquantized input: d dx sum(q qx) + m sum(x). row_scale (T, 1): the kernel quantized
+    x / row_scale and multiplied its result by row_scale (the fused norm's 1/rms), so the
+    emulation rounds exactly where the kernel does."""
     x64 = x.astype(np.float64)
-    xq = quant_x(x)
+    if row_scale is None:
+        xq = quant_x(x)
+    else:
+        xq = quant_x((x64 / row_scale).astype(np.float32)) * row_scale
 
     def emu(w):
         w = wref if w is WREF else w
@@ -109,7 +114,8 @@ def test_blk_pre_norm(tuning, fmt):
     nw = np.random.default_rng(11).standard_normal(I).astype(np.float32)
     x, wref, _, y = run_linear("decode", T, _weights(45, I), fmt, tuning=tuning, norm_w=nw)
     xn = rms_norm_ref(x, nw).astype(np.float32)
-    check(y[:T], xn, wref, fmt)
+    inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+    check(y[:T], xn, wref, fmt, row_scale=inv)   # the kernels quantize x * nw, then scale by 1/rms
 
 
 @pytest.mark.parametrize("fusion", ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"])
