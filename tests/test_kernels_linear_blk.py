@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, make_weight, upload, write_step
-from tests.test_kernels_linear import SENTINEL, _weights, gelu_tanh, rms_norm_ref, silu
+from tests.test_kernels_linear import FUSIONS, SENTINEL, _weights, fusion_case, gelu_tanh, rms_norm_ref, silu
 from webdrift.errors import UnsupportedModelError
 from webdrift.kernels import gemv_blk
 from webdrift.kernels.ops import LinearKernel, QuantizeKernel
@@ -118,20 +118,10 @@ def test_blk_pre_norm(tuning, fmt):
     check(y[:T], xn, wref, fmt, row_scale=inv)   # the kernels quantize x * nw, then scale by 1/rms
 
 
-@pytest.mark.parametrize("fusion", ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"])
+@pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
 def test_blk_fusions(fusion, fmt):
-    tuning = {"variant": "blk", "rows": 4, "wg": 64}
-    T, O, I = 2, 45, 576
-    rng = np.random.default_rng(12)
-    W = _weights(O, I, seed=13) * 3
-    kw = {"tuning": tuning}
-    if fusion.startswith("dual"):
-        kw.update(w2=_weights(O, I, seed=14), act="silu" if fusion == "dual_silu" else "gelu_tanh")
-    if fusion == "bias_residual":
-        kw.update(bias=rng.standard_normal(O).astype(np.float32), y0=rng.standard_normal((T, O)).astype(np.float32))
-    if fusion == "softcap":
-        kw.update(softcap=2.0)
+    T, W, kw = fusion_case(fusion, {"variant": "blk", "rows": 4, "wg": 64})
     x, wref, w2ref, y = run_linear("decode", T, W, fmt, x_last_row=fusion == "x_last_row", **kw)
     if fusion == "x_last_row":
         check(y[:1], x[T - 1:], wref, fmt)
@@ -158,7 +148,7 @@ def test_blk_refuses_float_weights_and_unquantized_inputs():
 @pytest.mark.parametrize("fmt,I", [("q8", 96), ("q4", 96), ("q4", 1120)])
 def test_quantize_layout(fmt, I):
     """The int8 words, scales and sums QuantizeKernel writes, decoded on the host (sliced input;
-    1120 channels take two workgroups per row)."""
+    1120 channels take five workgroups per row)."""
     T = 3
     x = np.random.default_rng(5).standard_normal((T, I)).astype(np.float32) * 3
     x[1, :32] = 0.0                                   # an all-zero block: scale 0, values 0
@@ -195,7 +185,7 @@ def test_quantize_norm_partials():
     words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
     nb, nbp = I // 32, (I // 32 + 3) // 4 * 4
     npart = gemv_blk.n_partials(I)
-    assert npart == 3
+    assert npart == 9                  # 2080 channels, 256 per workgroup
     parts = words[:, 8 * nb + 2 * nbp: 8 * nb + 2 * nbp + npart].view(np.float32)
     np.testing.assert_allclose(parts.sum(1), (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
     u = (x * (nw + 0.5)).reshape(T, nb, 32)

@@ -91,6 +91,16 @@ const S4: u32 = {{S4}}u;
 const P0: u32 = {{P0}}u;            // first word of the partial sums of x^2 (XNORM)
 const NP: u32 = {{NP}}u;
 var<workgroup> red: array<f32, {{RED}}>;
+
+// block b of the input row whose first vec4 is xr: its int8 values, scale and (q4) f32 sum
+struct XBlock { lo: vec4<u32>, hi: vec4<u32>, d: f32, s: f32 }
+fn x_block(xr: u32, b: u32) -> XBlock {
+  var s = 0.0;
+#if Q4
+  s = bitcast<f32>(xq[xr + S4 + b / 4u][b % 4u]);
+#endif
+  return XBlock(xq[xr + 2u * b], xq[xr + 2u * b + 1u], bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]), s);
+}
 #if QOUT
 @group(0) @binding({{QOUT_BINDING}}) var<storage, read_write> qout: array<u32>;
 #if QNORM
@@ -129,12 +139,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var r0 = (lid / sg) * RPS; r0 < ROWS; r0 += (WG / sg) * RPS) {
 {{ACC_DECL}}
     for (var b = lane; b < NB; b += sg) {
-      let xa = xq[xr + 2u * b];
-      let xb = xq[xr + 2u * b + 1u];
-      let dx = bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]);
-#if Q4
-      let sx = bitcast<f32>(xq[xr + S4 + b / 4u][b % 4u]);
-#endif
+      let xk = x_block(xr, b);
 {{ROW_BODY}}
     }
 {{SG_STORE}}
@@ -167,12 +172,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #else
 {{ACC_DECL}}
   for (var b = lid; b < NB; b += WG) {
-    let xa = xq[xr + 2u * b];
-    let xb = xq[xr + 2u * b + 1u];
-    let dx = bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]);
-#if Q4
-    let sx = bitcast<f32>(xq[xr + S4 + b / 4u][b % 4u]);
-#endif
+    let xk = x_block(xr, b);
 {{ROW_BODY}}
   }
 {{REDUCE}}

@@ -3,7 +3,8 @@
 // values of block b (valid = false: not part of a block; such lanes count as 0 and write
 // nothing). Call from uniform control flow (it has barriers). Needs `qout: array<u32>` and the
 // consumer row's QNB / QNBP; QPACK_Q4 packs for q4 weights (evens then odds per 8 values).
-// The arithmetic is QuantizeKernel's, so both give the same words for the same values.
+// QuantizeKernel (quantize.wgsl) uses it too, so every producer gives the same words for the
+// same values.
 var<workgroup> qa: array<f32, {{QWG}}>;
 var<workgroup> qw: array<u32, {{QWG}}>;
 

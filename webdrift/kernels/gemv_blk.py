@@ -33,7 +33,7 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
 
 
-QWG = 256          # quantize.wgsl's workgroup: 32 blocks of 8 invocations
+QWG = 256          # quantize.wgsl's workgroup: one invocation per channel, 8 blocks
 
 
 def row_words(i: int) -> int:
@@ -45,7 +45,7 @@ def row_words(i: int) -> int:
 
 def n_partials(i: int) -> int:
     """Workgroups quantize.wgsl runs per row (each writes one partial sum of x^2)."""
-    return -(-(i // 4) // QWG)
+    return -(-i // QWG)
 
 
 def _ceil4(n: int) -> int:
@@ -65,27 +65,22 @@ def qout_defines(fmt: str, i: int, wg: int) -> dict:
             "QWG": wg, "QPACK_Q4": fmt == "q4"}
 
 
-def quantize_defines(fmt: str, i: int) -> dict:
-    nb = i // 32
-    return {"NB": nb, "NBP": _ceil4(nb), "STRIDE": row_words(i), "WG": QWG, "Q4": fmt == "q4"}
-
-
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
     if fmt == "q8":
-        terms = [f"dot4I8Packed({n}a{r}.{c}, xa.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xb.{c})" for c in "xyzw"]
+        terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
-                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scale[{o} * NB + b] * dx);"]
+                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scale[{o} * NB + b] * xk.d);"]
     terms = []
     for k, c in enumerate("xyzw"):
-        src = "xa" if k < 2 else "xb"
+        src = "xk.lo" if k < 2 else "xk.hi"
         lo, hi = ("x", "y") if k % 2 == 0 else ("z", "w")
         terms.append(f"dot4I8Packed({n}q{r}.{c} & 0x0F0F0F0Fu, {src}.{lo})")
         terms.append(f"dot4I8Packed(({n}q{r}.{c} >> 4u) & 0x0F0F0F0Fu, {src}.{hi})")
     return [f"    let {n}q{r} = {n}_data[{o} * NB + b];",
             f"    let {n}m{r} = unpack2x16float({n}_sm[{o} * NB + b]);",
-            f"    {acc}{r} += {n}m{r}.x * dx * f32({' + '.join(terms)}) + {n}m{r}.y * sx;"]
+            f"    {acc}{r} += {n}m{r}.x * xk.d * f32({' + '.join(terms)}) + {n}m{r}.y * xk.s;"]
 
 
 def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = False) -> str:

@@ -138,16 +138,11 @@ class LinearKernel(Kernel):
             binds += (READ,)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups, dev.wgsl_subgroup_enable,
-                                      x_partials=x_partials, qout=qout is not None, rps=rps),
-                     XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False)
-            d["QOUT"] = qout is not None
-            d["ROPE"] = rope is not None
+                                      x_partials=x_partials, qout=qout is not None, rps=rps, rope=rope is not None),
+                     XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False,
+                     QOUT=qout is not None, ROPE=rope is not None)
             if rope is not None:
-                d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, False, dev.has_subgroups, dev.wgsl_subgroup_enable,
-                                          x_partials=x_partials, rope=True),
-                         XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0",
-                         PRE_NORM=False, ROPE=True,
-                         Q_DECL=accessor_wgsl(rope["q"], len(binds), "q"), ROPE_BINDING=len(binds) + 1,
+                d.update(Q_DECL=accessor_wgsl(rope["q"], len(binds), "q"), ROPE_BINDING=len(binds) + 1,
                          ROPE_BINDING1=len(binds) + 2, ROPE_BINDING2=len(binds) + 3,
                          RH=rope["n_heads"], RKVH=rope["n_kv"], RDH=rope["head_dim"],
                          RGROUP=rope["n_heads"] // rope["n_kv"], RCAP=rope["cap"], ROPE_HALF=rope["rope_half"])
@@ -181,7 +176,7 @@ class QuantizeKernel(Kernel):
         if x.c % 32 or xq.c != gemv_blk.row_words(x.c) or fmt not in gemv_blk.FORMATS:
             raise ValueError(f"cannot quantize {x.name} ({x.c} channels) into {xq.name} ({xq.c} words) for {fmt}")
         d = {"STEP_DECL": STEP_DECL, "X_DECL": accessor_wgsl(x, 1, "x"), "PRE_NORM": pre_norm is not None,
-             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **gemv_blk.quantize_defines(fmt, x.c)}
+             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **gemv_blk.qout_defines(fmt, x.c, gemv_blk.QWG)}
         binds = (UNI, RW, RW)
         self.n_groups = gemv_blk.n_partials(x.c)
         if pre_norm is not None:   # (eps, w_offset): the norm weight here, 1/rms in the GEMV
