@@ -121,6 +121,13 @@ class GPUModel:
         self.int8_roles = self._int8_choice(int8_activations)
         self.int8 = any(self.int8_roles.values())
 
+    def _chain_possible(self) -> bool:
+        """Whether every layer GEMV can write the next one's int8 row (quantizing epilogues need
+        subgroups, 32-multiples and pre-norm blocks; the combine needs head_dim % 32 == 0)."""
+        cfg = self.cfg
+        return (self.dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
+                and AttentionCombineKernel.quant_supported(cfg.head_dim))
+
     def _int8_choice(self, wanted: bool | None) -> dict:
         """Which decode GEMVs take int8 activations (QuantizeKernel + integer-dot GEMV), by role:
         qkv, o, gateup, down, head. True/False: all of them (True needs q4/q8 layers). Auto: on
@@ -140,7 +147,7 @@ class GPUModel:
             if bad:
                 raise InvalidArgumentError(f"int8_activations: unknown roles {bad}; the roles are {sorted(roles)}")
             out = {r: bool(wanted.get(r, False)) for r in roles}
-            self.int8_chain = all(out[r] for r in ("qkv", "o", "gateup", "down"))
+            self.int8_chain = all(out[r] for r in ("qkv", "o", "gateup", "down")) and self._chain_possible()
             if (any(v for r, v in out.items() if r != "head") and not ok) or (out["head"] and not head_ok):
                 raise UnsupportedModelError(f"int8 activations for {sorted(r for r, v in out.items() if v)} need "
                                             "q4/q8 weights with inputs a multiple of 32 and packed 4x8 integer dot products")
@@ -151,7 +158,7 @@ class GPUModel:
                     "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
                     f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                     f"adapter: {self.dev.has_dp4a})")
-            self.int8_chain = bool(wanted)
+            self.int8_chain = bool(wanted) and self._chain_possible()
             return {r: bool(wanted) and (r != "head" or head_ok) for r in roles}
         out = {}
         for r, (w, w2, norm) in roles.items():
@@ -162,10 +169,7 @@ class GPUModel:
                 out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
             else:
                 out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
-        cfg = self.cfg
-        chain = (self.dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
-                 and AttentionCombineKernel.quant_supported(cfg.head_dim))
-        if chain and out["gateup"]:
+        if self._chain_possible() and out["gateup"]:
             # the biggest GEMV pays: try every layer GEMV int8, each writing the next one's int8
             # row itself (Program.qchain: no per-layer quantize dispatch), if measuring the
             # quantizing epilogues against separate quantize dispatches says so
@@ -288,10 +292,7 @@ class Program:
         self.q8["head"] = self.q8["head"] and not all_logits
         # the int8 chain: each layer's GEMVs write the next GEMV's int8 rows themselves (quantizing
         # epilogues, the combine for the O projection): no quantize dispatch but layer 0's
-        cfg, dev = model.cfg, model.dev
-        self.qchain = (model.int8_chain and all(self.q8[r] for r in ("qkv", "o", "gateup", "down")) and dev.has_subgroups
-                       and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
-                       and AttentionCombineKernel.quant_supported(cfg.head_dim))
+        self.qchain = model.int8_chain and all(self.q8[r] for r in ("qkv", "o", "gateup", "down"))
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.graph = self._build_graph(layout)
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
@@ -428,6 +429,22 @@ class Program:
 
         def mv_for(w, w2=None, int8=False):
             return choose_gemv(dev, w, w2, enabled=m.autotune, int8=int8) if stage == "decode" else {}
+
+        def residual_proj(node, w, post_out: str, next_gemv: tuple | None):
+            """O projection or down: + residual into x (Gemma: into post_out); in the int8 chain
+            also the int8 row of the next GEMV, next_gemv = (its weight format, its norm weight)."""
+            out = post_out if cfg.post_norms else "x"
+            src = node.reads[0]
+            binds = [self.step_buf, a(src), a(out)] + w.buffers
+            if len(node.writes) == 2:
+                q = node.writes[1]
+                fmt, norm = next_gemv
+                k = LinearKernel(dev, stage, D(src), D(out), w, residual=True,
+                                 qout=(D(q), fmt, cfg.norm_weight_offset, True), **qout_for(w))
+                return k, binds + [a(q), norm]
+            k = LinearKernel(dev, stage, D(src), D(out), w, residual=not cfg.post_norms,
+                             **mv_for(w, int8=src.startswith("xq")))
+            return k, binds
         quant_src = {"attn": lambda i: ("x", f"xqa{i}", m.layers[i].wqkv, m.layers[i].attn_norm),
                      "o": lambda i: (f"attn{i}", f"xqo{i}", m.layers[i].wo, None),
                      "ffn": lambda i: ("x", f"xqf{i}", m.layers[i].w_gate, m.layers[i].ffn_norm),
@@ -502,19 +519,8 @@ class Program:
                                            quant=m.layers[i].wo.fmt if dst.startswith("xq") else None)
                 binds = [self.step_buf, a(f"part{i}"), a(dst)]
             elif kind == "oproj":
-                i = node.build[1]
-                lw = m.layers[i]
-                out = f"proj{i}" if cfg.post_norms else "x"
-                src = node.reads[0]
-                if len(node.writes) == 2:    # int8 chain: also the gate/up GEMV's input row
-                    q = node.writes[1]
-                    k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=True,
-                                     qout=(D(q), lw.w_gate.fmt, cfg.norm_weight_offset, True), **qout_for(lw.wo))
-                    binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers + [a(q), lw.ffn_norm]
-                else:
-                    k = LinearKernel(dev, stage, D(src), D(out), lw.wo, residual=not cfg.post_norms,
-                                     **mv_for(lw.wo, int8=src.startswith("xq")))
-                    binds = [self.step_buf, a(src), a(out)] + lw.wo.buffers
+                lw = m.layers[node.build[1]]
+                k, binds = residual_proj(node, lw.wo, f"proj{node.build[1]}", (lw.w_gate.fmt, lw.ffn_norm))
             elif kind == "gateup":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -535,18 +541,9 @@ class Program:
                     binds += [lw.ffn_norm] if src == "x" else []
             elif kind == "down":
                 i = node.build[1]
-                lw = m.layers[i]
-                out = f"ffo{i}" if cfg.post_norms else "x"
-                src = node.reads[0]
-                if len(node.writes) == 2:    # int8 chain: also the next layer's QKV input row
-                    q, nxt = node.writes[1], m.layers[i + 1]
-                    k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=True,
-                                     qout=(D(q), nxt.wqkv.fmt, cfg.norm_weight_offset, True), **qout_for(lw.w_down))
-                    binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers + [a(q), nxt.attn_norm]
-                else:
-                    k = LinearKernel(dev, stage, D(src), D(out), lw.w_down, residual=not cfg.post_norms,
-                                     **mv_for(lw.w_down, int8=src.startswith("xq")))
-                    binds = [self.step_buf, a(src), a(out)] + lw.w_down.buffers
+                nxt = m.layers[i + 1] if len(node.writes) == 2 else None
+                k, binds = residual_proj(node, m.layers[i].w_down, f"ffo{i}",
+                                         (nxt.wqkv.fmt, nxt.attn_norm) if nxt else None)
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
                                   last_row=not self.all_logits)
