@@ -118,16 +118,22 @@ def fetch_pyodide(cache: Path) -> Path:
 
 # -- wheels ---------------------------------------------------------------------------------------
 
+def _pip_download(path: Path, spec: str, kind: str, what: str) -> Path:
+    """path, fetched with `pip download --no-deps` of spec into its folder unless already there;
+    kind: "--only-binary" (a wheel) or "--no-binary" (an sdist)."""
+    if not path.is_file():
+        _log(f"pip download {spec}" + (" (sdist)" if kind == "--no-binary" else ""))
+        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", kind, ":all:",
+              "-d", str(path.parent), spec], what)
+    if not path.is_file():
+        raise BuildError(f"pip did not produce {path.name}")
+    return path
+
+
 def fetch_jinja2(cache: Path) -> Path:
     d = cache / "wheels"
     whl = d / f"jinja2-{JINJA2_VERSION}-py3-none-any.whl"
-    if not whl.is_file():
-        _log(f"pip download jinja2=={JINJA2_VERSION}")
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-              "-d", str(d), f"jinja2=={JINJA2_VERSION}"], "downloading jinja2")
-    if not whl.is_file():
-        raise BuildError(f"pip did not produce {whl.name}")
-    return whl
+    return _pip_download(whl, f"jinja2=={JINJA2_VERSION}", "--only-binary", "downloading jinja2")
 
 
 def _wheel_record(files: dict[str, bytes], record_name: str) -> bytes:
@@ -181,12 +187,7 @@ def fetch_markupsafe(cache: Path) -> Path:
         return whl
     sd = cache / "sdist"
     sdist = sd / f"markupsafe-{MARKUPSAFE_VERSION}.tar.gz"
-    if not sdist.is_file():
-        _log(f"pip download markupsafe=={MARKUPSAFE_VERSION} (sdist)")
-        _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-              "-d", str(sd), f"markupsafe=={MARKUPSAFE_VERSION}"], "downloading the markupsafe sdist")
-    if not sdist.is_file():
-        raise BuildError(f"pip did not produce {sdist.name}")
+    _pip_download(sdist, f"markupsafe=={MARKUPSAFE_VERSION}", "--no-binary", "downloading the markupsafe sdist")
     d.mkdir(parents=True, exist_ok=True)
     return pure_wheel_from_sdist(sdist, "markupsafe", MARKUPSAFE_VERSION, "markupsafe", d)
 

@@ -78,6 +78,13 @@ def _time(dev: Device, d) -> int:
     return sorted(b - a for a, b in rec.ticks_ns)[2]
 
 
+def _step_buffer(dev: Device):
+    """The Step uniform of a one-token decode, for timing kernels alone."""
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, 0))
+    return sb
+
+
 def _cached(key: str, compute):
     if key in _memory:
         return _memory[key]
@@ -120,8 +127,7 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -
     fc, qc = choose_gemv(dev, w, w2), choose_gemv(dev, w, w2, int8=True)
     x, y, xq = TensorDesc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("xq", w.i, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, xq)] + [dev.create_buffer(4 * w.i, label="tune.nw")]
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, 0))
+    sb = _step_buffer(dev)
     xb, yb, qb, nb = bufs
     wb = w.buffers + (w2.buffers if w2 else [])
     norm = (1e-5, 0.0) if pre_norm else None
@@ -178,8 +184,7 @@ def _search_qout(dev: Device, w, w2, static: dict) -> dict:
     from .ops import LinearKernel
     x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, 0))
+    sb = _step_buffer(dev)
     best, best_ns = None, None
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
     for cand in QOUT_CANDIDATES:
@@ -213,8 +218,7 @@ def _measure_chain(dev: Device, links: list) -> dict:
     from . import gemv_blk
     from .ops import LinearKernel, QuantizeKernel
     sep = chained = 0
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, 0))
+    sb = _step_buffer(dev)
     try:
         for w, w2, nfmt, nnorm in links:
             x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
@@ -247,8 +251,7 @@ def _search(dev: Device, w, w2, int8: bool) -> dict:
     x = gemv_blk.xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, 0))
+    sb = _step_buffer(dev)
     best, best_ns = None, None
     for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
         if cand["variant"] in ("subgroup", "wide") and not dev.has_subgroups:
