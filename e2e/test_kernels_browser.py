@@ -65,6 +65,20 @@ dev.destroy()
 json.dumps(out)
 """
 
+def run_in_worker(chromium, server, code: str, args: dict) -> dict:
+    """Run `code` (with ARGS = the JSON of args) in the module's Pyodide worker on a blank page;
+    its last expression, a JSON string, parsed."""
+    pg = chromium.page(server["url"] + "/e2e/blank.html")
+    try:
+        return chromium.eval(pg, """async (code) => {
+            const wd = await import("/webdrift.js");
+            const rt = await wd.createRuntime();
+            try { return JSON.parse(await rt.runPython(code)); } finally { await rt.dispose(); }
+        }""", f"ARGS = {json.dumps(json.dumps(args))}\n" + code, timeout_s=400)
+    finally:
+        pg.close()
+
+
 VARIANTS = [{"variant": "split", "rows": 4, "wg": 64}, {"variant": "row", "rows": 1, "wg": 64},
             {"variant": "subgroup", "rows": 8, "wg": 256}]
 
@@ -117,15 +131,7 @@ def test_browser_kernels_match_numpy(chromium, server, record):
     args = {"T": T, "C": C, "CAP": CAP, "eps": eps, "x": pad(x, CAP), "nw": base64.b64encode(nw.tobytes()).decode(),
             "O": O, "I": I, "gx": pad(gx, CAP), "w_F32": enc(w.tobytes()), "w_F16": enc(w16.tobytes()),
             "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw), "formats": FORMATS, "variants": VARIANTS}
-    pg = chromium.page(server["url"] + "/e2e/blank.html")
-    try:
-        res = chromium.eval(pg, """async (code) => {
-            const wd = await import("/webdrift.js");
-            const rt = await wd.createRuntime();
-            try { return JSON.parse(await rt.runPython(code)); } finally { await rt.dispose(); }
-        }""", f"ARGS = {json.dumps(json.dumps(args))}\n" + KERNEL_CODE, timeout_s=400)
-    finally:
-        pg.close()
+    res = run_in_worker(chromium, server, KERNEL_CODE, args)
     record("kernel_test_adapter", res["adapter"])
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + eps) * nw
@@ -205,15 +211,7 @@ def test_browser_int8_kernels(chromium, server, record):
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "eps": eps, "x": enc(xp.tobytes()), "nw": enc(nw.tobytes()),
             "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw),
             "formats": [("Q8_0", "q8"), ("Q4_1", "q4")]}
-    pg = chromium.page(server["url"] + "/e2e/blank.html")
-    try:
-        res = chromium.eval(pg, """async (code) => {
-            const wd = await import("/webdrift.js");
-            const rt = await wd.createRuntime();
-            try { return JSON.parse(await rt.runPython(code)); } finally { await rt.dispose(); }
-        }""", f"ARGS = {json.dumps(json.dumps(args))}\n" + INT8_CODE, timeout_s=400)
-    finally:
-        pg.close()
+    res = run_in_worker(chromium, server, INT8_CODE, args)
     assert res["dp4a"] and res["subgroups"], res            # Chromium's WGSL offers both
     errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
     assert not errors, f"int8 kernels failed in the browser: {errors}"

@@ -180,10 +180,11 @@ def test_linear_decode_variants(tuning, fmt, layout, O, I):
     assert (y[T:] == SENTINEL).all()
 
 
-@pytest.mark.parametrize("tuning", VARIANTS)
-@pytest.mark.parametrize("fusion", ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"])
-def test_linear_decode_variant_fusions(tuning, fusion):
-    _needs(tuning)
+FUSIONS = ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"]
+
+
+def fusion_case(fusion: str, tuning: dict):
+    """(T, W, run_linear keyword arguments) of one fusion test case."""
     T, O, I = 2, 45, 576
     rng = np.random.default_rng(12)
     W = _weights(O, I, seed=13) * 3
@@ -194,6 +195,14 @@ def test_linear_decode_variant_fusions(tuning, fusion):
         kw.update(bias=rng.standard_normal(O).astype(np.float32), y0=rng.standard_normal((T, O)).astype(np.float32))
     if fusion == "softcap":
         kw.update(softcap=2.0)
+    return T, W, kw
+
+
+@pytest.mark.parametrize("tuning", VARIANTS)
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_linear_decode_variant_fusions(tuning, fusion):
+    _needs(tuning)
+    T, W, kw = fusion_case(fusion, tuning)
     x, wref, w2ref, y = run_linear("decode", T, W, "q4", x_last_row=fusion == "x_last_row", **kw)
     x = x.astype(np.float64)
     g = x @ wref.T
