@@ -238,3 +238,55 @@ def test_browser_int8_kernels(chromium, server, record):
         np.testing.assert_allclose(d, np.abs(yn).max(-1) / 127, rtol=1e-4)
         assert np.abs(q * d[..., None] - yn).max() <= 0.51 * d.max() + 1e-6    # int8 of y * next norm weight
     record("int8_kernels_browser", "ok")
+
+
+# Weight conversion of every stored type the reader knows (what loading Gemma 3's Q4_K/Q5_0/Q6_K
+# GGUF in the browser runs): Tint must compile every decoder, and they must decode like gguf-py.
+CONVERT_CODE = r"""
+import base64, json
+from webdrift.gpu.browser import create_browser_device
+from webdrift.kernels.convert import allocate_weight, upload_rows
+
+args = json.loads(ARGS)
+dev = await create_browser_device()
+out = {}
+O, I = args["O"], args["I"]
+for src, raw in args["raw"].items():
+    for fmt in ("f32", "q8", "q4"):
+        try:
+            w = allocate_weight(dev, src, fmt, O, I, "OI")
+            upload_rows(dev, w, src, base64.b64decode(raw), O)
+            out[f"{src}/{fmt}"] = [base64.b64encode(await dev.read_buffer(b, 0, b.size)).decode() for b in w.buffers]
+        except Exception as e:
+            out[f"{src}/{fmt}"] = "ERROR " + str(e)[:1500]
+await dev.check_errors()
+dev.destroy()
+json.dumps(out)
+"""
+
+
+def test_browser_converts_every_gguf_type(chromium, server):
+    """Every source type -> f32 (equal to gguf-py's dequantization), q8 and q4 (within half a
+    re-quantization step of it; exact where the format keeps the stored integers)."""
+    from tests.gpu_util import source_bytes
+    from tests.test_kernels_convert import decode_buffers
+    from webdrift.kernels.convert import DIRECT, SOURCE_TYPES
+
+    O, I = 6, 256
+    x = np.random.default_rng(11).standard_normal((O, I)).astype(np.float32)
+    made = {src: source_bytes(x, src) for src in SOURCE_TYPES}
+    args = {"O": O, "I": I, "raw": {s: base64.b64encode(r).decode() for s, (r, _) in made.items()}}
+    res = run_in_worker(chromium, server, CONVERT_CODE, args)
+    errors = {k: v for k, v in res.items() if isinstance(v, str)}
+    assert not errors, f"conversion failed in the browser: {errors}"
+    for src, (_, ref) in made.items():
+        for fmt in ("f32", "q8", "q4"):
+            got, _ = decode_buffers(fmt, O, I, [base64.b64decode(b) for b in res[f"{src}/{fmt}"]])
+            blk = ref.reshape(O, -1, 32)
+            err = np.abs(got - ref).reshape(O, -1, 32).max(axis=2)
+            if fmt == "f32" or (src, fmt) in DIRECT and src != "Q4_K":
+                np.testing.assert_array_equal(got, ref, err_msg=f"{src}/{fmt}")
+                continue
+            half = np.abs(blk).max(axis=2) / 254 if fmt == "q8" else np.ptp(blk, axis=2) / 30
+            f16 = 0 if fmt == "q8" else 2.0**-11 * (np.ptp(blk, axis=2) + 2 * np.abs(blk).max(axis=2))
+            assert (err <= half * 1.0001 + f16 + 1e-6).all(), f"{src}/{fmt}"

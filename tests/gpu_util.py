@@ -129,8 +129,30 @@ def source_bytes(w: np.ndarray, src_type: str) -> tuple[bytes, np.ndarray]:
         b = (w.view(np.uint32) >> 16).astype(np.uint16)     # truncation is a valid bf16 value
         return b.tobytes(), (b.astype(np.uint32) << 16).view(np.float32)
     qt = getattr(GGMLQuantizationType, src_type)
-    q = quants.quantize(w, qt)
+    if src_type in KQUANT_F16_FIELDS:   # gguf-py cannot quantize K-quants: random blocks instead
+        q = random_kquant_blocks(src_type, w.shape[0], w.shape[1], seed=int(abs(w).sum() * 1000) % (1 << 31))
+    else:
+        q = quants.quantize(w, qt)
     return q.tobytes(), quants.dequantize(q, qt).astype(np.float32)
+
+
+# K-quant block bytes and the offsets of their f16 fields (d, dmin)
+KQUANT_F16_FIELDS = {"Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+                     "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def random_kquant_blocks(src_type: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """(rows, cols / 256 * block bytes) uint8: every bit random (scales, mins, quants, high bits)
+    except the f16 super-block scales, drawn from [0.002, 0.05] so the values stay finite."""
+    size, fields = KQUANT_F16_FIELDS[src_type]
+    if cols % 256:
+        raise ValueError(f"{src_type} rows need a multiple of 256 columns, got {cols}")
+    rng = np.random.default_rng(seed)
+    b = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    for off in fields:
+        d = rng.uniform(0.002, 0.05, size=b.shape[0]).astype("<f2")
+        b[:, off:off + 2] = d.view(np.uint8).reshape(-1, 2)
+    return b.reshape(rows, -1)
 
 
 SOURCE_FOR = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q4": "Q4_1"}

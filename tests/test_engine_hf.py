@@ -229,3 +229,31 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     assert m["float_ns"] > 0 and m["int8_ns"] > 0 and isinstance(m["int8"], bool)
     c = chain_pays(dev, [(lw.wo, None, "q4", True), (lw.w_gate, lw.w_up, "q4", False)])
     assert c["separate_ns"] > 0 and c["chained_ns"] > 0 and c["chain"] == (c["chained_ns"] < c["separate_ns"])
+
+
+@pytest.mark.parametrize(("fmt", "ggml"), [("q8", "Q8_0"), ("q4", "Q4_1")])
+def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_path, hf_tokenizer_dir, fmt, ggml):
+    """weight_format q8 / q4 on an f32 checkpoint: the GPU re-quantizes every matrix at load
+    (kernels/convert.py). transformers runs the same model with each matrix (embedding included)
+    replaced by gguf-py's Q8_0 / Q4_1 quantize-dequantize of it (ggml's rounding); logits agree as
+    closely as float vs float (webdrift's q8 keeps the block scale in f32 where Q8_0 rounds it to
+    f16: a 2^-11 relative difference)."""
+    from gguf import GGMLQuantizationType, quants
+
+    d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
+    qt = getattr(GGMLQuantizationType, ggml)
+    with torch.no_grad():
+        for n, p in ref.named_parameters():
+            if p.ndim == 2:
+                w = p.numpy()
+                p.copy_(torch.from_numpy(quants.dequantize(quants.quantize(w, qt), qt).reshape(w.shape)))
+    eng = webdrift.load(str(d), max_context=128, prefill_chunk=64, weight_format=fmt)
+    assert {eng.model.layers[0].wqkv.fmt, eng.model.layers[0].w_down.fmt, eng.model.output.fmt} == {fmt}
+    ids = np.random.default_rng(4).integers(3, VOCAB, 70).tolist()
+    got = eng.logits(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert cos.min() >= 0.999 and (got.argmax(1) == want.argmax(1)).mean() >= 0.98
+    out = eng.generate(ids[:8], max_new_tokens=8, temperature=0.0, stop_at_eos=False)
+    assert out.token_ids == torch_greedy(ref, ids[:8], 8)

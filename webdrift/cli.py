@@ -35,7 +35,7 @@ def _add_model_args(p):
     p.add_argument("--model", default=DEFAULT_MODEL, help="known name, .gguf path or HF folder (default %(default)s)")
     p.add_argument("--max-context", type=int, default=None, help="KV cache length (default min(model, 2048))")
     p.add_argument("--weight-format", choices=["f32", "f16", "q8", "q4"], default=None,
-                   help="runtime weight format (default: the file's, losslessly)")
+                   help="runtime weight format (default follows the file; q8/q4 re-quantize on the GPU)")
 
 
 def _add_sampling_args(p):

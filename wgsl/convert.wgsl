@@ -4,6 +4,10 @@
 //   raw: array<u32>, the tensor's bytes from byte 0 (ROWS x COLS elements, row-major, type {{SRC}})
 //   destination rows ROW0 .. ROW0+ROWS (several tensors can be concatenated, e.g. Q|K|V)
 // One invocation per (row, unit): unit = a 4-channel slice (f32/f16 targets) or a 32-block (q8/q4).
+// q8 / q4 targets take the source's integers and scales as they are where the format holds them
+// (Q8_0 and Q5_0 -> q8; Q4_0, Q4_1 and Q4_K -> q4, Q4_K's 6-bit sub-block scales multiplied out
+// into f16); any other source is decoded to floats and re-quantized per 32-block like ggml's
+// quantize_row_q8_0_ref (q8) and quantize_row_q4_1_ref (q4).
 
 @group(0) @binding(0) var<storage, read> raw: array<u32>;
 {{DST_DECL}}
@@ -16,6 +20,23 @@ const NX: u32 = {{NX}}u;           // workgroups along x (the grid is 2-D for la
 
 fn byte_at(b: u32) -> u32 { return (raw[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu; }
 fn f16_at(b: u32) -> f32 { return unpack2x16float(byte_at(b) | (byte_at(b + 1u) << 8u)).x; }
+fn i8_at(b: u32) -> i32 { return i32(byte_at(b) << 24u) >> 24u; }
+fn bit_at(b: u32, k: u32) -> u32 { return (byte_at(b + k / 8u) >> (k % 8u)) & 1u; }
+// Q4_0 / Q4_1 / Q5_x nibble of element j (0..31) of a block whose 16 nibble bytes start at qs
+fn nib32(qs: u32, j: u32) -> u32 { return (byte_at(qs + j % 16u) >> (4u * (j / 16u))) & 15u; }
+
+// Q4_K / Q5_K: (scale, min) of 32-element sub-block s (0..7), 6 bits each, packed in 12 bytes at sc
+fn k4_scale_min(sc: u32, s: u32) -> vec2<f32> {
+  if (s < 4u) {
+    return vec2<f32>(f32(byte_at(sc + s) & 63u), f32(byte_at(sc + 4u + s) & 63u));
+  }
+  let md = byte_at(sc + s + 4u);
+  return vec2<f32>(f32((md & 15u) | ((byte_at(sc + s - 4u) >> 6u) << 4u)),
+                   f32((md >> 4u) | ((byte_at(sc + s) >> 6u) << 4u)));
+}
+// Q4_K / Q5_K: low 4 bits of element j (0..255) of a superblock whose 128 nibble bytes start at qs:
+// byte 32 * (j / 64) + j % 32, low nibble for the first 32 of each 64
+fn k_nib(qs: u32, j: u32) -> u32 { return (byte_at(qs + 32u * (j / 64u) + j % 32u) >> (4u * ((j / 32u) % 2u))) & 15u; }
 
 // Value of source element (r, c)
 fn src_value(r: u32, c: u32) -> f32 {
@@ -28,19 +49,66 @@ fn src_value(r: u32, c: u32) -> f32 {
   return bitcast<f32>(((raw[e / 2u] >> (16u * (e % 2u))) & 0xffffu) << 16u);
 #elif SRC_Q8_0
   let blk = (e / 32u) * 34u;
-  let q = i32(byte_at(blk + 2u + e % 32u) << 24u) >> 24u;
-  return f16_at(blk) * f32(q);
+  return f16_at(blk) * f32(i8_at(blk + 2u + e % 32u));
 #elif SRC_Q4_0
   let blk = (e / 32u) * 18u;
-  let j = e % 32u;
-  let q = (byte_at(blk + 2u + j % 16u) >> (4u * (j / 16u))) & 15u;
-  return f16_at(blk) * (f32(q) - 8.0);
+  return f16_at(blk) * (f32(nib32(blk + 2u, e % 32u)) - 8.0);
 #elif SRC_Q4_1
   let blk = (e / 32u) * 20u;
+  return f16_at(blk) * f32(nib32(blk + 4u, e % 32u)) + f16_at(blk + 2u);
+#elif SRC_Q5_0
+  let blk = (e / 32u) * 22u;       // d, qh (32 high bits), 16 nibble bytes
   let j = e % 32u;
-  let q = (byte_at(blk + 4u + j % 16u) >> (4u * (j / 16u))) & 15u;
-  return f16_at(blk) * f32(q) + f16_at(blk + 2u);
+  return f16_at(blk) * (f32(nib32(blk + 6u, j) | (bit_at(blk + 2u, j) << 4u)) - 16.0);
+#elif SRC_Q5_1
+  let blk = (e / 32u) * 24u;       // d, m, qh, 16 nibble bytes
+  let j = e % 32u;
+  return f16_at(blk) * f32(nib32(blk + 8u, j) | (bit_at(blk + 4u, j) << 4u)) + f16_at(blk + 2u);
+#elif SRC_Q4_K
+  let blk = (e / 256u) * 144u;     // d, dmin, 12 scale bytes, 128 nibble bytes
+  let j = e % 256u;
+  let sm = k4_scale_min(blk + 4u, j / 32u);
+  return f16_at(blk) * sm.x * f32(k_nib(blk + 16u, j)) - f16_at(blk + 2u) * sm.y;
+#elif SRC_Q5_K
+  let blk = (e / 256u) * 176u;     // d, dmin, 12 scale bytes, qh[32] (bit s of qh[l]), 128 nibble bytes
+  let j = e % 256u;
+  let sm = k4_scale_min(blk + 4u, j / 32u);
+  let q = k_nib(blk + 48u, j) | (((byte_at(blk + 16u + j % 32u) >> (j / 32u)) & 1u) << 4u);
+  return f16_at(blk) * sm.x * f32(q) - f16_at(blk + 2u) * sm.y;
+#elif SRC_Q6_K
+  let blk = (e / 256u) * 210u;     // ql[128], qh[64], int8 scales[16], d
+  let j = e % 256u;
+  let h = j / 128u;
+  let k = (j % 128u) / 32u;
+  let l = j % 32u;
+  let lo = (byte_at(blk + 64u * h + 32u * (k % 2u) + l) >> (4u * (k / 2u))) & 15u;
+  let hi = (byte_at(blk + 128u + 32u * h + l) >> (2u * k)) & 3u;
+  return f16_at(blk + 208u) * f32(i8_at(blk + 192u + j / 16u)) * (f32(lo | (hi << 4u)) - 32.0);
+#elif SRC_Q2_K
+  let blk = (e / 256u) * 84u;      // scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin
+  let j = e % 256u;
+  let s = byte_at(blk + j / 16u);
+  let q = (byte_at(blk + 16u + 32u * (j / 128u) + j % 32u) >> (2u * ((j % 128u) / 32u))) & 3u;
+  return f16_at(blk + 80u) * f32(s & 15u) * f32(q) - f16_at(blk + 82u) * f32(s >> 4u);
+#elif SRC_Q3_K
+  let blk = (e / 256u) * 110u;     // hmask[32], qs[64], 12 scale bytes (16 x 6 bits, biased 32), d
+  let j = e % 256u;
+  let i = j / 16u;
+  let lo = select(byte_at(blk + 96u + i - 8u) >> 4u, byte_at(blk + 96u + i) & 15u, i < 8u);
+  let sc = i32(lo | (((byte_at(blk + 104u + i % 4u) >> (2u * (i / 4u))) & 3u) << 4u)) - 32;
+  let k = (j % 128u) / 32u;
+  let l = j % 32u;
+  let q = i32((byte_at(blk + 32u + 32u * (j / 128u) + l) >> (2u * k)) & 3u)
+        - select(4, 0, ((byte_at(blk + l) >> (4u * (j / 128u) + k)) & 1u) == 1u);
+  return f16_at(blk + 108u) * f32(sc) * f32(q);
 #endif
+}
+
+// C roundf: half away from zero
+fn round_away(v: f32) -> f32 {
+  let a = abs(v);
+  let f = floor(a);
+  return sign(v) * (f + select(0.0, 1.0, a - f >= 0.5));
 }
 
 @compute @workgroup_size(64)
@@ -62,38 +130,97 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #endif
 #if DST_Q8
-  // from Q8_0 (34-byte blocks: f16 scale, 32 x int8): copy the bytes, widen the scale
-  let blk = (r * UNITS + u) * 34u;
+  // runtime q8: word k of the row = int8 elements 4k..4k+3 (byte order), one f32 scale per 32
+  let wrow = (ROW0 + r) * (COLS / 4u) + 8u * u;
+#if SRC_Q8_0
+  let blk = (r * UNITS + u) * 34u;   // copy the 32 int8 bytes, widen the scale
   for (var k = 0u; k < 8u; k++) {
     let b = blk + 2u + 4u * k;
-    dst_data[(ROW0 + r) * (COLS / 4u) + 8u * u + k] =
-      byte_at(b) | (byte_at(b + 1u) << 8u) | (byte_at(b + 2u) << 16u) | (byte_at(b + 3u) << 24u);
+    dst_data[wrow + k] = byte_at(b) | (byte_at(b + 1u) << 8u) | (byte_at(b + 2u) << 16u) | (byte_at(b + 3u) << 24u);
   }
   dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
+#elif SRC_Q5_0
+  let blk = (r * UNITS + u) * 22u;   // 5-bit q - 16 fits an int8 with the same scale
+  for (var k = 0u; k < 8u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 4u; n++) {
+      let j = 4u * k + n;
+      w = w | ((((nib32(blk + 6u, j) | (bit_at(blk + 2u, j) << 4u)) - 16u) & 0xffu) << (8u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
+#else
+  var amax = 0.0;
+  for (var j = 0u; j < 32u; j++) { amax = max(amax, abs(src_value(r, 32u * u + j))); }
+  let d = amax / 127.0;
+  let inv = select(0.0, 1.0 / d, d != 0.0);
+  for (var k = 0u; k < 8u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 4u; n++) {
+      let q = i32(round_away(src_value(r, 32u * u + 4u * k + n) * inv));
+      w = w | ((u32(q) & 0xffu) << (8u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_scale[(ROW0 + r) * UNITS + u] = d;
+#endif
 #endif
 #if DST_Q4
-  // from Q4_0 (18 bytes: d, 16 x nibble pairs) or Q4_1 (20 bytes: d, m, ...); element j of a
-  // block sits in qs[j % 16] (low nibble for j < 16). Runtime order: nibble n of word k = element 8k+n.
+  // runtime q4: nibble n of word k = element 8k+n; (scale, min) as f16x2 per 32-block
+  let wrow = (ROW0 + r) * (COLS / 8u) + 4u * u;
+#if Q4_DIRECT
 #if SRC_Q4_1
-  let blk = (r * UNITS + u) * 20u;
-  let qs = blk + 4u;
+  let blk = (r * UNITS + u) * 20u;   // d, m, 16 nibble bytes
   let d = f16_at(blk);
   let m = f16_at(blk + 2u);
-#else
-  let blk = (r * UNITS + u) * 18u;
-  let qs = blk + 2u;
+#elif SRC_Q4_0
+  let blk = (r * UNITS + u) * 18u;   // d, 16 nibble bytes; x = d (q - 8)
   let d = f16_at(blk);
   let m = -8.0 * d;
+#else
+  let e0 = (r * UNITS + u) * 32u;    // sub-block s of a Q4_K superblock: x = d sc q - dmin mn
+  let blk = (e0 / 256u) * 144u;
+  let s = (e0 % 256u) / 32u;
+  let sm = k4_scale_min(blk + 4u, s);
+  let d = f16_at(blk) * sm.x;
+  let m = -f16_at(blk + 2u) * sm.y;
 #endif
   for (var k = 0u; k < 4u; k++) {
     var w = 0u;
     for (var n = 0u; n < 8u; n++) {
       let j = 8u * k + n;
-      let q = (byte_at(qs + j % 16u) >> (4u * (j / 16u))) & 15u;
+#if SRC_Q4_K
+      let q = k_nib(blk + 16u, 32u * s + j);
+#elif SRC_Q4_1
+      let q = nib32(blk + 4u, j);
+#else
+      let q = nib32(blk + 2u, j);
+#endif
       w = w | (q << (4u * n));
     }
-    dst_data[(ROW0 + r) * (COLS / 8u) + 4u * u + k] = w;
+    dst_data[wrow + k] = w;
   }
   dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(vec2<f32>(d, m));
+#else
+  var lo = src_value(r, 32u * u);
+  var hi = lo;
+  for (var j = 1u; j < 32u; j++) {
+    let x = src_value(r, 32u * u + j);
+    lo = min(lo, x);
+    hi = max(hi, x);
+  }
+  let d = (hi - lo) / 15.0;
+  let inv = select(0.0, 1.0 / d, d != 0.0);
+  for (var k = 0u; k < 4u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 8u; n++) {
+      let q = min(15u, u32(trunc((src_value(r, 32u * u + 8u * k + n) - lo) * inv + 0.5)));
+      w = w | (q << (4u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(vec2<f32>(d, lo));
+#endif
 #endif
 }

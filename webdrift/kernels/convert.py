@@ -1,8 +1,11 @@
 """Weight conversion at load, on the GPU (the same path on desktop and in the browser, where
 there is no numpy): raw file bytes -> a runtime GPUWeight in the layout its consumer wants.
 
-Supported (source type -> runtime format): F32/F16/BF16/Q8_0/Q4_0/Q4_1 -> f32 or f16 (any
-WeightLayout); Q8_0 -> q8 and Q4_0/Q4_1 -> q4 (lossless, bytes re-ordered for the kernels).
+Every stored type the core reads converts to every runtime format (f32, f16 in any WeightLayout;
+q8; q4). Into q8 / q4 the integers and scales are kept as they are where the format holds them
+(Q8_0, Q5_0 -> q8; Q4_0, Q4_1, Q4_K -> q4, Q4_K's sub-block scale and min multiplied out into
+f16); anything else is decoded and re-quantized per 32-block on the GPU (ggml's Q8_0 / Q4_1
+rounding), so `weight_format="q4"` on an f16 model, or Gemma's Q6_K tensors, need no host work.
 Must not: import numpy or wgpu.
 """
 
@@ -14,15 +17,39 @@ from ..tensor.weight_layout import WeightLayout
 from .base import Kernel, ceil_div, grid_1d
 from .weights import GPUWeight, buffer_sizes, weight_accessor_wgsl
 
-SOURCE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
-LOSSLESS = {"Q8_0": "q8", "Q4_0": "q4", "Q4_1": "q4"}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+# stored quantized type -> the runtime format it maps to by default
+QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q8",
+                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q2_K": "q4", "Q3_K": "q4"}
+SOURCE_TYPES = FLOAT_TYPES + tuple(QUANT_DEFAULT)
+# conversions that keep the stored integers (no re-quantization; Q4_K: f16 rounding of d * scale)
+DIRECT = {("Q8_0", "q8"), ("Q5_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("Q4_K", "q4")}
+BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 def default_format(src_type: str) -> str:
-    """The runtime format a stored type maps to without loss (BF16 widens to f32)."""
-    if src_type in LOSSLESS:
-        return LOSSLESS[src_type]
+    """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
+    Q8_0/Q5_x/Q6_K -> q8 (Q8_0 and Q5_0 without loss; Q5_1/Q5_K/Q6_K re-quantized to int8 per
+    32-block, an error of at most 1/254 of the block's largest magnitude); Q4_x/Q2_K/Q3_K -> q4
+    (Q4_0/Q4_1 without loss, Q4_K up to f16 rounding of its scales, Q2_K/Q3_K re-quantized)."""
+    if src_type in QUANT_DEFAULT:
+        return QUANT_DEFAULT[src_type]
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
+
+
+def runtime_format(types: list[str], weight_format: str | None = None) -> str:
+    """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
+    weight_format when given (re-quantizing on the GPU where needed); otherwise the types' common
+    default, the wider quantized one for mixed quantized types (Gemma's Q5_0 Q/K with a Q8_0 V:
+    q8), f32 when floats are mixed in."""
+    if weight_format:
+        return weight_format
+    fmts = {default_format(t) for t in types}
+    if len(fmts) == 1:
+        return fmts.pop()
+    if fmts <= {"q8", "q4"}:
+        return "q8"
+    return "f32"
 
 
 class ConvertKernel(Kernel):
@@ -32,15 +59,15 @@ class ConvertKernel(Kernel):
         if src_type not in SOURCE_TYPES:
             raise UnsupportedModelError(f"tensor type {src_type} cannot be converted on the GPU "
                                         f"(supported: {', '.join(SOURCE_TYPES)})")
-        if dst.fmt in ("q8", "q4") and LOSSLESS.get(src_type) != dst.fmt:
-            raise UnsupportedModelError(f"{src_type} -> {dst.fmt} conversion is not supported")
+        if src_type in BLOCK_256 and dst.i % 256:
+            raise UnsupportedModelError(f"{src_type} rows hold whole 256-element blocks; {dst.name} has {dst.i} columns")
         units = ceil_div(dst.i, 4) if dst.fmt in ("f32", "f16") else dst.i // 32
         self.grid = grid_1d(ceil_div(rows * units, 64), dev.max_workgroups)
         defines = {
             "SRC": src_type, f"SRC_{src_type}": True,
             "DST_DECL": weight_accessor_wgsl("dst", 1, dst.fmt, dst.o, dst.i, dst.layout, writable=True),
             "DST_FLOAT": dst.fmt in ("f32", "f16"), "DST_F16": dst.fmt == "f16",
-            "DST_Q8": dst.fmt == "q8", "DST_Q4": dst.fmt == "q4",
+            "DST_Q8": dst.fmt == "q8", "DST_Q4": dst.fmt == "q4", "Q4_DIRECT": (src_type, dst.fmt) in DIRECT,
             "ROWS": rows, "COLS": dst.i, "ROW0": row0, "UNITS": units, "NX": self.grid[0],
         }
         super().__init__(dev, defines, (READ,) + (RW,) * dst.n_bindings, f"convert_{src_type}_{dst.fmt}")

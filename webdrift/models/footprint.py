@@ -1,7 +1,7 @@
 """What a model needs from a device, computed from its ModelSource before anything is allocated.
 
 `plan_weights` lists the runtime GPU buffers GPUModel will create (same format choice as
-GPUModel._matrix: the file's type losslessly, or the requested weight_format) without reading
+GPUModel._matrix: kernels/convert.runtime_format, or the requested weight_format) without reading
 any tensor data; `check_limits` turns a buffer or binding that the adapter cannot hold into one
 GPULimitError that names the tensor, its size, the limit and what to try, instead of a failure
 deep in the load; `decode_read_bytes` is the roofline's numerator: the bytes one decode step
@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import GPULimitError
-from ..kernels.convert import default_format
+from ..errors import GPULimitError, InvalidArgumentError
+from ..kernels.convert import runtime_format
 from ..kernels.weights import buffer_sizes
 from ..tensor.weight_layout import WeightLayout
 from .config import ModelConfig
-
-_STORED = {"F32": (4, 1), "F16": (2, 1), "BF16": (2, 1), "Q8_0": (34, 32), "Q4_0": (18, 32), "Q4_1": (20, 32)}
 
 
 @dataclass
@@ -40,18 +38,14 @@ class WeightPlan:
 
 
 def _stored_bytes(t) -> int:
-    n = 1
-    for d in t.shape:
-        n *= d
-    bb, be = _STORED.get(t.type_name, (4, 1))   # other types are dequantized to F32 on the host
-    return n // be * bb
-
-
-def _runtime_format(types: list[str], weight_format: str | None) -> str:
-    fmt = weight_format or (default_format(types[0]) if len(set(types)) == 1 else "f32")
-    if fmt in ("q8", "q4") and any(default_format(t) != fmt for t in types):
-        fmt = "f16"
-    return fmt
+    from ..weights.gguf import tensor_nbytes
+    try:
+        return tensor_nbytes(t.type_name, list(t.shape))
+    except InvalidArgumentError:   # a type only the host reads: dequantized to F32 before the upload
+        n = 1
+        for d in t.shape:
+            n *= d
+        return 4 * n
 
 
 def _sizes(fmt: str, o: int, i: int) -> list[int]:
@@ -65,10 +59,10 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
     ts = source.tensors
     plans: list[WeightPlan] = []
 
-    def matrix(names: list[str], label: str, per_token: bool = True) -> None:
+    def matrix(names: list[str], label: str, per_token: bool = True, peers: tuple = ()) -> None:
         group = [ts[n] for n in names]
         o, i = sum(t.shape[0] for t in group), group[0].shape[1]
-        fmt = _runtime_format([t.type_name for t in group], weight_format)
+        fmt = runtime_format([ts[n].type_name for n in names + list(peers)], weight_format)
         plans.append(WeightPlan(label, fmt, o, i, _sizes(fmt, o, i), max(_stored_bytes(t) for t in group),
                                 per_token))
 
@@ -85,8 +79,8 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
         matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], p + "wqkv")
         matrix([p + "attn_output.weight"], p + "wo")
         vector(p + "ffn_norm.weight")
-        matrix([p + "ffn_gate.weight"], p + "w_gate")
-        matrix([p + "ffn_up.weight"], p + "w_up")
+        matrix([p + "ffn_gate.weight"], p + "w_gate", peers=(p + "ffn_up.weight",))
+        matrix([p + "ffn_up.weight"], p + "w_up", peers=(p + "ffn_gate.weight",))
         matrix([p + "ffn_down.weight"], p + "w_down")
         for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
             vector(p + n + ".weight")

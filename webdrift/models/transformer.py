@@ -22,7 +22,7 @@ from ..graph import Graph, T
 from ..kernels import gemv_blk
 from ..kernels.autotune import chain_pays, choose_gemv, choose_qout, int8_pays
 from ..kernels.base import ceil_div
-from ..kernels.convert import SOURCE_TYPES, allocate_weight, default_format, upload_rows
+from ..kernels.convert import SOURCE_TYPES, allocate_weight, runtime_format, upload_rows
 from ..kernels.ops import (
     ArgmaxKernel,
     AttentionCombineKernel,
@@ -214,24 +214,22 @@ class GPUModel:
         self.dev.write_buffer(b, struct.pack(f"<{len(values)}f", *values))
         return b
 
-    def _matrix(self, names: list[str], label: str) -> GPUWeight:
-        """Rows of the named tensors stacked into one runtime weight (Q|K|V fuse this way)."""
+    def _matrix(self, names: list[str], label: str, peers: tuple = ()) -> GPUWeight:
+        """Rows of the named tensors stacked into one runtime weight (Q|K|V fuse this way). The
+        stored types of `peers` join the format choice (gate and up share one GEMV: one format)."""
         ts = [self._src.tensors[n] for n in names]
         i = ts[0].shape[1]
         o = sum(t.shape[0] for t in ts)
-        types = {t.type_name for t in ts}
         for t in ts:
             if t.type_name not in SOURCE_TYPES and not hasattr(t, "to_numpy"):
                 raise UnsupportedModelError(f"{t.name}: tensor type {t.type_name} is not supported "
                                             f"(supported: {', '.join(SOURCE_TYPES)})")
-        fmt = self.weight_format or (default_format(ts[0].type_name) if len(types) == 1 else "f32")
-        if fmt in ("q8", "q4") and any(default_format(t.type_name) != fmt for t in ts):
-            fmt = "f16"   # requantizing float weights needs the quantizer (issue #4); keep exact-ish f16
+        fmt = runtime_format([self._src.tensors[n].type_name for n in names + list(peers)], self.weight_format)
         w = allocate_weight(self.dev, label, fmt, o, i, "OI")
         row0 = 0
         for t in ts:
             src_type, raw = t.type_name, None
-            if src_type not in SOURCE_TYPES:  # e.g. K-quants: dequantize on the host (desktop only)
+            if src_type not in SOURCE_TYPES:  # a type only the host reads (desktop only)
                 raw, src_type = t.to_numpy().astype("float32").tobytes(), "F32"
             upload_rows(self.dev, w, src_type, raw if raw is not None else t.raw(), t.shape[0], row0)
             row0 += t.shape[0]
@@ -260,8 +258,8 @@ class GPUModel:
             bqkv=bqkv,
             wo=self._matrix([p + "attn_output.weight"], p + "wo"),
             ffn_norm=self._vector(p + "ffn_norm.weight"),
-            w_gate=self._matrix([p + "ffn_gate.weight"], p + "w_gate"),
-            w_up=self._matrix([p + "ffn_up.weight"], p + "w_up"),
+            w_gate=self._matrix([p + "ffn_gate.weight"], p + "w_gate", peers=(p + "ffn_up.weight",)),
+            w_up=self._matrix([p + "ffn_up.weight"], p + "w_up", peers=(p + "ffn_gate.weight",)),
             w_down=self._matrix([p + "ffn_down.weight"], p + "w_down"),
             k_cache=self.dev.create_buffer(kvh * cap * dh * 4, STORAGE, p + "k_cache"),
             v_cache=self.dev.create_buffer(kvh * dh * cap * 4, STORAGE, p + "v_cache"),
