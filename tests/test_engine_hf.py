@@ -257,3 +257,26 @@ def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_pat
     assert cos.min() >= 0.999 and (got.argmax(1) == want.argmax(1)).mean() >= 0.98
     out = eng.generate(ids[:8], max_new_tokens=8, temperature=0.0, stop_at_eos=False)
     assert out.token_ids == torch_greedy(ref, ids[:8], 8)
+
+
+@pytest.mark.parametrize("grouped", [True, False])
+def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, grouped):
+    """Both decode attention kernels (one workgroup per query head, or one per KV head serving its
+    4 query heads; GPUs pick by timing, kernels/autotune.choose_attention) in the whole model:
+    prompts through the decode kernels (prefill_kernels="gemv", so multi-token rows are covered)
+    give transformers' logits, and greedy decoding gives transformers' tokens."""
+    from webdrift.models import transformer
+
+    monkeypatch.setattr(transformer, "choose_attention", lambda *a, **k: grouped)
+    d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
+    eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
+    ids = np.random.default_rng(6).integers(3, VOCAB, 90).tolist()
+    got = eng.logits(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    out = eng.generate(ids[:10], max_new_tokens=10, temperature=0.0, stop_at_eos=False)
+    assert out.token_ids == torch_greedy(ref, ids[:10], 10)
+    eng.decode.dispatches(1)
+    kinds = {type(k).__name__: k for _, k, _, _ in eng.decode._ops}
+    assert kinds["AttentionKernel"].grouped is grouped

@@ -43,7 +43,7 @@ def random_inputs(kvh, rows, dh, cap, seed):
 
 
 def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, out_layout="linear",
-                  q_layout="linear", t_cap=None, seed=0):
+                  q_layout="linear", t_cap=None, seed=0, grouped=False):
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
@@ -51,7 +51,7 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, grouped=grouped)
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
@@ -67,39 +67,45 @@ def assert_close(got, ref):
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (63, 1), (64, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])
-def test_attention_gqa(pos0, T):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_gqa(pos0, T, grouped):
     """SmolLM2's heads (H=9, KVH=3, DH=64), CAP=512: decode and prefill, across the 64-key splits."""
-    assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20))
+    assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20, grouped=grouped))
 
 
-def test_attention_long_prefill_crossing_chunks():
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_long_prefill_crossing_chunks(grouped):
     """pos0 = 0, T = 300 with CAP = 512: early rows see one chunk, later rows two."""
-    assert_close(*run_attention(2, 1, 32, 512, 0, 300, out_layout="sliced"))
+    assert_close(*run_attention(2, 1, 32, 512, 0, 300, out_layout="sliced", grouped=grouped))
 
 
-def test_attention_decode_four_splits():
-    assert_close(*run_attention(4, 2, 64, 1024, 900, 1))
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_decode_four_splits(grouped):
+    assert_close(*run_attention(4, 2, 64, 1024, 900, 1, grouped=grouped))
 
 
 @pytest.mark.parametrize("H,KVH,DH,q_layout", [(4, 4, 32, "linear"), (4, 1, 128, "sliced"), (2, 1, 256, "linear")])
-def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout):
-    assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout))
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout, grouped):
+    assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout, grouped=grouped))
 
 
 @pytest.mark.parametrize("window,pos0,T", [(16, 250, 20), (4, 0, 9), (300, 200, 120), (1, 10, 3)])
-def test_attention_sliding_window(window, pos0, T):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_sliding_window(window, pos0, T, grouped):
     """Key k is visible from position p iff p - WINDOW < k <= p (Gemma 3's local layers)."""
-    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120))
+    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, grouped=grouped))
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 4), (250, 20)])
-def test_attention_softcap_and_scale(pos0, T):
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_softcap_and_scale(pos0, T, grouped):
     """Large scores (scale 1) soft-capped at 5: the cap changes the result a lot."""
-    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20)
+    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20, grouped=grouped)
     assert_close(got, ref)
     uncapped = attention_ref(*random_inputs(2, T * 2, 32, 512, 0), pos0, 2, 1.0)
     assert np.abs(uncapped - ref).max() > 0.1
-    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20)
+    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20, grouped=grouped)
     assert_close(got2, ref_uncapped)
 
 

@@ -148,6 +148,46 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -
     return {"float_ns": t_f, "int8_ns": t_q, "int8": t_q + host < t_f}
 
 
+def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, k_cache, v_cache,
+                     window: int = 0, enabled: bool = True) -> bool:
+    """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
+    head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
+    length) on this adapter with the layer's own caches; cached. Untimed adapters: grouped when
+    heads share KV heads (it reads the cache once for them)."""
+    from .ops import AttentionKernel
+    group = n_heads // n_kv
+    if group == 1 or group > AttentionKernel.MAX_GQA:
+        return False
+    key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
+    if key not in _memory and key not in _load_file() and (
+            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+        return not dev.info.is_cpu
+    return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
+                                                        window))["grouped"])
+
+
+def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window) -> dict:
+    from .ops import AttentionKernel
+    group = n_heads // n_kv
+    q = TensorDesc("q", head_dim, group, b=n_kv)
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, min(cap, 1024) - 1))
+    qb = dev.create_buffer(q.nbytes, label="tune.q")
+    times = []
+    try:
+        for grouped in (False, True):
+            k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, grouped=grouped)
+            pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
+            times.append(_time(dev, k.dispatch([sb, qb, k_cache, v_cache, pb], k.workgroups(1))))
+            dev.release_buffer(pb)
+    except (GPUError, UnsupportedModelError):
+        return {"per_head_ns": None, "grouped_ns": None, "grouped": False}
+    finally:
+        dev.release_buffer(sb)
+        dev.release_buffer(qb)
+    return {"per_head_ns": times[0], "grouped_ns": times[1], "grouped": times[1] < times[0]}
+
+
 def static_choice(dev: Device, int8: bool = False) -> dict:
     if int8:
         return {"variant": "blk", "rows": 4, "wg": 64}

@@ -217,8 +217,13 @@ class AttentionKernel(Kernel):
         1B's decode attention at 34 us on an H100 with 64 workgroups)."""
         return min(cls.MAX_CHUNK, max(64, 1 << (head_dim - 1).bit_length()))
 
+    MAX_GQA = 8   # query heads per KV head the grouped variant unrolls
+
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
-                 rows_cap: int, scale: float, window: int = 0, softcap: float | None = None):
+                 rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
+                 grouped: bool = False):
+        """grouped (attention_gqa.wgsl): one workgroup per (chunk, token, KV head) serves all the
+        query heads of that KV head (K and V read once for them); else one per query head."""
         if head_dim % 4 or head_dim > self.MAX_CHUNK:
             raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.MAX_CHUNK}, "
                                         f"got {head_dim}")
@@ -234,9 +239,36 @@ class AttentionKernel(Kernel):
              "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
              "ROWS_CAP": rows_cap, "SCALE": _f(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": _f(softcap or 1.0)}
-        super().__init__(dev, d, (UNI, RW, RW, RW, RW), "attention")
+        self.grouped = grouped
+        if grouped:
+            if self.group > self.MAX_GQA:
+                raise UnsupportedModelError(f"grouped attention unrolls at most {self.MAX_GQA} query heads per KV "
+                                            f"head, got {self.group}")
+            self.template = "attention_gqa"
+            d.update(self._gqa_code(self.group, head_dim))
+        super().__init__(dev, d, (UNI, RW, RW, RW, RW), "attention_gqa" if grouped else "attention")
+
+    def _gqa_code(self, group: int, head_dim: int) -> dict:
+        """attention_gqa.wgsl's per-head statements, unrolled over the group's heads."""
+        hs = range(group)
+        j = "\n".join
+        return {"QS": group * head_dim // 4, "SC": group * self.CHUNK // 4,
+                "RED": group * self.CHUNK, "ML": 2 * group,
+                "S_DECL": j(f"  var s{h} = -3.0e38;" for h in hs),
+                "A_DECL": j(f"    var a{h} = 0.0;" for h in hs),
+                "A_ACC": j(f"      a{h} += dot(qs[{h}u * DH4 + d], kv);" for h in hs),
+                "S_SET": j(f"    s{h} = score(a{h});" for h in hs),
+                "RED_S": j(f"  red[{h}u * CHUNK + lid] = s{h};" for h in hs),
+                "E_SET": j(f"  let e{h} = select(0.0, exp(s{h} - ml[{h}u]), vis);\n"
+                           f"  sc[({h}u * CHUNK + lid) / 4u][lid % 4u] = e{h};\n"
+                           f"  red[{h}u * CHUNK + lid] = e{h};" for h in hs),
+                "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
+                "O_ACC": j(f"      o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
+                "RED_O": "  workgroupBarrier();\n" + j(f"  red[{h}u * CHUNK + lid] = o{h};" for h in hs)}
 
     def workgroups(self, t: int):
+        if self.grouped:
+            return (self.nsplit, t, self.n_kv)
         return (self.nsplit, t * self.group, self.n_kv)
 
 

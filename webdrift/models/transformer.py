@@ -20,7 +20,7 @@ from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
-from ..kernels.autotune import chain_pays, choose_gemv, choose_qout, int8_pays
+from ..kernels.autotune import chain_pays, choose_attention, choose_gemv, choose_qout, int8_pays
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, runtime_format, upload_rows
 from ..kernels.ops import (
@@ -507,8 +507,12 @@ class Program:
             elif kind == "attn":
                 i = node.build[1]
                 lw = m.layers[i]
+                window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
+                grouped = stage == "decode" and choose_attention(
+                    dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
+                    enabled=m.autotune)
                 k = AttentionKernel(dev, D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, rows_cap,
-                                    scale, window=cfg.sliding_window if cfg.layer_is_sliding(i) else 0)
+                                    scale, window=window, grouped=grouped)
                 binds = [self.step_buf, a(f"q{i}"), lw.k_cache, lw.v_cache, a(f"part{i}")]
             elif kind == "combine":
                 i = node.build[1]

@@ -1,0 +1,114 @@
+// Attention over the KV cache, split over the cache length, phase 1 of 2 (attention.wgsl's
+// partials, same layout, read by attention_combine.wgsl): the grouped-query variant. One
+// workgroup handles ALL the GROUP query heads that share a KV head (for one token and one
+// CHUNK of keys), so each K row and each V load serve GROUP heads (attention.wgsl reads the
+// cache once per query head), and its barriers serve GROUP heads at once. Per-head registers
+// are unrolled ({{GROUP}} heads; `hN` below), no per-invocation arrays.
+//   part[(kvh, t * GROUP + h, split)] = (acc[0..DH), running max m, sum l)
+// Dispatch: (NSPLIT, T, KVH), CHUNK threads.
+{{STEP_DECL}}
+{{Q_DECL}}
+@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
+@group(0) @binding(3) var<storage, read_write> vc: array<vec4<f32>>;   // (KVH, DH, CAP / 4), CAP % 4 == 0
+@group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
+const DH: u32 = {{DH}}u;
+const DH4: u32 = {{DH4}}u;
+const GROUP: u32 = {{GROUP}}u;
+const CAP: u32 = {{CAP}}u;
+const CHUNK: u32 = {{CHUNK}}u;
+const CHUNK4: u32 = {{CHUNK4}}u;
+const NSPLIT: u32 = {{NSPLIT}}u;
+const ROWS_CAP: u32 = {{ROWS_CAP}}u;
+const SCALE: f32 = {{SCALE}};
+const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
+const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
+const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
+var<workgroup> qs: array<vec4<f32>, {{QS}}>;     // (GROUP, DH / 4)
+var<workgroup> sc: array<vec4<f32>, {{SC}}>;     // (GROUP, CHUNK / 4): exp(s - m), four keys per vec4
+var<workgroup> red: array<f32, {{RED}}>;         // (GROUP, CHUNK)
+var<workgroup> ml: array<f32, {{ML}}>;           // (2, GROUP): m, l per head
+
+fn score(a: f32) -> f32 {
+  var s = a * SCALE;
+#if SOFTCAP
+  s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
+#endif
+  return s;
+}
+
+// tree reduction of red[h * CHUNK ..] for every head at once (max or sum), then ml[off + h]
+fn reduce_heads(lid: u32, is_max: bool, off: u32) {
+  workgroupBarrier();
+  for (var st = CHUNK / 2u; st > 0u; st >>= 1u) {
+    if (lid < st) {
+      for (var h = 0u; h < GROUP; h++) {
+        let a = red[h * CHUNK + lid];
+        let b = red[h * CHUNK + lid + st];
+        red[h * CHUNK + lid] = select(a + b, max(a, b), is_max);
+      }
+    }
+    workgroupBarrier();
+  }
+  if (lid < GROUP) { ml[off + lid] = red[lid * CHUNK]; }
+  workgroupBarrier();
+}
+
+@compute @workgroup_size({{CHUNK}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let split = wid.x;
+  let t = wid.y;
+  let kvh = wid.z;
+  if (t >= step.n_tokens) { return; }
+  let p = step.pos0 + t;                           // this token's position
+  let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
+  let ostride = NSPLIT * (DH + 2u);                // next head's partial
+  var lo = 0u;
+  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let k0 = split * CHUNK;
+  if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
+    if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
+    return;
+  }
+  for (var i = lid; i < GROUP * DH4; i += CHUNK) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
+  workgroupBarrier();
+  let k = k0 + lid;
+  let vis = k <= p && k >= lo;
+{{S_DECL}}
+  if (vis) {
+    let kb = (kvh * CAP + k) * DH4;
+{{A_DECL}}
+    for (var d = 0u; d < DH4; d++) {
+      let kv = kc[kb + d];
+{{A_ACC}}
+    }
+{{S_SET}}
+  }
+{{RED_S}}
+  reduce_heads(lid, true, 0u);
+{{E_SET}}
+  reduce_heads(lid, false, GROUP);
+  // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) streams its run of V row d four
+  // keys per load, each load serving every head (see attention.wgsl for the run bounds)
+  let nvis = min(p + 1u - k0, CHUNK);
+  let d = lid % DH;
+  let g = lid / DH;
+{{O_DECL}}
+  if (g < NJ) {
+    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
+    let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
+    for (var j = g * JL / 4u; j < j1; j++) {
+      let v = vc[vb + j];
+{{O_ACC}}
+    }
+  }
+{{RED_O}}
+  workgroupBarrier();
+  if (lid < DH) {
+    for (var h = 0u; h < GROUP; h++) {
+      var tot = 0.0;
+      for (var q = 0u; q < NJ; q++) { tot += red[h * CHUNK + q * DH + lid]; }
+      part[out0 + h * ostride + lid] = tot;
+    }
+  }
+  if (lid < GROUP) { part[out0 + lid * ostride + DH] = ml[lid]; part[out0 + lid * ostride + DH + 1u] = ml[GROUP + lid]; }
+}
