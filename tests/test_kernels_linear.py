@@ -274,13 +274,15 @@ def test_wide_refuses_unsupported_weights():
         LinearKernel(device(), "decode", xd, yd, gw, variant="wide", rows=16, wg=128)
 
 
+@pytest.mark.parametrize("unroll", [1, 4])
 @pytest.mark.parametrize("fmt", ["q4", "q8", "f16"])
-def test_wide_dual_and_residual(fmt):
-    """The wide GEMV with the fusions the model uses: gate/up + SiLU, residual add, bias."""
+def test_wide_dual_and_residual(fmt, unroll):
+    """The wide GEMV with the fusions the model uses: gate/up + SiLU, residual add, bias; 1536
+    inputs so the four-chain loop (UNROLL4) runs several times before its tail."""
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the wide GEMV must be tested")
-    tuning = {"variant": "wide", "rows": 8, "wg": 256}
-    I = 576
+    tuning = {"variant": "wide", "rows": 8, "wg": 256, "unroll": unroll}
+    I = 1536
     Wg, Wu = _weights(70, I, seed=7) * 3, _weights(70, I, seed=8)
     x, wg, wu, y = run_linear("decode", 2, Wg, fmt, w2=Wu, tuning=tuning)
     x = x.astype(np.float64)

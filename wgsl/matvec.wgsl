@@ -13,8 +13,9 @@ diagnostic(off, subgroup_uniformity);
 //   split (default): one workgroup computes ROWS outputs of one token; its WG threads split the
 //     input slices and reduce through workgroup memory. Dispatch: (ceil(O / ROWS), tokens).
 //   SUBGROUP / WIDE (SG_VARIANT): each subgroup computes one output at a time, its lanes striding
-//     the input (4-channel slices, or whole quant blocks for WIDE), reduced with subgroupAdd; a
-//     workgroup covers ROWS rows. The only barrier is in the fused-norm prologue.
+//     the input (4-channel slices, or whole quant blocks for WIDE; UNROLL4: four in flight per
+//     lane), reduced with subgroupAdd; a workgroup covers ROWS rows. The only barrier is in the
+//     fused-norm prologue.
 //     Dispatch: (ceil(O / ROWS), tokens).
 //   ROW_PER_THREAD: each invocation computes one output over all inputs; no barriers (CPU
 //     adapters such as lavapipe run barriers slowly). Dispatch: (ceil(O / WG), tokens).
@@ -90,7 +91,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc = 0.0;
     var acc2 = 0.0;
 #if WIDE
-    for (var b = lane; b < w_NB; b += sg) {
+    var b = lane;
+#if UNROLL4
+    // four blocks in flight per lane (16-32 bytes each), in four independent chains
+    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+#if DUAL
+    var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
+#endif
+    for (; b + 3u * sg < w_NB; b += 4u * sg) {
+      acc += w_blk(o, b, {{XROW}}, inv);
+      a1 += w_blk(o, b + sg, {{XROW}}, inv);
+      a2 += w_blk(o, b + 2u * sg, {{XROW}}, inv);
+      a3 += w_blk(o, b + 3u * sg, {{XROW}}, inv);
+#if DUAL
+      acc2 += w2_blk(o, b, {{XROW}}, inv);
+      b1 += w2_blk(o, b + sg, {{XROW}}, inv);
+      b2 += w2_blk(o, b + 2u * sg, {{XROW}}, inv);
+      b3 += w2_blk(o, b + 3u * sg, {{XROW}}, inv);
+#endif
+    }
+    acc += a1 + a2 + a3;
+#if DUAL
+    acc2 += b1 + b2 + b3;
+#endif
+#endif
+    for (; b < w_NB; b += sg) {
       acc += w_blk(o, b, {{XROW}}, inv);
 #if DUAL
       acc2 += w2_blk(o, b, {{XROW}}, inv);
