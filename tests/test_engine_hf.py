@@ -280,3 +280,28 @@ def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, g
     eng.decode.dispatches(1)
     kinds = {type(k).__name__: k for _, k, _, _ in eng.decode._ops}
     assert kinds["AttentionKernel"].grouped is grouped
+
+
+@pytest.mark.parametrize("case", ["qwen2_bias_f16", "llama_mqa_hd40_bf16"])
+def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, case):
+    """Where the float decode GEMV computes rows in subgroups (what GPUs pick), the QKV GEMV
+    applies RoPE, the Q relayout and the KV append in its epilogue (one dispatch fewer per
+    layer). Forced here (lavapipe's timings pick other variants): prompts through the decode
+    kernels and greedy decoding match transformers, with bias (Qwen2) and head_dim 40 (MQA)."""
+    from webdrift.models import transformer
+
+    real = transformer.choose_gemv
+    monkeypatch.setattr(transformer, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
+        real(dev, w, w2, enabled=enabled, int8=True) if int8 else {"variant": "subgroup", "rows": 8, "wg": 64}))
+    d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
+    eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
+    labels = [x.label for x in eng.decode.dispatches(1)]
+    n = eng.config.n_layers
+    assert sum(lb.endswith("norm+qkv+rope_kv") for lb in labels) == n and not any(lb.endswith(".rope_kv") for lb in labels)
+    ids = np.random.default_rng(8).integers(3, VOCAB, 80).tolist()
+    got = eng.logits(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    out = eng.generate(ids[:10], max_new_tokens=10, temperature=0.0, stop_at_eos=False)
+    assert out.token_ids == torch_greedy(ref, ids[:10], 10)

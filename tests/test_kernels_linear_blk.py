@@ -246,23 +246,38 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
         np.testing.assert_allclose(parts.sum(1), (yr.astype(np.float64) ** 2).sum(1), rtol=1e-4)
 
 
-@pytest.mark.parametrize("rope_half,bias,rows", [(True, False, 4), (False, True, 2), (True, True, 8)])
-def test_blk_rope_epilogue(rope_half, bias, rows):
+ROPE_CASES = [("blk", "q4", True, False, 4, 1), ("blk", "q4", False, True, 2, 1), ("blk", "q8", True, True, 8, 1),
+              ("subgroup", "f16", True, True, 8, 4), ("subgroup", "q8", False, False, 2, 1),
+              ("wide", "q4", True, False, 8, 1), ("wide", "f16", False, True, 16, 4)]
+
+
+@pytest.mark.parametrize("variant,fmt,rope_half,bias,rows,unroll", ROPE_CASES)
+def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll):
     """rope: the QKV GEMV applies RoPE, writes q in the attention's relayout and appends K/V to
     the caches itself: the same q rows and cache contents as the plain GEMV followed by
-    RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38)."""
+    RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38). blk: the
+    integer-dot GEMV on a quantized row; subgroup / wide: the float GEMVs with the RMSNorm fused."""
     from tests.gpu_util import run, step_buffer
     from webdrift.kernels.ops import RopeQKVKernel
     dev = device()
+    if not dev.has_subgroups:
+        pytest.fail("the CI adapter (lavapipe) offers subgroups; the epilogue must be tested")
     H, KVH, DH, cap, T, pos0 = 4, 2, 32, 64, 2, 37
     O, I = (H + 2 * KVH) * DH, 256
     rng = np.random.default_rng(31)
     x = rng.standard_normal((T, I)).astype(np.float32)
-    xd, qd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP)
-    xb, qb = upload(xd, x), upload(qd, None)
+    xd = TensorDesc("x", I, CAP)
+    xb = upload(xd, x)
     write_step(T, pos0=pos0)
-    run(QuantizeKernel(dev, xd, qd, "q4"), [xb, qb], T, pos0=pos0)
-    gw, _ = make_weight(_weights(O, I, seed=32), "q4")
+    if variant == "blk":
+        src = gemv_blk.xq_desc("xq", I, CAP)
+        sb = upload(src, None)
+        run(QuantizeKernel(dev, xd, src, fmt), [xb, sb], T, pos0=pos0)
+        tail, kw = [], {}
+    else:   # float input with the RMSNorm fused in: its weight binds after the bias
+        src, sb = xd, xb
+        tail, kw = [f32_buffer(rng.standard_normal(I).astype(np.float32))], {"pre_norm": (1e-5, 0.0), "unroll": unroll}
+    gw, _ = make_weight(_weights(O, I, seed=32), fmt)
     bb = [f32_buffer(rng.standard_normal(O).astype(np.float32))] if bias else []
     inv_freq = f32_buffer((10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32))
     q_rel = TensorDesc("q", DH, T * (H // KVH), b=KVH)
@@ -270,16 +285,16 @@ def test_blk_rope_epilogue(rope_half, bias, rows):
     # reference: plain GEMV into qkv, then RopeQKVKernel
     yd = TensorDesc("qkv", O, CAP)
     yb = upload(yd, None)
-    run(LinearKernel(dev, "decode", qd, yd, gw, bias=bias, variant="blk", rows=rows, wg=64), [qb, yb] + gw.buffers + bb,
-        T, pos0=pos0)
+    run(LinearKernel(dev, "decode", src, yd, gw, bias=bias, variant=variant, rows=rows, wg=64, **kw),
+        [sb, yb] + gw.buffers + bb + tail, T, pos0=pos0)
     qr, kr, vr = upload(q_rel, None), cache(), cache()
     run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half), [yb, qr, kr, vr, inv_freq], T, pos0=pos0)
     # fused
     qf, kf, vf = upload(q_rel, None), cache(), cache()
-    k = LinearKernel(dev, "decode", qd, yd, gw, bias=bias, variant="blk", rows=rows, wg=64,
+    k = LinearKernel(dev, "decode", src, yd, gw, bias=bias, variant=variant, rows=rows, wg=64, **kw,
                      rope={"q": q_rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": cap, "rope_half": rope_half})
     write_step(T, pos0=pos0)
-    dev.submit([k.dispatch([step_buffer(), qb, upload(yd, None)] + gw.buffers + bb + [qf, kf, vf, inv_freq],
+    dev.submit([k.dispatch([step_buffer(), sb, upload(yd, None)] + gw.buffers + bb + tail + [qf, kf, vf, inv_freq],
                            k.workgroups(T))])
     np.testing.assert_allclose(download(q_rel, qf, squeeze=False), download(q_rel, qr, squeeze=False),
                                rtol=1e-5, atol=1e-5)
@@ -287,3 +302,6 @@ def test_blk_rope_epilogue(rope_half, bias, rows):
         g, w = np.frombuffer(dev.read_buffer_sync(got), np.float32), np.frombuffer(dev.read_buffer_sync(want), np.float32)
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
         assert (g != 7.0).sum() == KVH * T * DH      # exactly the two positions were appended
+    with pytest.raises(ValueError, match="RoPE in the GEMV epilogue"):
+        LinearKernel(dev, "decode", src, yd, gw, variant=variant if variant != "blk" else "blk", rows=3, wg=64,
+                     rope={"q": q_rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": cap, "rope_half": rope_half})

@@ -17,6 +17,9 @@ diagnostic(off, subgroup_uniformity);
 //     lane), reduced with subgroupAdd; a workgroup covers ROWS rows. The only barrier is in the
 //     fused-norm prologue.
 //     Dispatch: (ceil(O / ROWS), tokens).
+//   ROPE (SUBGROUP / WIDE, the QKV projection): each subgroup computes a pair of rotation
+//     partners (rope_epilogue.wgsl's rperm) and applies RoPE + the Q relayout + the KV append
+//     instead of writing y (the unfused path's rope_qkv dispatch).
 //   ROW_PER_THREAD: each invocation computes one output over all inputs; no barriers (CPU
 //     adapters such as lavapipe run barriers slowly). Dispatch: (ceil(O / WG), tokens).
 {{STEP_DECL}}
@@ -27,6 +30,15 @@ diagnostic(off, subgroup_uniformity);
 {{W2_DECL}}
 #endif
 #include linear_common
+#if ROPE
+#include rope_epilogue
+// the pair's second row comes from the same weight
+#if WIDE
+fn w2_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 { return w_blk(o, b, t, inv); }
+#else
+fn w2_read4(o: u32, s: u32) -> vec4<f32> { return w_read4(o, s); }
+#endif
+#endif
 const ROWS: u32 = {{ROWS}}u;
 const WG: u32 = {{WG}}u;
 var<workgroup> red: array<f32, {{RED}}>;
@@ -85,9 +97,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if PRE_NORM
   inv = sg_row_inv({{XROW}}, lid, lane, sg);
 #endif
+#if ROPE
+  // pairs of outputs (i0, i0 + 1) = weight rows (o, o2), rotation partners, in one subgroup
+  for (var r = 2u * sgi; r < ROWS; r += 2u * nsg) {
+    let i0 = wid.x * ROWS + r;
+    if (i0 >= w_O) { break; }
+    let o = rperm(i0);
+    let o2 = rperm(i0 + 1u);
+#else
   for (var r = sgi; r < ROWS; r += nsg) {
     let o = wid.x * ROWS + r;
     if (o >= w_O) { break; }
+    let o2 = o;
+#endif
     var acc = 0.0;
     var acc2 = 0.0;
 #if WIDE
@@ -95,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if UNROLL4
     // four blocks in flight per lane (16-32 bytes each), in four independent chains
     var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-#if DUAL
+#if PAIR
     var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
 #endif
     for (; b + 3u * sg < w_NB; b += 4u * sg) {
@@ -103,22 +125,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       a1 += w_blk(o, b + sg, {{XROW}}, inv);
       a2 += w_blk(o, b + 2u * sg, {{XROW}}, inv);
       a3 += w_blk(o, b + 3u * sg, {{XROW}}, inv);
-#if DUAL
-      acc2 += w2_blk(o, b, {{XROW}}, inv);
-      b1 += w2_blk(o, b + sg, {{XROW}}, inv);
-      b2 += w2_blk(o, b + 2u * sg, {{XROW}}, inv);
-      b3 += w2_blk(o, b + 3u * sg, {{XROW}}, inv);
+#if PAIR
+      acc2 += w2_blk(o2, b, {{XROW}}, inv);
+      b1 += w2_blk(o2, b + sg, {{XROW}}, inv);
+      b2 += w2_blk(o2, b + 2u * sg, {{XROW}}, inv);
+      b3 += w2_blk(o2, b + 3u * sg, {{XROW}}, inv);
 #endif
     }
     acc += a1 + a2 + a3;
-#if DUAL
+#if PAIR
     acc2 += b1 + b2 + b3;
 #endif
 #endif
     for (; b < w_NB; b += sg) {
       acc += w_blk(o, b, {{XROW}}, inv);
-#if DUAL
-      acc2 += w2_blk(o, b, {{XROW}}, inv);
+#if PAIR
+      acc2 += w2_blk(o2, b, {{XROW}}, inv);
 #endif
     }
 #else
@@ -126,7 +148,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if UNROLL4
     // four independent chains: four loads in flight per lane (memory-level parallelism)
     var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-#if DUAL
+#if PAIR
     var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
 #endif
     for (; s + 3u * sg < w_SI; s += 4u * sg) {
@@ -138,31 +160,40 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       a1 += dot(x1, w_read4(o, s + sg));
       a2 += dot(x2, w_read4(o, s + 2u * sg));
       a3 += dot(x3, w_read4(o, s + 3u * sg));
-#if DUAL
-      acc2 += dot(x0, w2_read4(o, s));
-      b1 += dot(x1, w2_read4(o, s + sg));
-      b2 += dot(x2, w2_read4(o, s + 2u * sg));
-      b3 += dot(x3, w2_read4(o, s + 3u * sg));
+#if PAIR
+      acc2 += dot(x0, w2_read4(o2, s));
+      b1 += dot(x1, w2_read4(o2, s + sg));
+      b2 += dot(x2, w2_read4(o2, s + 2u * sg));
+      b3 += dot(x3, w2_read4(o2, s + 3u * sg));
 #endif
     }
     acc += a1 + a2 + a3;
-#if DUAL
+#if PAIR
     acc2 += b1 + b2 + b3;
 #endif
 #endif
     for (; s < w_SI; s += sg) {
       let xv = load_x({{XROW}}, s, inv);
       acc += dot(xv, w_read4(o, s));
-#if DUAL
-      acc2 += dot(xv, w2_read4(o, s));
+#if PAIR
+      acc2 += dot(xv, w2_read4(o2, s));
 #endif
     }
 #endif
     acc = subgroupAdd(acc);
-#if DUAL
+#if PAIR
     acc2 = subgroupAdd(acc2);
 #endif
+#if ROPE
+    if (lane == 0u) {
+      let va = epilogue_value(t, o, acc, 0.0);
+      let vb = epilogue_value(t, o2, acc2, 0.0);
+      rope_out(t, i0, va, vb);
+      rope_out(t, i0 + 1u, vb, va);
+    }
+#else
     if (lane == 0u) { epilogue(t, o, acc, acc2); }
+#endif
   }
 }
 #elif ROW_PER_THREAD

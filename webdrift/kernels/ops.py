@@ -98,14 +98,16 @@ class LinearKernel(Kernel):
                 raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
             if x.c != gemv_blk.row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
                 raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
-            if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope["head_dim"] % 2
-                                     or w.o != (rope["n_heads"] + 2 * rope["n_kv"]) * rope["head_dim"]):
-                raise ValueError(f"RoPE in the GEMV epilogue needs an even row count and the QKV weight; {w.name}")
             if qout is not None:
                 rows = 32
                 if not dev.has_subgroups or w.o % 32 or qout[0].c != gemv_blk.row_words(w.o):
                     raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
                                      f"{gemv_blk.row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
+        if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope["head_dim"] % 2
+                                 or stage != "decode" or variant not in ("blk", "subgroup", "wide")
+                                 or w.o != (rope["n_heads"] + 2 * rope["n_kv"]) * rope["head_dim"]):
+            raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
+                             f"count and the QKV weight; {w.name} ({variant}, {rows} rows)")
         if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -115,7 +117,8 @@ class LinearKernel(Kernel):
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": _weight_decl("w", b, w, variant, dev),
-             "DUAL": w2 is not None, "WIDE": variant == "wide", "UNROLL4": unroll == 4,
+             "DUAL": w2 is not None, "PAIR": w2 is not None or rope is not None, "ROPE": rope is not None,
+             "WIDE": variant == "wide", "UNROLL4": unroll == 4,
              "SG_VARIANT": variant in ("subgroup", "wide"),
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),
              "BIAS": bias, "RESIDUAL": residual,
@@ -140,21 +143,21 @@ class LinearKernel(Kernel):
             d.update(gemv_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups, dev.wgsl_subgroup_enable,
                                       x_partials=x_partials, qout=qout is not None, rps=rps, rope=rope is not None),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=_f(pre_norm[0]) if pre_norm else "0.0", PRE_NORM=False,
-                     QOUT=qout is not None, ROPE=rope is not None)
-            if rope is not None:
-                d.update(Q_DECL=accessor_wgsl(rope["q"], len(binds), "q"), ROPE_BINDING=len(binds) + 1,
-                         ROPE_BINDING1=len(binds) + 2, ROPE_BINDING2=len(binds) + 3,
-                         RH=rope["n_heads"], RKVH=rope["n_kv"], RDH=rope["head_dim"],
-                         RGROUP=rope["n_heads"] // rope["n_kv"], RCAP=rope["cap"], ROPE_HALF=rope["rope_half"])
-                binds += (RW, RW, RW, READ)
-            if qout is not None:
-                _, qfmt, qnorm, write_y = qout
-                d.update(gemv_blk.qout_defines(qfmt, w.o, wg), QOUT_BINDING=len(binds), QNORM=qnorm is not None,
-                         QW_OFFSET=_f(qnorm or 0.0), QSKIP_Y=not write_y)
-                binds += (RW,)
-                if qnorm is not None:
-                    d["QNW_BINDING"] = len(binds)
-                    binds += (READ,)
+                     QOUT=qout is not None)
+        if rope is not None:   # rope_epilogue.wgsl's bindings follow the others
+            d.update(Q_DECL=accessor_wgsl(rope["q"], len(binds), "q"), ROPE_BINDING=len(binds) + 1,
+                     ROPE_BINDING1=len(binds) + 2, ROPE_BINDING2=len(binds) + 3,
+                     RH=rope["n_heads"], RKVH=rope["n_kv"], RDH=rope["head_dim"],
+                     RGROUP=rope["n_heads"] // rope["n_kv"], RCAP=rope["cap"], ROPE_HALF=rope["rope_half"])
+            binds += (RW, RW, RW, READ)
+        if blk and qout is not None:
+            _, qfmt, qnorm, write_y = qout
+            d.update(gemv_blk.qout_defines(qfmt, w.o, wg), QOUT_BINDING=len(binds), QNORM=qnorm is not None,
+                     QW_OFFSET=_f(qnorm or 0.0), QSKIP_Y=not write_y)
+            binds += (RW,)
+            if qnorm is not None:
+                d["QNW_BINDING"] = len(binds)
+                binds += (READ,)
         if x_last_row and stage != "decode":
             raise ValueError("x_last_row is a decode-kernel option")
         super().__init__(dev, d, binds, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")

@@ -335,14 +335,18 @@ class Program:
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
         chain = self.qchain
-        rope_fused = q8["qkv"] and not cfg.qk_norm   # the integer-dot QKV GEMV applies RoPE itself
+        # the QKV GEMV applies RoPE, the Q relayout and the KV append itself: the integer-dot one,
+        # or (decode kernels) the float one where its variant computes rows in subgroups
+        rope_fused = not cfg.qk_norm and (q8["qkv"] or (fuse and self._float_rope_ok()))
         for i in range(cfg.n_layers):
             if q8["qkv"] and not (chain and i > 0):    # (in the chain, layer i-1's down wrote xqa{i})
                 g.op(f"L{i}.norm+quant", ["x"], [f"xqa{i}"], ("quant", i, "attn"))
-            if rope_fused:
+            if rope_fused and q8["qkv"]:
                 g.op(f"L{i}.qkv+rope_kv", [f"xqa{i}"], [f"q{i}"], ("qkv", i))
             elif q8["qkv"]:
                 g.op(f"L{i}.qkv", [f"xqa{i}"], [f"qkv{i}"], ("qkv", i))
+            elif rope_fused:
+                g.op(f"L{i}.norm+qkv+rope_kv", ["x"], [f"q{i}"], ("qkv", i))
             elif fuse:
                 g.op(f"L{i}.norm+qkv", ["x"], [f"qkv{i}"], ("qkv", i))
             else:
@@ -403,6 +407,22 @@ class Program:
             g.op("argmax", ["logits"], ["amax"], ("argmax",))
             g.op("sample", ["logits", "amax"], [], ("sample",))
         return g
+
+    def _spare(self) -> Buffer:
+        """A small storage buffer for bindings a kernel never touches (the y of a GEMV whose
+        epilogue writes elsewhere)."""
+        if getattr(self, "_spare_buf", None) is None:
+            self._spare_buf = self.model.dev.create_buffer(256, STORAGE, "spare")
+        return self._spare_buf
+
+    def _float_rope_ok(self) -> bool:
+        """Whether the float QKV GEMV of this program can take the RoPE epilogue: decode kernels
+        whose chosen variant computes rows in subgroups (pairs of rotation partners per subgroup)."""
+        m = self.model
+        if self.stage != "decode":
+            return False
+        c = choose_gemv(m.dev, m.layers[0].wqkv, enabled=m.autotune)
+        return c.get("variant") in ("subgroup", "wide") and c.get("rows", 0) % 2 == 0
 
     # -- kernels and bind groups (built once) ------------------------------------------------
     def _arena(self, name: str):
@@ -482,12 +502,14 @@ class Program:
                 if node.writes[0] == f"q{i}":   # RoPE, the Q relayout and the KV append in the epilogue
                     rope = {"q": D(f"q{i}"), "n_heads": cfg.n_heads, "n_kv": cfg.n_kv_heads, "head_dim": cfg.head_dim,
                             "cap": m.cap_stride, "rope_half": cfg.rope_style == "half"}
+                    int8 = src.startswith("xq")
                     k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                     pre_norm=nrm, x_partials=chained(i > 0), rope=rope, **mv_for(lw.wqkv, int8=True))
+                                     pre_norm=nrm, x_partials=chained(i > 0) if int8 else None, rope=rope,
+                                     **mv_for(lw.wqkv, int8=int8))
                     freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
-                    # y is never written: any arena range satisfies its binding
-                    binds = ([self.step_buf, a(src), a("x")] + lw.wqkv.buffers + bias
-                             + [a(f"q{i}"), lw.k_cache, lw.v_cache, freq])
+                    # y is never written: a spare buffer (no arena range that could alias x or q)
+                    binds = ([self.step_buf, a(src), self._spare()] + lw.wqkv.buffers + bias
+                             + ([] if int8 else [lw.attn_norm]) + [a(f"q{i}"), lw.k_cache, lw.v_cache, freq])
                 else:
                     k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
                                      pre_norm=nrm if normed else None, x_partials=chained(i > 0),
