@@ -104,23 +104,38 @@ class _SmallDevice:
         adapter = "small-test-adapter"
 
 
-def test_oversize_weight_is_refused_naming_size_limit_and_fix():
-    with pytest.raises(GPULimitError) as e:
-        check_limits(_SmallDevice(), synthetic_source("smollm2-135m", "f16"), None, 64)
-    msg = str(e.value)
-    assert "token_embd" in msg and "54 MiB" in msg and "32 MiB per storage binding" in msg and "q4" in msg
+def test_oversize_embedding_is_sharded_oversize_layer_weight_refused():
+    """A token embedding larger than one binding is planned as row shards (whole rows, each
+    shard's buffers within the limit); a layer weight that does not fit still raises
+    GPULimitError naming the tensor, its size, the limit and a fix."""
+    src = synthetic_source("smollm2-135m", "f16")          # 49152 x 576 f16 embedding: 54 MiB
+    plans = {p.label: p for p in check_limits(_SmallDevice(), src, None, 64)}
+    e = plans["token_embd"]
+    limit = 32 << 20
+    assert len(e.shards) == 2 and e.shards[0] == (0, 29120)       # 29120 = 64 * (32 MiB // (576 * 2) // 64)
+    assert [r0 for r0, _ in e.shards] == [0, 29120] and sum(n for _, n in e.shards) == 49152
+    assert max(e.buffers) <= limit and e.nbytes == 49152 * 576 * 2
+    assert all(not p.shards for lbl, p in plans.items() if lbl != "token_embd")
+    # a lower cap (webdrift.load(max_binding_bytes=...)) shards further: 4 MiB -> 3640 rows -> 3584 per shard
+    e4 = {p.label: p for p in check_limits(_SmallDevice(), src, None, 64, max_binding=4 << 20)}["token_embd"]
+    assert len(e4.shards) == 14 and e4.shards[-1] == (13 * 3584, 49152 - 13 * 3584)
+    # an 8B model in q8: the 501 MiB embedding and LM head shard, the 56 MiB FFN gate cannot
+    with pytest.raises(GPULimitError) as exc:
+        check_limits(_SmallDevice(), synthetic_source("llama-3.1-8b", "q8"), None, 64)
+    msg = str(exc.value)
+    assert "'blk.0.w_gate'" in msg and "14336 x 4096" in msg and "56 MiB" in msg, msg
+    assert "32 MiB per storage binding" in msg and "q4" in msg, msg
     check_limits(_SmallDevice(), synthetic_source("tiny", "q4"), None, 64)     # fits: no error
 
 
 def test_engine_raises_limit_error_before_allocating():
-    from webdrift.bench import build_engine
+    from webdrift.models.synthetic import NullTokenizer
+    from webdrift.runtime.engine import Engine
     dev = get_device()
-    src = synthetic_source("llama-3.1-8b", "f16")          # 1 GiB f16 embedding
-    if max(p.nbytes for p in plan_weights(src)) <= min(dev.max_binding_size, dev.max_buffer_size):
-        pytest.skip("this adapter holds an 8B f16 embedding in one binding")
+    src = synthetic_source("smollm2-135m", "f16")   # wqkv: 960 x 576 f16 = 1.05 MiB
     n = dev.allocations
-    with pytest.raises(GPULimitError, match="token_embd"):
-        build_engine(dev, src, 64)
+    with pytest.raises(GPULimitError, match=r"'blk\.0\.wqkv' \(960 x 576\) needs 1\.1 MiB.* 1 MiB per storage"):
+        Engine(dev, src, NullTokenizer(), max_context=64, max_binding_bytes=1 << 20)
     assert dev.allocations == n
 
 

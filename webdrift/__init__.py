@@ -52,7 +52,7 @@ def make_tokenizer(source):
 def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
          progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
-         int8_activations: bool | dict | None = None):
+         int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
@@ -68,6 +68,10 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
     like llama.cpp's MMVQ) with integer dot products. None (auto): on GPUs that have them, for
     each GEMV role where measuring both paths shows the faster GEMV repays its quantize dispatch;
     True / False: every role; a dict {"qkv", "o", "gateup", "down", "head": bool}: those roles.
+    max_binding_bytes: keep every weight buffer at most this size, below the adapter's
+    max-storage-buffer-binding-size (default: the adapter's limit). The token embedding and LM
+    head split into row shards to fit it (as they do at the adapter's own limit); to check how a
+    model behaves on an adapter with smaller bindings, or to test the sharded path.
     """
     from .hub import resolve_model
     from .runtime.engine import Engine
@@ -82,7 +86,8 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
         device = get_device()
     return Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
                   prefill_chunk=prefill_chunk, layout=layout, progress=progress, fuse=fuse, autotune=autotune,
-                  prefill_kernels=prefill_kernels, int8_activations=int8_activations)
+                  prefill_kernels=prefill_kernels, int8_activations=int8_activations,
+                  max_binding_bytes=max_binding_bytes)
 
 
 def __getattr__(name):

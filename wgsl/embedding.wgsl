@@ -1,7 +1,8 @@
 // Embedding lookup: out[t, :] = E[ids[t], :] * SCALE for t < n_tokens.
 //   ids: array<u32> (T_cap) token ids of this step (host-written for prompts; the sampler writes
 //        ids[0] itself during decode, so the token never visits the host)
-//   E  : weight (vocab, dim) in any runtime format (dequantized by its accessor)
+//   E  : weight (vocab, dim) in any runtime format (dequantized by its accessor); SHARD: rows
+//        ROW0 .. ROW0+NROWS of it (a table larger than one binding runs one dispatch per shard)
 {{STEP_DECL}}
 @group(0) @binding(1) var<storage, read_write> ids: array<u32>;
 {{W_DECL}}
@@ -13,5 +14,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = wid.y;
   let s = wid.x * 64u + lid;
   if (t >= {{NT}} || s >= out_S) { return; }
+#if SHARD
+  // E is one row shard (rows ROW0 .. ROW0 + NROWS of the table): only its tokens are written
+  let id = ids[t];
+  if (id < {{ROW0}}u || id >= {{ROW0}}u + {{NROWS}}u) { return; }
+  out_write(0u, t, 0u, s, w_read4(id - {{ROW0}}u, s) * SCALE);
+#else
   out_write(0u, t, 0u, s, w_read4(ids[t], s) * SCALE);
+#endif
 }

@@ -1,6 +1,6 @@
 """Kernel classes for the transformer's operators; each specialises its template in wgsl/.
 
-  EmbeddingKernel    wgsl/embedding.wgsl         gather rows of a (vocab, dim) weight
+  EmbeddingKernel    wgsl/embedding.wgsl         gather rows of a (vocab, dim) weight (or of one row shard)
   RMSNormKernel      wgsl/rms_norm.wgsl          RMSNorm (+ fused residual add / accumulate)
   LinearKernel       wgsl/matvec.wgsl (decode) or wgsl/matmul.wgsl (prefill): stage-aware
   RopeQKVKernel      wgsl/rope_qkv.wgsl          RoPE + Q relayout + in-place KV append
@@ -31,10 +31,14 @@ def _f(x: float) -> str:
 class EmbeddingKernel(Kernel):
     template = "embedding"
 
-    def __init__(self, dev: Device, w: GPUWeight, out: TensorDesc, scale: float = 1.0, nt: str = "step.n_tokens"):
+    def __init__(self, dev: Device, w: GPUWeight, out: TensorDesc, scale: float = 1.0, nt: str = "step.n_tokens",
+                 shard: bool = False):
+        """shard: w is a row shard of the table (rows w.row0 .. w.row0 + w.o): write only the
+        tokens whose ids fall in it (one dispatch per shard covers the whole table)."""
         self.out = out
         d = {"STEP_DECL": STEP_DECL, "W_DECL": w.wgsl("w", 2, native_f16=dev.has_f16),
-             "OUT_DECL": accessor_wgsl(out, 2 + w.n_bindings, "out"), "SCALE": _f(scale), "NT": nt}
+             "OUT_DECL": accessor_wgsl(out, 2 + w.n_bindings, "out"), "SCALE": _f(scale), "NT": nt,
+             "SHARD": shard, "ROW0": w.row0, "NROWS": w.o}
         super().__init__(dev, d, (UNI, RW) + (READ,) * w.n_bindings + (RW,), "embedding")
 
     def workgroups(self, t: int):

@@ -10,6 +10,9 @@ in one of these formats (fused dequantization happens in the accessor):
        sm    array<u32>  (O, I/32)  (scale, min) as packed f16x2; x = scale * q + min
                                     (== GGUF Q4_1 lossless; Q4_0 is min = -8 * scale)
 Every format exposes `fn {w}_read4(o: u32, s: u32) -> vec4<f32>`: inputs 4s..4s+3 of row o.
+A matrix whose buffers would exceed one storage binding (the token embedding / LM head of a large
+vocabulary) is held as row shards: several GPUWeights of whole rows, shard k holding rows
+row0_k .. row0_k + o_k (models/footprint.row_shards plans them).
 Must not: import numpy or wgpu.
 """
 
@@ -32,6 +35,7 @@ class GPUWeight:
     i: int
     buffers: list = field(default_factory=list)      # gpu Buffers, in binding order
     layout: WeightLayout | None = None               # f32 / f16 only
+    row0: int = 0                                    # a row shard: rows row0 .. row0+o of the whole matrix
 
     @property
     def n_bindings(self) -> int:

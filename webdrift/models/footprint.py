@@ -6,14 +6,18 @@ any tensor data; `check_limits` turns a buffer or binding that the adapter canno
 GPULimitError that names the tensor, its size, the limit and what to try, instead of a failure
 deep in the load; `decode_read_bytes` is the roofline's numerator: the bytes one decode step
 must read (every weight the step touches, once, plus the KV cache up to the current position).
-webdrift binds each weight as one buffer: a weight larger than max-storage-buffer-binding-size
-is refused here rather than split over several bindings (the kernels read one binding per weight).
+webdrift binds each layer weight as one buffer: a layer weight larger than
+max-storage-buffer-binding-size (or max-buffer-size) is refused here. The token embedding and
+the LM head (tied or not) are the exception: when one buffer would exceed the limit they are held
+as row shards (`row_shards`: whole rows per shard, every shard's buffers within the limit; the
+embedding and LM head kernels run once per shard), as Gemma 3's 262144-row vocabulary needs on
+adapters with 128 MiB bindings.
 Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import GPULimitError, InvalidArgumentError
 from ..kernels.convert import runtime_format
@@ -31,6 +35,7 @@ class WeightPlan:
     buffers: list[int]      # bytes of each runtime buffer (binding)
     staging: int            # bytes of the largest stored source tensor (uploaded in row chunks)
     per_token: bool = True  # read in full by every decode step (False: the untied embedding table)
+    shards: list = field(default_factory=list)   # [(row0, rows)] when held as row shards (check_limits)
 
     @property
     def nbytes(self) -> int:
@@ -51,6 +56,33 @@ def _stored_bytes(t) -> int:
 def _sizes(fmt: str, o: int, i: int) -> list[int]:
     lay = WeightLayout.named("OI", o, i) if fmt in ("f32", "f16") else None
     return buffer_sizes(fmt, o, i, lay)
+
+
+SHARDABLE = ("token_embd", "output")   # the only weights that may be split into row shards
+
+
+def _fits(sizes: list[int], limit: int) -> bool:
+    return all((n + 15) // 16 * 16 <= limit for n in sizes)   # buffers are allocated in 16-byte steps
+
+
+def row_shards(fmt: str, o: int, i: int, limit: int) -> list[tuple[int, int]] | None:
+    """Row ranges [(row0, rows), ...] splitting an (o x i) weight of format fmt so that every
+    buffer of every shard fits in `limit` bytes: [(0, o)] when the whole weight fits; shards of
+    the most rows that fit (a multiple of 64, or of 4 when fewer than 64 fit), the last one
+    smaller; None when not even 4 rows fit."""
+    if _fits(_sizes(fmt, o, i), limit):
+        return [(0, o)]
+    lo, hi = 0, o          # the most rows that fit: _sizes grows with the row count
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if _fits(_sizes(fmt, mid, i), limit):
+            lo = mid
+        else:
+            hi = mid - 1
+    n = lo // 64 * 64 if lo >= 64 else lo // 4 * 4
+    if n < 4:
+        return None
+    return [(r, min(n, o - r)) for r in range(0, o, n)]
 
 
 def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
@@ -103,22 +135,39 @@ def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) 
     return w + 2 * cfg.n_layers * cfg.kv_dim * kv_len * 4
 
 
-def check_limits(dev, source, weight_format: str | None, max_context: int) -> list[WeightPlan]:
+def binding_limit(dev, max_binding: int | None = None) -> int:
+    """The bytes one weight buffer may have: the adapter's max-storage-buffer-binding-size and
+    max-buffer-size, and the caller's cap max_binding (webdrift.load(max_binding_bytes=...))."""
+    limit = min(dev.max_binding_size, dev.max_buffer_size)
+    return min(limit, int(max_binding)) if max_binding else limit
+
+
+def check_limits(dev, source, weight_format: str | None, max_context: int,
+                 max_binding: int | None = None) -> list[WeightPlan]:
     """Raise GPULimitError, before any allocation, if a runtime weight buffer or a KV cache buffer
-    exceeds the adapter's max-buffer-size or max-storage-buffer-binding-size. (Uploads go up in
-    row chunks well under the binding limit, see kernels/convert.upload_rows.)"""
+    exceeds the adapter's max-buffer-size or max-storage-buffer-binding-size (or max_binding, a
+    lower cap the caller asks for). The token embedding and the LM head are split into row shards
+    instead (their plans get `shards`); only a row too large for one shard is refused. (Uploads
+    go up in row chunks well under the binding limit, see kernels/convert.upload_rows.)"""
     cfg = source.config
     bind, buf = dev.max_binding_size, dev.max_buffer_size
+    if max_binding:
+        bind = min(bind, int(max_binding))
     limit = min(bind, buf)
     plans = plan_weights(source, weight_format)
     adapter = getattr(getattr(dev, "info", None), "adapter", "") or "this adapter"
 
     def mib(n: float) -> str:
-        return f"{n / 2**20:.0f} MiB"
+        return f"{n / 2**20:.0f} MiB" if n >= 10 << 20 else f"{n / 2**20:.2g} MiB"
 
     for p in plans:
         worst = max(p.buffers)
         if worst <= limit:
+            continue
+        shards = row_shards(p.fmt, p.o, p.i, limit) if p.label in SHARDABLE else None
+        if shards:
+            p.shards = shards
+            p.buffers = [n for _, rows in shards for n in _sizes(p.fmt, rows, p.i)]
             continue
         what = f"its {p.fmt} buffer"
         hints = [f for f in ("q4", "q8", "f16")
@@ -128,7 +177,8 @@ def check_limits(dev, source, weight_format: str | None, max_context: int) -> li
         raise GPULimitError(
             f"{source.path}: weight {p.label!r} ({p.o} x {p.i}) needs {mib(worst)} for {what}, but {adapter} "
             f"allows {mib(bind)} per storage binding (max-storage-buffer-binding-size) and {mib(buf)} per buffer "
-            f"(max-buffer-size); webdrift binds each weight as one buffer. Try {hint}a smaller model, or an "
+            f"(max-buffer-size); webdrift binds each layer weight as one buffer (only the token embedding and "
+            f"the LM head split into row shards). Try {hint}a smaller model, or an "
             f"adapter with larger limits")
     per_layer = cfg.kv_dim * max_context * 4
     if per_layer > limit:

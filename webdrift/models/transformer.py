@@ -3,7 +3,8 @@
 Two jobs, kept apart like gpt-fast's load hook vs model:
   1. load: turn the file's tensors into runtime GPU weights (kernels/convert.py), e.g. the
      file's separate Q, K, V become one fused `wqkv` (rows [q | k | v]) so a layer reads its
-     input once; and allocate the KV cache once for the maximum context;
+     input once; a token embedding / LM head larger than one storage binding is held as row
+     shards (footprint.row_shards); and allocate the KV cache once for the maximum context;
   2. build: the op graph of one forward pass for a stage (prefill: GEMM kernels, T tokens;
      decode: GEMV kernels, 1 token; score: all-row logits), planned into one arena.
 Per layer (llama):  h = norm(x); qkv = h Wqkv (+b); rope+relayout+KV append; attention;
@@ -89,8 +90,12 @@ class GPUModel:
     """Runtime weights + KV cache of one model on one device."""
 
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
-                 progress=None, autotune: bool = True, int8_activations: bool | dict | None = None):
+                 progress=None, autotune: bool = True, int8_activations: bool | dict | None = None,
+                 max_binding_bytes: int | None = None):
+        """max_binding_bytes: hold no weight buffer larger than this (below the adapter's limits):
+        the token embedding / LM head split into row shards at this size, other weights must fit."""
         self.dev, self.cfg, self.cap = dev, source.config, max_context
+        self.max_binding = max_binding_bytes
         self.cap_stride = (max_context + 3) // 4 * 4   # KV cache rows per head (attention reads V as vec4)
         cfg = self.cfg
         if cfg.n_heads % cfg.n_kv_heads:
@@ -106,13 +111,17 @@ class GPUModel:
         self._total = len(source.tensors)
         self.weight_bytes = 0
         self._check_memory()
-        self.tok_embd = self._matrix(["token_embd.weight"], "token_embd")
+        # the token embedding and LM head as row shards (one shard, row0 = 0: one buffer per binding
+        # as for every other weight); tok_embd / output: the first shard (its format and shape)
+        self.tok_embd_shards = self._matrix_shards("token_embd.weight", "token_embd")
+        self.tok_embd = self.tok_embd_shards[0]
         self.layers = [self._layer(i) for i in range(cfg.n_layers)]
         self.output_norm = self._vector("output_norm.weight")
         if cfg.tied_embeddings or "output.weight" not in source.tensors:
-            self.output = self.tok_embd
+            self.output_shards = self.tok_embd_shards
         else:
-            self.output = self._matrix(["output.weight"], "output")
+            self.output_shards = self._matrix_shards("output.weight", "output")
+        self.output = self.output_shards[0]
         self.inv_freq = self._f32_buffer(rope_inv_freq(cfg, cfg.rope_theta), "inv_freq")
         self.inv_freq_local = (self._f32_buffer(rope_inv_freq(cfg, cfg.rope_local_theta), "inv_freq_local")
                                if cfg.rope_local_theta else self.inv_freq)
@@ -183,14 +192,17 @@ class GPUModel:
 
     # -- loading ---------------------------------------------------------------------------
     def _check_memory(self) -> None:
-        from .footprint import check_limits
-        check_limits(self.dev, self._src, self.weight_format, self.cap)   # GPULimitError before allocating
+        from .footprint import binding_limit, check_limits
+        plans = check_limits(self.dev, self._src, self.weight_format, self.cap,   # GPULimitError before allocating
+                             max_binding=self.max_binding)
+        self._shard_plan = {p.label: p.shards for p in plans if p.shards}
+        self._limit = binding_limit(self.dev, self.max_binding)
         cfg = self.cfg
         kv = 2 * cfg.n_layers * cfg.kv_dim * self.cap * 4
         per_layer = cfg.kv_dim * self.cap * 4
-        if per_layer > self.dev.max_binding_size:
+        if per_layer > self._limit:
             raise GPULimitError(f"the KV cache of one layer needs {per_layer} bytes at max_context={self.cap}; "
-                                f"the adapter allows {self.dev.max_binding_size} per binding: use a shorter max_context")
+                                f"the adapter allows {self._limit} per binding: use a shorter max_context")
         self.kv_bytes = kv
 
     def _tick(self, name: str, nbytes: int) -> None:
@@ -238,6 +250,33 @@ class GPUModel:
         self.weight_bytes += w.nbytes
         return w
 
+    def _matrix_shards(self, name: str, label: str) -> list[GPUWeight]:
+        """The token embedding or LM head: [one weight] as `_matrix` makes it, or, where
+        check_limits planned row shards, one weight per row range, each made by `_matrix` (same
+        format rule and conversion) from a view of the tensor holding only those rows."""
+        ranges = self._shard_plan.get(label)
+        if not ranges:
+            w = self._matrix([name], label)
+            return [w]
+        src, t = self._src, self._src.tensors[name]
+        data = memoryview(t.raw()).cast("B")
+        shards = []
+        try:
+            for k, (row0, rows) in enumerate(ranges):
+                self._src = _RowsSource(src, name, _RowSlice(t, data, row0, rows))
+                w = self._matrix([name], f"{label}.{k}")
+                self._src = src
+                w.row0 = row0
+                if w.o != rows or any(b.size > self._limit for b in w.buffers):
+                    raise GPULimitError(f"{name}: row shard {k} ({rows} rows, {w.fmt}) needs buffers of "
+                                        f"{[b.size for b in w.buffers]} bytes; the limit is {self._limit}")
+                if k + 1 < len(ranges):
+                    self._done -= 1   # progress counts the tensor once
+                shards.append(w)
+        finally:
+            self._src = src
+        return shards
+
     def _layer(self, i: int) -> LayerWeights:
         cfg, p = self.cfg, f"blk.{i}."
         bqkv = None
@@ -271,6 +310,39 @@ class GPUModel:
             lw.post_attn_norm = self._vector(p + "post_attention_norm.weight")
             lw.post_ffn_norm = self._vector(p + "post_ffw_norm.weight")
         return lw
+
+
+class _RowSlice:
+    """Rows row0 .. row0+rows of a source tensor as a tensor of their own (same stored type):
+    the bytes of whole rows (every stored type keeps a row in whole blocks)."""
+
+    def __init__(self, t, data: memoryview, row0: int, rows: int):
+        n = t.shape[0]
+        if len(data) % n:
+            raise UnsupportedModelError(f"{t.name}: {len(data)} bytes do not split into {n} rows")
+        per = len(data) // n
+        self.name, self.type_name, self.shape = t.name, t.type_name, (rows,) + tuple(t.shape[1:])
+        self._t, self._row0, self._data = t, row0, data[row0 * per:(row0 + rows) * per]
+
+    def raw(self):
+        return self._data
+
+    def __getattr__(self, a: str):
+        if a == "to_numpy" and hasattr(self._t, "to_numpy"):   # host dequantization (desktop only)
+            return lambda: self._t.to_numpy()[self._row0:self._row0 + self.shape[0]]
+        raise AttributeError(a)
+
+
+class _RowsSource:
+    """A model source with one tensor replaced (by a _RowSlice); everything else delegated."""
+
+    def __init__(self, src, name: str, view: _RowSlice):
+        self._base = src
+        self.tensors = dict(src.tensors)
+        self.tensors[name] = view
+
+    def __getattr__(self, a: str):
+        return getattr(self._base, a)
 
 
 class Program:
@@ -471,11 +543,13 @@ class Program:
         ops = []
         for node in g.ops:
             kind = node.build[0]
+            multi = None   # [(kernel, bindings)]: one dispatch per row shard (embedding, LM head)
             head = node.label in ("output_norm", "lm_head", "norm+lm_head", "norm+quant_head", "argmax", "sample")
             nrm = (cfg.norm_eps, cfg.norm_weight_offset)
-            if kind == "embed":
-                k = EmbeddingKernel(dev, m.tok_embd, D("x"), cfg.embed_scale)
-                binds = [self.step_buf, self.ids_buf] + m.tok_embd.buffers + [a("x")]
+            if kind == "embed":   # one dispatch per row shard, each writing the tokens in its rows
+                shards = m.tok_embd_shards
+                multi = [(EmbeddingKernel(dev, w, D("x"), cfg.embed_scale, shard=len(shards) > 1),
+                          [self.step_buf, self.ids_buf] + w.buffers + [a("x")]) for w in shards]
             elif kind == "norm":
                 i, which = node.build[1], node.build[2]
                 lw = m.layers[i]
@@ -572,17 +646,21 @@ class Program:
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
                                   last_row=not self.all_logits)
                 binds = [self.step_buf, a("x"), a("xl"), m.output_norm]
-            elif kind == "lm_head":
+            elif kind == "lm_head":   # one dispatch per row shard, each writing its columns of logits
                 lm_stage = "decode" if not self.all_logits else stage
                 src = node.reads[0]     # x (norm fused in), xl (normalised) or xql (quantized)
-                lm = (choose_gemv(dev, m.output, enabled=m.autotune, int8=src == "xql")
-                      if lm_stage == "decode" else {})
-                if lm.get("rows", 4) * dev.max_workgroups < m.output.o:
-                    lm = dict(lm, rows=ceil_div(m.output.o, dev.max_workgroups))
                 last = src in ("x", "xql") and not self.all_logits
-                k = LinearKernel(dev, lm_stage, D(src), D("logits"), m.output, softcap=cfg.final_logit_softcap,
-                                 pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
-                binds = [self.step_buf, a(src), a("logits")] + m.output.buffers + ([m.output_norm] if src == "x" else [])
+                multi = []
+                for w in m.output_shards:
+                    lm = (choose_gemv(dev, w, enabled=m.autotune, int8=src == "xql")
+                          if lm_stage == "decode" else {})
+                    if lm.get("rows", 4) * dev.max_workgroups < w.o:
+                        lm = dict(lm, rows=ceil_div(w.o, dev.max_workgroups))
+                    y = D("logits") if len(m.output_shards) == 1 else D("logits").columns(w.row0, w.o)
+                    k = LinearKernel(dev, lm_stage, D(src), y, w, softcap=cfg.final_logit_softcap,
+                                     pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
+                    multi.append((k, [self.step_buf, a(src), a("logits")] + w.buffers
+                                  + ([m.output_norm] if src == "x" else [])))
             elif kind == "argmax":
                 k = ArgmaxKernel(dev, D("logits"), cfg.vocab_size, row="0u")
                 binds = [self.step_buf, a("logits"), a("amax")]
@@ -591,8 +669,8 @@ class Program:
                 binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf, a("amax")]
             else:  # pragma: no cover
                 raise AssertionError(kind)
-            bg = dev.create_bind_group(k.pipeline, binds)
-            ops.append((node.label, k, bg, head))
+            for kern, bb in multi or [(k, binds)]:
+                ops.append((node.label, kern, dev.create_bind_group(kern.pipeline, bb), head))
         return ops
 
     def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:

@@ -109,7 +109,7 @@ class Engine:
     def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
                  weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
                  progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
-                 int8_activations: bool | dict | None = None):
+                 int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         limit = cfg.max_position or 2048
@@ -131,8 +131,11 @@ class Engine:
         self.max_context = max_context
         self.prefill_chunk = min(prefill_chunk, max_context)
         t0 = time.perf_counter()
+        if max_binding_bytes is not None and (isinstance(max_binding_bytes, bool)
+                                              or not isinstance(max_binding_bytes, int) or max_binding_bytes < 1024):
+            raise InvalidArgumentError(f"max_binding_bytes={max_binding_bytes!r}: must be an integer >= 1024")
         self.model = GPUModel(dev, source, max_context, weight_format, progress, autotune=autotune,
-                              int8_activations=int8_activations)
+                              int8_activations=int8_activations, max_binding_bytes=max_binding_bytes)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32

@@ -42,10 +42,22 @@ class TensorDesc:
     h: int = 1
     b: int = 1
     layout: str = "linear"
+    c0: int = 0           # a column view: channels c0 .. c0+c of a tensor with c_total channels
+    c_total: int = 0      # (0: not a view, c_total = c)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise InvalidArgumentError(f"tensor {self.name!r}: layout {self.layout!r} is not one of {LAYOUTS}")
+        if self.c_total and (self.c0 + self.c > self.c_total or (self.layout == "sliced" and self.c0 % 4)):
+            raise InvalidArgumentError(f"tensor {self.name!r}: columns {self.c0}..{self.c0 + self.c} do not fit "
+                                       f"{self.c_total} channels (sliced views start at a multiple of 4)")
+
+    def columns(self, c0: int, c: int) -> TensorDesc:
+        """The view of channels c0 .. c0+c of every row (same buffer binding, same rows): e.g. the
+        logits a row shard of the LM head writes. Accessors index it with the full row stride."""
+        base = self.c_total or self.c
+        return TensorDesc(self.name, c=c, w=self.w, h=self.h, b=self.b, layout=self.layout,
+                          c0=self.c0 + c0, c_total=base)
 
     @property
     def s(self) -> int:
@@ -53,8 +65,9 @@ class TensorDesc:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the physical storage (sliced storage pads C up to 4*S)."""
-        c = self.c if self.layout == "linear" else 4 * self.s
+        """Bytes of the physical storage (sliced storage pads C up to 4*S; a view: the whole tensor's)."""
+        full = self.c_total or self.c
+        c = full if self.layout == "linear" else 4 * slices(full)
         return self.b * self.h * self.w * c * 4
 
     @classmethod
@@ -78,10 +91,15 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
     out = [f"// {n}: logical BHWC ({t.b}, {t.h}, {t.w}, {t.c}), S = {t.s}, physical '{t.layout}'",
            f"const {n}_B: u32 = {t.b}u; const {n}_H: u32 = {t.h}u; const {n}_W: u32 = {t.w}u;",
            f"const {n}_C: u32 = {t.c}u; const {n}_S: u32 = {t.s}u;"]
+    if t.c_total:   # a column view: rows keep the whole tensor's stride, channels start at c0
+        out.append(f"const {n}_C0: u32 = {t.c0}u; const {n}_CT: u32 = {t.c_total}u; const {n}_ST: u32 = "
+                   f"{slices(t.c_total)}u;")
     if t.layout == "linear":
+        idx = (f"((b * {n}_H + y) * {n}_W + x) * {n}_CT + {n}_C0 + c" if t.c_total
+               else f"((b * {n}_H + y) * {n}_W + x) * {n}_C + c")
         out += [
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<f32>;",
-            f"fn {n}_idx(b: u32, x: u32, y: u32, c: u32) -> u32 {{ return ((b * {n}_H + y) * {n}_W + x) * {n}_C + c; }}",
+            f"fn {n}_idx(b: u32, x: u32, y: u32, c: u32) -> u32 {{ return {idx}; }}",
             f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c)]; }}",
             f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{",
             f"  let i = {n}_idx(b, x, y, 4u * s);",
@@ -102,9 +120,11 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
                 "}",
             ]
     else:  # sliced HSWBC4
+        idx = (f"((y * {n}_ST + {n}_C0 / 4u + s) * {n}_W + x) * {n}_B + b" if t.c_total
+               else f"((y * {n}_S + s) * {n}_W + x) * {n}_B + b")
         out += [
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<vec4<f32>>;",
-            f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return ((y * {n}_S + s) * {n}_W + x) * {n}_B + b; }}",
+            f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return {idx}; }}",
             f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{ return {n}_buf[{n}_idx(b, x, y, s)]; }}",
             f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c / 4u)][c % 4u]; }}",
         ]
@@ -124,6 +144,7 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
 
 def host_index(t: TensorDesc, b: int, x: int, y: int, c: int) -> int:
     """Element index (in f32 units) of logical element (b, x, y, c) in t's physical storage."""
+    full, c = t.c_total or t.c, c + t.c0
     if t.layout == "linear":
-        return ((b * t.h + y) * t.w + x) * t.c + c
-    return (((y * t.s + c // 4) * t.w + x) * t.b + b) * 4 + c % 4
+        return ((b * t.h + y) * t.w + x) * full + c
+    return (((y * slices(full) + c // 4) * t.w + x) * t.b + b) * 4 + c % 4
