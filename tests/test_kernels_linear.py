@@ -146,8 +146,7 @@ def test_linear_decode_x_last_row(fmt):
 
 # -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
 
-VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}u{c.get('unroll', 1)}{'p' if c.get('pairs') else ''}")
-            for c in CANDIDATES] + [
+VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}u{c.get('unroll', 1)}") for c in CANDIDATES] + [
     pytest.param({"variant": "split", "rows": 1, "wg": 32}, id="split1x32")]
 
 
@@ -204,11 +203,6 @@ def fusion_case(fusion: str, tuning: dict):
 def test_linear_decode_variant_fusions(tuning, fusion):
     _needs(tuning)
     T, W, kw = fusion_case(fusion, tuning)
-    if tuning.get("pairs") and "w2" in kw:   # row pairs are for one weight: the tuner skips them
-        from webdrift.errors import UnsupportedModelError
-        with pytest.raises(UnsupportedModelError, match="row pairs"):
-            run_linear("decode", T, W, "q4", **kw)
-        return
     x, wref, w2ref, y = run_linear("decode", T, W, "q4", x_last_row=fusion == "x_last_row", **kw)
     x = x.astype(np.float64)
     g = x @ wref.T

@@ -17,8 +17,6 @@ diagnostic(off, subgroup_uniformity);
 //     lane), reduced with subgroupAdd; a workgroup covers ROWS rows. The only barrier is in the
 //     fused-norm prologue.
 //     Dispatch: (ceil(O / ROWS), tokens).
-//   PAIR_ROWS (SUBGROUP / WIDE, not DUAL): each subgroup computes two adjacent rows at a time,
-//     sharing each input load (ROWS / 2 pairs per workgroup).
 //   ROPE (SUBGROUP / WIDE, the QKV projection): each subgroup computes a pair of rotation
 //     partners (rope_epilogue.wgsl's rperm) and applies RoPE + the Q relayout + the KV append
 //     instead of writing y (the unfused path's rope_qkv dispatch).
@@ -34,8 +32,6 @@ diagnostic(off, subgroup_uniformity);
 #include linear_common
 #if ROPE
 #include rope_epilogue
-#endif
-#if SELF_PAIR
 // the pair's second row comes from the same weight
 #if WIDE
 fn w2_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 { return w_blk(o, b, t, inv); }
@@ -108,12 +104,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (i0 >= w_O) { break; }
     let o = rperm(i0);
     let o2 = rperm(i0 + 1u);
-#elif PAIR_ROWS
-  // pairs of adjacent rows (o, o + 1) per subgroup: each x load serves two rows
-  for (var r = 2u * sgi; r < ROWS; r += 2u * nsg) {
-    let o = wid.x * ROWS + r;
-    if (o >= w_O) { break; }
-    let o2 = min(o + 1u, w_O - 1u);
 #else
   for (var r = sgi; r < ROWS; r += nsg) {
     let o = wid.x * ROWS + r;
@@ -200,11 +190,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let vb = epilogue_value(t, o2, acc2, 0.0);
       rope_out(t, i0, va, vb);
       rope_out(t, i0 + 1u, vb, va);
-    }
-#elif PAIR_ROWS
-    if (lane == 0u) {
-      epilogue(t, o, acc, 0.0);
-      if (o + 1u < w_O) { epilogue(t, o + 1u, acc2, 0.0); }
     }
 #else
     if (lane == 0u) { epilogue(t, o, acc, acc2); }

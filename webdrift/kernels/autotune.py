@@ -29,8 +29,6 @@ CANDIDATES = (
     {"variant": "wide", "rows": 32, "wg": 256},
     {"variant": "wide", "rows": 8, "wg": 256, "unroll": 4},
     {"variant": "wide", "rows": 16, "wg": 128, "unroll": 4},
-    {"variant": "subgroup", "rows": 16, "wg": 256, "unroll": 4, "pairs": True},
-    {"variant": "wide", "rows": 16, "wg": 256, "pairs": True},
 )
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
 BLK_CANDIDATES = tuple({"variant": "blk", "rows": r, "wg": w}

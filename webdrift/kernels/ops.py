@@ -81,7 +81,7 @@ class LinearKernel(Kernel):
                  act: str = "silu", softcap: float | None = None, x_last_row: bool = False,
                  rows: int = 4, wg: int = 64, variant: str = "split", pre_norm: tuple | None = None,
                  unroll: int = 1, x_partials: int | None = None, qout: tuple | None = None, rps: int = 4,
-                 rope: dict | None = None, pairs: bool = False):
+                 rope: dict | None = None):
         """pre_norm=(eps, w_offset): RMSNorm of x fused in; its weight is the last binding (blk:
         x came from QuantizeKernel with the norm weight applied; 1/rms is applied here from the
         x_partials partial sums of x^2 in the row).
@@ -90,9 +90,7 @@ class LinearKernel(Kernel):
         then that GEMV's norm weight. Forces rows = 32.
         rope=dict(q=q_rel desc, n_heads, n_kv, head_dim, cap, rope_half) (blk, the QKV projection):
         RoPE + Q relayout + KV append in the epilogue instead of writing y; bindings after the
-        others: q_rel, K cache, V cache, inv_freq (blk, subgroup, wide; those two compute the
-        rotation partners as pairs of rows per subgroup, so give them twice the rows).
-        pairs (subgroup / wide, one weight): two adjacent rows per subgroup, sharing x loads."""
+        others: q_rel, K cache, V cache, inv_freq."""
         self.template = "matvec" if stage == "decode" else "matmul"
         blk = stage == "decode" and variant == "blk"
         if blk:
@@ -114,8 +112,6 @@ class LinearKernel(Kernel):
                                  or w.o != (rope["n_heads"] + 2 * rope["n_kv"]) * rope["head_dim"]):
             raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
                              f"count and the QKV weight; {w.name} ({variant}, {rows} rows)")
-        if pairs and (w2 is not None or rope is not None or variant not in ("subgroup", "wide") or rows % 2):
-            raise UnsupportedModelError(f"row pairs are a subgroup/wide option for one weight and even rows ({w.name})")
         if variant == "wide" and not all(wide_supported(v.fmt, v.i, v.layout) for v in (w, w2) if v is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -125,8 +121,7 @@ class LinearKernel(Kernel):
              "X_DECL": accessor_wgsl(x, 1, "x"),
              "Y_DECL": accessor_wgsl(y, 2, "y"),
              "W_DECL": _weight_decl("w", b, w, variant, dev),
-             "DUAL": w2 is not None, "PAIR": w2 is not None or rope is not None or pairs, "ROPE": rope is not None,
-             "PAIR_ROWS": pairs, "SELF_PAIR": pairs or rope is not None,
+             "DUAL": w2 is not None, "PAIR": w2 is not None or rope is not None, "ROPE": rope is not None,
              "WIDE": variant == "wide", "UNROLL4": unroll == 4,
              "SG_VARIANT": variant in ("subgroup", "wide"),
              "SUBGROUP_ENABLE": dev.wgsl_subgroup_enable and variant in ("subgroup", "wide"),

@@ -578,10 +578,8 @@ class Program:
                             "cap": m.cap_stride, "rope_half": cfg.rope_style == "half"}
                     int8 = src.startswith("xq")
                     mv = mv_for(lw.wqkv, int8=int8)
-                    if not int8:   # the float GEMV's subgroups compute pairs of rows: as many subgroup
-                        mv = dict(mv)  # iterations as the chosen (unpaired) variant needs twice its rows
-                        if not mv.pop("pairs", False):
-                            mv["rows"] *= 2
+                    if not int8:   # the float GEMV's subgroups compute pairs of rows: give it twice the
+                        mv = dict(mv, rows=2 * mv["rows"])   # chosen rows, or half its subgroups idle
                     k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
                                      pre_norm=nrm, x_partials=chained(i > 0) if int8 else None, rope=rope, **mv)
                     freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
@@ -659,8 +657,7 @@ class Program:
                     lm = (choose_gemv(dev, w, enabled=m.autotune, int8=src == "xql")
                           if lm_stage == "decode" else {})
                     if lm.get("rows", 4) * dev.max_workgroups < w.o:
-                        rows = ceil_div(w.o, dev.max_workgroups)
-                        lm = dict(lm, rows=rows + rows % 2 if lm.get("pairs") else rows)
+                        lm = dict(lm, rows=ceil_div(w.o, dev.max_workgroups))
                     y = D("logits") if len(m.output_shards) == 1 else D("logits").columns(w.row0, w.o)
                     k = LinearKernel(dev, lm_stage, D(src), y, w, softcap=cfg.final_logit_softcap,
                                      pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
