@@ -10,7 +10,7 @@ weights loaded unsharded (transformers has no float model that stores our q4 byt
 import numpy as np
 import pytest
 import torch
-from test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
 
 import webdrift
 
@@ -152,12 +152,14 @@ def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path
     """Gemma 3 270M (Q4_K_M GGUF) with bindings capped at 128 MiB (lavapipe's own limit, and
     some browsers'): its tied 262144 x 640 Q8_0 embedding / LM head (160 MiB of q8) is held as
     two q8 shards (209664 + 52480 rows), and webdrift's logits match transformers' on the same
-    GGUF. Measured (lavapipe, 2026-11-21, layers host-dequantized to f32): cosine >= 0.9999999 at
-    every position, top-1 16/16, max |diff| 3.5e-5 of logits up to 22.4; the 5 greedy tokens
-    (" Berlin", ".", "\n\n", "The", " capital") are transformers' top tokens. ~90 s on 2 cores
-    (transformers' GGUF load is most of it). Thresholds leave room for layer formats that
-    quantize the K-quants (cosine 0.99, top-1 0.85; a greedy token that differs must be within
-    2% of the logit range of transformers' top token)."""
+    GGUF. The layers load as the GPU converts them (Q5_0 / Q8_0 -> q8 keeping the integers, Q4_K
+    -> q4 with its scales rounded to f16, Q6_K re-quantized to q8), transformers dequantizes them
+    to f32. Measured (lavapipe, 2026-11-21): cosine >= 0.99996 at every position (it was
+    0.9999999 with the layers dequantized to f32 on the host), top-1 16/16, max |diff| 0.16 of
+    logits up to 22.4; the 5 greedy tokens (" Berlin", ".", "\n\n", "The", " capital") are
+    transformers' top tokens. ~90 s on 2 cores (transformers' GGUF load is most of it).
+    Thresholds: cosine 0.999, top-1 0.9; a greedy token that differs must be within 2% of the
+    logit range of transformers' top token."""
     from transformers import AutoModelForCausalLM
     p = gemma3_gguf_path
     eng = webdrift.load(str(p), max_context=48, prefill_chunk=32, max_binding_bytes=128 << 20)
@@ -176,7 +178,7 @@ def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path
         path = ref(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].numpy()   # along our tokens
     assert got.shape == want.shape == (len(GEMMA_IDS), 262144)
     cos, top1 = _cos_top1(got, want)
-    assert cos >= 0.99 and top1 >= 0.85, (cos, top1)
+    assert cos >= 0.999 and top1 >= 0.9, (cos, top1)
     for k, tok in enumerate(out):   # each token ours chose: transformers' top, or within a small margin
         row = path[k]
         assert tok == int(row.argmax()) or row.max() - row[tok] <= 0.02 * (row.max() - row.min()), (k, out)
