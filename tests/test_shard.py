@@ -10,9 +10,9 @@ weights loaded unsharded (transformers has no float model that stores our q4 byt
 import numpy as np
 import pytest
 import torch
-from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
 
 import webdrift
+from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
 
 
 def _cos_top1(got, want):
