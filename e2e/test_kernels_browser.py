@@ -290,3 +290,109 @@ def test_browser_converts_every_gguf_type(chromium, server):
             half = np.abs(blk).max(axis=2) / 254 if fmt == "q8" else np.ptp(blk, axis=2) / 30
             f16 = 0 if fmt == "q8" else 2.0**-11 * (np.ptp(blk, axis=2) + 2 * np.abs(blk).max(axis=2))
             assert (err <= half * 1.0001 + f16 + 1e-6).all(), f"{src}/{fmt}"
+
+
+# Session-3 decode kernels in the browser: grouped-query attention (attention_gqa.wgsl) and the
+# float QKV GEMV with the RoPE epilogue (matvec.wgsl ROPE, rope_epilogue.wgsl).
+DECODE_CODE = r"""
+import base64, json, struct
+from webdrift.gpu.base import UNIFORM
+from webdrift.gpu.browser import create_browser_device
+from webdrift.kernels.convert import allocate_weight, upload_rows
+from webdrift.kernels.ops import AttentionCombineKernel, AttentionKernel, LinearKernel, RopeQKVKernel
+from webdrift.kernels.step import STEP_BYTES, pack_step
+from webdrift.tensor import TensorDesc
+
+args = json.loads(ARGS)
+b64 = lambda s: base64.b64decode(s)
+dev = await create_browser_device()
+out = {"subgroups": dev.has_subgroups}
+step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
+
+def buf(data, label):
+    b = dev.create_buffer(len(data), label=label)
+    dev.write_buffer(b, data)
+    return b
+
+async def read(b, n):
+    return list(struct.unpack(f"<{n}f", await dev.read_buffer(b, 0, 4 * n)))
+
+H, KVH, DH, CAP, T, POS = args["H"], args["KVH"], args["DH"], args["CAP"], args["T"], args["POS"]
+G = H // KVH
+dev.write_buffer(step, pack_step(T, POS))
+# attention, both kernels, then the combine: out (T, H * DH)
+qd, od = TensorDesc("q", DH, T * G, b=KVH), TensorDesc("o", H * DH, T)
+qb, kb, vb = buf(b64(args["q"]), "q"), buf(b64(args["k"]), "k"), buf(b64(args["v"]), "v")
+for grouped in (False, True):
+    try:
+        att = AttentionKernel(dev, qd, H, KVH, DH, CAP, T * G, DH ** -0.5, grouped=grouped)
+        comb = AttentionCombineKernel(dev, od, H, KVH, DH, att.nsplit, T * G)
+        pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH + 2) * 4, label="part")
+        ob = dev.create_buffer(od.nbytes, label="o")
+        dev.submit([att.dispatch([step, qb, kb, vb, pb], att.workgroups(T)),
+                    comb.dispatch([step, pb, ob], comb.workgroups(T))])
+        out[f"attn/{grouped}"] = await read(ob, T * H * DH)
+    except Exception as e:
+        out[f"attn/{grouped}"] = "ERROR " + str(e)[:1500]
+# QKV GEMV (f16 weights, RMSNorm fused): RoPE in its epilogue vs the GEMV + RopeQKVKernel
+O, I = (H + 2 * KVH) * DH, args["I"]
+xd, yd, rel = TensorDesc("x", I, T), TensorDesc("qkv", O, T), TensorDesc("r", DH, T * G, b=KVH)
+xb, nwb, fb = buf(b64(args["x"]), "x"), buf(b64(args["nw"]), "nw"), buf(b64(args["freq"]), "freq")
+w = allocate_weight(dev, "w", "f16", O, I, "OI")
+upload_rows(dev, w, "F32", b64(args["w"]), O)
+cache = lambda: buf(bytes(4 * KVH * CAP * DH), "cache")
+try:
+    for variant in ("subgroup", "wide"):
+        kw = dict(variant=variant, rows=8, wg=64, pre_norm=(1e-5, 0.0))
+        yb, r1, k1, v1 = dev.create_buffer(yd.nbytes, label="y"), dev.create_buffer(rel.nbytes, label="r"), cache(), cache()
+        plain = LinearKernel(dev, "decode", xd, yd, w, **kw)
+        rope = RopeQKVKernel(dev, yd, rel, H, KVH, DH, CAP, True)
+        dev.submit([plain.dispatch([step, xb, yb] + w.buffers + [nwb], plain.workgroups(T)),
+                    rope.dispatch([step, yb, r1, k1, v1, fb], rope.workgroups(T))])
+        r2, k2, v2 = dev.create_buffer(rel.nbytes, label="r2"), cache(), cache()
+        fused = LinearKernel(dev, "decode", xd, yd, w, **dict(kw, rows=16),
+                             rope={"q": rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": CAP, "rope_half": True})
+        spare = dev.create_buffer(256, label="spare")
+        dev.submit([fused.dispatch([step, xb, spare] + w.buffers + [nwb, r2, k2, v2, fb], fused.workgroups(T))])
+        for name, b in (("q", r1), ("k", k1), ("v", v1), ("q_f", r2), ("k_f", k2), ("v_f", v2)):
+            out[f"{variant}/{name}"] = await read(b, b.size // 4)
+except Exception as e:
+    out["rope"] = "ERROR " + str(e)[:1500]
+await dev.check_errors()
+dev.destroy()
+json.dumps(out)
+"""
+
+
+def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
+    """Tint compiles and SwiftShader runs both attention kernels (equal to numpy's causal GQA
+    attention) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
+    RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants."""
+    from tests.test_kernels_attention import attention_ref
+    rng = np.random.default_rng(21)
+    H, KVH, DH, CAP, T, POS, I = 8, 2, 32, 128, 2, 70, 64
+    G = H // KVH
+    q = rng.standard_normal((KVH, T * G, DH)).astype(np.float32)
+    k = rng.standard_normal((KVH, CAP, DH)).astype(np.float32)
+    v = rng.standard_normal((KVH, DH, CAP)).astype(np.float32)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    nw = (1 + 0.1 * rng.standard_normal(I)).astype(np.float32)
+    w = (rng.standard_normal(((H + 2 * KVH) * DH, I)) * 0.2).astype(np.float32)
+    freq = (10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32)
+    enc = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
+    args = {"H": H, "KVH": KVH, "DH": DH, "CAP": CAP, "T": T, "POS": POS, "I": I, "q": enc(q), "k": enc(k),
+            "v": enc(v), "x": enc(x), "nw": enc(nw), "w": enc(w), "freq": enc(freq)}
+    res = run_in_worker(chromium, server, DECODE_CODE, args)
+    errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
+    assert not errors, f"kernels failed in the browser: {errors}"
+    assert res["subgroups"]
+    ref = attention_ref(q, k, v, POS, G, DH ** -0.5)
+    for grouped in (False, True):
+        got = np.array(res[f"attn/{grouped}"]).reshape(T, H * DH)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=f"grouped={grouped}")
+    for variant in ("subgroup", "wide"):
+        for name in ("q", "k", "v"):
+            a, b = np.array(res[f"{variant}/{name}_f"]), np.array(res[f"{variant}/{name}"])
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{variant}/{name}")
+        kc = np.array(res[f"{variant}/k"]).reshape(KVH, CAP, DH)
+        assert np.count_nonzero(kc[:, POS:POS + T]) == KVH * T * DH and not kc[:, :POS].any()   # appended at POS

@@ -259,6 +259,18 @@ def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_pat
     assert out.token_ids == torch_greedy(ref, ids[:8], 8)
 
 
+def assert_matches_transformers(eng, ref, seed: int, n: int):
+    """Logits of n random ids within 1e-3 of the largest of transformers', and 10 greedy tokens
+    after the first 10 ids equal to transformers' greedy tokens."""
+    ids = np.random.default_rng(seed).integers(3, VOCAB, n).tolist()
+    got = eng.logits(ids)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    out = eng.generate(ids[:10], max_new_tokens=10, temperature=0.0, stop_at_eos=False)
+    assert out.token_ids == torch_greedy(ref, ids[:10], 10)
+
+
 @pytest.mark.parametrize("grouped", [True, False])
 def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, grouped):
     """Both decode attention kernels (one workgroup per query head, or one per KV head serving its
@@ -270,13 +282,7 @@ def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, g
     monkeypatch.setattr(transformer, "choose_attention", lambda *a, **k: grouped)
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
-    ids = np.random.default_rng(6).integers(3, VOCAB, 90).tolist()
-    got = eng.logits(ids)
-    with torch.no_grad():
-        want = ref(torch.tensor([ids])).logits[0].numpy()
-    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
-    out = eng.generate(ids[:10], max_new_tokens=10, temperature=0.0, stop_at_eos=False)
-    assert out.token_ids == torch_greedy(ref, ids[:10], 10)
+    assert_matches_transformers(eng, ref, seed=6, n=90)
     eng.decode.dispatches(1)
     kinds = {type(k).__name__: k for _, k, _, _ in eng.decode._ops}
     assert kinds["AttentionKernel"].grouped is grouped
@@ -298,10 +304,4 @@ def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypa
     labels = [x.label for x in eng.decode.dispatches(1)]
     n = eng.config.n_layers
     assert sum(lb.endswith("norm+qkv+rope_kv") for lb in labels) == n and not any(lb.endswith(".rope_kv") for lb in labels)
-    ids = np.random.default_rng(8).integers(3, VOCAB, 80).tolist()
-    got = eng.logits(ids)
-    with torch.no_grad():
-        want = ref(torch.tensor([ids])).logits[0].numpy()
-    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
-    out = eng.generate(ids[:10], max_new_tokens=10, temperature=0.0, stop_at_eos=False)
-    assert out.token_ids == torch_greedy(ref, ids[:10], 10)
+    assert_matches_transformers(eng, ref, seed=8, n=80)

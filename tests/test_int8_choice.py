@@ -63,26 +63,25 @@ def test_post_norm_models_skip_the_chain():
 
 
 def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
-    """choose_attention: per-head for MHA and beyond MAX_GQA heads per KV head; untimed GPUs take
-    the grouped kernel, software adapters the per-head one; with timestamps (lavapipe has them)
-    both kernels are timed on the layer's caches and the verdict is cached per shape."""
+    """choose_attention: per-head for MHA, beyond MAX_GQA heads per KV head and without timing
+    (browsers); with timestamps (lavapipe has them) both kernels are timed on the layer's caches
+    and the verdict is cached per shape."""
     from tests.gpu_util import device
     from webdrift.kernels import autotune
     from webdrift.kernels.autotune import choose_attention
 
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
     gpu = NS(has_timestamps=False, info=NS(is_cpu=False, adapter="x", backend="y"))
-    assert choose_attention(gpu, 8, 2, 64, 512, None, None) is True
-    assert choose_attention(gpu, 8, 8, 64, 512, None, None) is False           # MHA: nothing to share
-    assert choose_attention(gpu, 32, 2, 64, 512, None, None) is False          # 16 > MAX_GQA heads
-    assert choose_attention(NS(has_timestamps=False, info=NS(is_cpu=True, adapter="x", backend="y")),
-                            8, 2, 64, 512, None, None) is False
+    assert choose_attention(gpu, 8, 2, 64, 512, None, None) is False            # untimed
     dev = device()
     kc, vc = (dev.create_buffer(2 * 512 * 64 * 4, label=n) for n in ("k", "v"))
     calls = []
     real = autotune._measure_attention
     monkeypatch.setattr(autotune, "_measure_attention", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(autotune, "_memory", {})
+    assert choose_attention(dev, 8, 8, 64, 512, kc, vc) is False               # MHA: nothing to share
+    assert choose_attention(dev, 32, 2, 64, 512, kc, vc) is False              # 16 > MAX_GQA heads
+    assert calls == []
     got = choose_attention(dev, 8, 2, 64, 512, kc, vc)
     assert isinstance(got, bool) and calls == [1]
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached

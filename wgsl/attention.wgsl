@@ -7,21 +7,7 @@
 // Causal: key k is visible to the token at position p iff k <= p (and k > p - WINDOW when
 // sliding). Splits past the last visible key write m = -inf and are skipped by the combine.
 // Dispatch: (NSPLIT, T * GROUP, KVH).
-{{STEP_DECL}}
-{{Q_DECL}}
-@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
-@group(0) @binding(3) var<storage, read_write> vc: array<vec4<f32>>;   // (KVH, DH, CAP / 4), CAP % 4 == 0
-@group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
-const DH: u32 = {{DH}}u;
-const GROUP: u32 = {{GROUP}}u;
-const CAP: u32 = {{CAP}}u;
-const CHUNK: u32 = {{CHUNK}}u;
-const NSPLIT: u32 = {{NSPLIT}}u;
-const ROWS_CAP: u32 = {{ROWS_CAP}}u;
-const SCALE: f32 = {{SCALE}};
-const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
-const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
-const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
+#include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
 var<workgroup> sc: array<vec4<f32>, {{CHUNK4}}>;
 var<workgroup> red: array<f32, {{CHUNK}}>;
@@ -49,10 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kb = (kvh * CAP + k) * (DH / 4u);
     var acc = 0.0;
     for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
-    s = acc * SCALE;
-#if SOFTCAP
-    s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
-#endif
+    s = score(acc);
   }
   red[lid] = s;
   workgroupBarrier();

@@ -6,35 +6,11 @@
 // are unrolled ({{GROUP}} heads; `hN` below), no per-invocation arrays.
 //   part[(kvh, t * GROUP + h, split)] = (acc[0..DH), running max m, sum l)
 // Dispatch: (NSPLIT, T, KVH), CHUNK threads.
-{{STEP_DECL}}
-{{Q_DECL}}
-@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
-@group(0) @binding(3) var<storage, read_write> vc: array<vec4<f32>>;   // (KVH, DH, CAP / 4), CAP % 4 == 0
-@group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
-const DH: u32 = {{DH}}u;
-const DH4: u32 = {{DH4}}u;
-const GROUP: u32 = {{GROUP}}u;
-const CAP: u32 = {{CAP}}u;
-const CHUNK: u32 = {{CHUNK}}u;
-const CHUNK4: u32 = {{CHUNK4}}u;
-const NSPLIT: u32 = {{NSPLIT}}u;
-const ROWS_CAP: u32 = {{ROWS_CAP}}u;
-const SCALE: f32 = {{SCALE}};
-const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
-const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
-const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
+#include attention_common
 var<workgroup> qs: array<vec4<f32>, {{QS}}>;     // (GROUP, DH / 4)
 var<workgroup> sc: array<vec4<f32>, {{SC}}>;     // (GROUP, CHUNK / 4): exp(s - m), four keys per vec4
 var<workgroup> red: array<f32, {{RED}}>;         // (GROUP, CHUNK)
 var<workgroup> ml: array<f32, {{ML}}>;           // (2, GROUP): m, l per head
-
-fn score(a: f32) -> f32 {
-  var s = a * SCALE;
-#if SOFTCAP
-  s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
-#endif
-  return s;
-}
 
 // tree reduction of red[h * CHUNK ..] for every head at once (max or sum), then ml[off + h]
 fn reduce_heads(lid: u32, is_max: bool, off: u32) {

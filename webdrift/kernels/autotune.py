@@ -178,8 +178,8 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
                      window: int = 0, enabled: bool = True) -> bool:
     """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
     head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
-    length) on this adapter with the layer's own caches; cached. Untimed adapters: grouped when
-    heads share KV heads (it reads the cache once for them)."""
+    length) on this adapter with the layer's own caches; cached. Untimed adapters (browsers):
+    per-head, which measured faster on an H100 for every shape but 8B's (1%)."""
     from .ops import AttentionKernel
     group = n_heads // n_kv
     if group == 1 or group > AttentionKernel.MAX_GQA:
@@ -187,7 +187,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     if key not in _memory and key not in _load_file() and (
             not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
-        return not dev.info.is_cpu
+        return False
     return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
                                                         window))["grouped"])
 
