@@ -305,3 +305,19 @@ def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypa
     n = eng.config.n_layers
     assert sum(lb.endswith("norm+qkv+rope_kv") for lb in labels) == n and not any(lb.endswith(".rope_kv") for lb in labels)
     assert_matches_transformers(eng, ref, seed=8, n=80)
+
+
+def test_weight_layout_choice_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch):
+    """The weight-layout search may store float weights as 4x4 blocks (OI4O4) instead of rows:
+    forced here, every matrix is converted into that order at load, and the model (embedding,
+    decode GEMVs, prefill GEMM, LM head) still gives transformers' logits and greedy tokens."""
+    from webdrift.kernels.autotune import layout_name
+    from webdrift.models import transformer
+
+    monkeypatch.setattr(transformer, "choose_layout", lambda dev, fmt, o, i, enabled=True:
+                        "OI4O4" if fmt in ("f32", "f16") else "OI")
+    d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
+    eng = webdrift.load(str(d), max_context=256, prefill_chunk=64)
+    lw = eng.model.layers[0]
+    assert {layout_name(w) for w in (lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down, eng.model.output)} == {"OI4O4"}
+    assert_matches_transformers(eng, ref, seed=9, n=70)

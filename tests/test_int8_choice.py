@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
+import numpy as np
 import pytest
 
 from webdrift.errors import InvalidArgumentError, UnsupportedModelError
@@ -85,3 +86,31 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     got = choose_attention(dev, 8, 2, 64, 512, kc, vc)
     assert isinstance(got, bool) and calls == [1]
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
+
+
+def test_weight_layout_search(monkeypatch, tmp_path):
+    """choose_layout (ML Drift's weight-layout search for float weights): q4 / q8 and untimed or
+    software adapters keep "OI"; on a timed adapter both orders are timed with their fastest
+    GEMV variant on a scratch weight (a real measurement here, on lavapipe) and the verdict is
+    cached per shape; the GEMV variant cache is per layout."""
+    from tests.gpu_util import device, make_weight
+    from webdrift.kernels import autotune
+    from webdrift.kernels.autotune import LAYOUTS, choose_layout, layout_name
+
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    dev = device()
+    assert choose_layout(dev, "q4", 64, 128) == "OI"
+    assert dev.info.is_cpu and choose_layout(dev, "f16", 64, 128) == "OI"      # software adapter
+    gpu = NS(has_timestamps=False, info=NS(is_cpu=False, adapter="x", backend="y"))
+    assert choose_layout(gpu, "f16", 64, 128) == "OI"                          # untimed (browser)
+    got = autotune._measure_layout(dev, "f16", 70, 136)
+    assert got["layout"] in LAYOUTS and all(got[f"{n}_ns"] > 0 for n in LAYOUTS)
+    assert got["layout"] == min(LAYOUTS, key=lambda n: got[f"{n}_ns"])
+    monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
+    calls = []
+    monkeypatch.setattr(autotune, "_measure_layout", lambda *a: calls.append(1) or got)
+    assert choose_layout(dev, "f16", 70, 136) == got["layout"] and choose_layout(dev, "f16", 70, 136) == got["layout"]
+    assert calls == [1]
+    w, _ = make_weight(np.zeros((8, 32), np.float32), "f16", layout="OI4O4")
+    assert layout_name(w) == "OI4O4"

@@ -227,7 +227,9 @@ def static_choice(dev: Device, int8: bool = False) -> dict:
 def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = False) -> dict:
     """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
     int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
-    key = f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}{'|int8' if int8 else ''}"
+    lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
+    key = (f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+           f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
     if key not in _memory and key not in _load_file() and (
             not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
         return static_choice(dev, int8)
@@ -312,6 +314,11 @@ def _measure_chain(dev: Device, links: list) -> dict:
 
 
 def _search(dev: Device, w, w2, int8: bool) -> dict:
+    return _search_timed(dev, w, w2, int8)[0]
+
+
+def _search_timed(dev: Device, w, w2, int8: bool) -> tuple[dict, int | None]:
+    """The fastest decode GEMV candidate for w (and w2) and its GPU ns (None: none ran)."""
     from . import gemv_blk
     from .ops import LinearKernel
     x = gemv_blk.xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
@@ -335,4 +342,47 @@ def _search(dev: Device, w, w2, int8: bool) -> dict:
             best, best_ns = cand, ns
     for b in (xb, yb, sb):
         dev.release_buffer(b)
-    return dict(best or static_choice(dev, int8))
+    return dict(best or static_choice(dev, int8)), best_ns
+
+
+# ML Drift's weight-layout search for the float formats: the orders a float weight may be stored
+# in (tensor/weight_layout.py); q4 / q8 have one block layout
+LAYOUTS = ("OI", "OI4O4")
+LAYOUT_PROXY_ROWS = 4096
+
+
+def layout_name(w) -> str:
+    from ..tensor.weight_layout import NAMED_ORDERS
+    if w.layout is None:
+        return "OI"
+    return next((n for n, order in NAMED_ORDERS.items() if order == w.layout.order), "custom")
+
+
+def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled: bool = True) -> str:
+    """The WeightLayout a float (f32 / f16) weight of shape (o, i) is converted into at load:
+    each candidate order is timed with its fastest decode GEMV variant on a scratch weight of
+    min(o, 4096) rows, and the fastest kept per adapter and shape (cached like the kernel
+    choices). q4 / q8 have one layout; untimed (browser) and software adapters keep "OI"
+    (row-major, which the wide variant needs)."""
+    if fmt not in ("f32", "f16"):
+        return "OI"
+    key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
+    if key not in _memory and key not in _load_file() and (
+            not enabled or dev.info.is_cpu or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+        return "OI"
+    return _cached(key, lambda: _measure_layout(dev, fmt, o, i))["layout"]
+
+
+def _measure_layout(dev: Device, fmt: str, o: int, i: int) -> dict:
+    from .convert import allocate_weight
+    out = {}
+    for name in LAYOUTS:
+        w = allocate_weight(dev, f"tune.{name}", fmt, min(o, LAYOUT_PROXY_ROWS), i, name)
+        try:
+            cand, ns = _search_timed(dev, w, None, False)
+        finally:
+            for b in w.buffers:
+                dev.release_buffer(b)
+        out[name] = {"ns": ns, "variant": cand}
+    best = min(LAYOUTS, key=lambda n: out[n]["ns"] if out[n]["ns"] else float("inf"))
+    return {"layout": best, **{f"{n}_ns": out[n]["ns"] for n in LAYOUTS}}

@@ -21,7 +21,14 @@ from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
-from ..kernels.autotune import chain_pays, choose_attention, choose_gemv, choose_qout, int8_pays
+from ..kernels.autotune import (
+    chain_pays,
+    choose_attention,
+    choose_gemv,
+    choose_layout,
+    choose_qout,
+    int8_pays,
+)
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, runtime_format, upload_rows
 from ..kernels.ops import (
@@ -237,7 +244,8 @@ class GPUModel:
                 raise UnsupportedModelError(f"{t.name}: tensor type {t.type_name} is not supported "
                                             f"(supported: {', '.join(SOURCE_TYPES)})")
         fmt = runtime_format([self._src.tensors[n].type_name for n in names + list(peers)], self.weight_format)
-        w = allocate_weight(self.dev, label, fmt, o, i, "OI")
+        # float weights: the layout measured fastest for this shape on this adapter (q4 / q8: one)
+        w = allocate_weight(self.dev, label, fmt, o, i, choose_layout(self.dev, fmt, o, i, enabled=self.autotune))
         row0 = 0
         for t in ts:
             src_type, raw = t.type_name, None
