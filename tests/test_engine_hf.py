@@ -5,6 +5,8 @@ Covers Llama with GQA, Qwen2 (q/k/v biases), MQA with an unusual head_dim (40, q
 llama3 rope scaling, tied and untied embeddings, f32 / f16 / bf16 safetensors.
 """
 
+import zlib
+
 import numpy as np
 import pytest
 import torch
@@ -81,7 +83,7 @@ def hf_tokenizer_dir(tmp_path_factory, smollm2_gguf_path):
 def make_model(case: str, root, tok_dir):
     spec = dict(CASES[case])
     arch, dtype = spec.pop("arch"), spec.pop("dtype")
-    torch.manual_seed(abs(hash(case)) % 1000)
+    torch.manual_seed(zlib.crc32(case.encode()) % 1000)   # the same model in every process
     cfg_cls = transformers.Qwen2Config if arch == "qwen2" else transformers.LlamaConfig
     model_cls = transformers.Qwen2ForCausalLM if arch == "qwen2" else transformers.LlamaForCausalLM
     cfg = cfg_cls(
@@ -170,7 +172,7 @@ def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
     """Fused kernels (norm folded into QKV, gate/up and the prefill LM head; the decode LM head
     keeps a separate norm, which its thousands of workgroups would otherwise each recompute) vs
     the unfused graph: the same greedy tokens and logits equal to float rounding; and 2 fewer
-    dispatches per layer."""
+    dispatches per layer (3 where RoPE also moves into the QKV GEMV)."""
     d, _ = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
     ids = list(range(7, 77))
     fused = webdrift.load(str(d), max_context=128, prefill_chunk=32)
@@ -181,7 +183,9 @@ def test_fusion_changes_nothing(tmp_path, hf_tokenizer_dir):
     gb = plain.generate(ids, max_new_tokens=12, stop_at_eos=False).token_ids
     assert ga == gb
     n_layers = fused.config.n_layers
-    assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == 2 * n_layers
+    # where the chosen GEMV variant takes it (subgroups), RoPE also moves into the QKV GEMV
+    rope_fused = any(d.label.endswith("norm+qkv+rope_kv") for d in fused.decode.dispatches(1))
+    assert len(plain.decode.dispatches(1)) - len(fused.decode.dispatches(1)) == (3 if rope_fused else 2) * n_layers
 
 
 def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
@@ -255,8 +259,13 @@ def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_pat
         want = ref(torch.tensor([ids])).logits[0].numpy()
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.999 and (got.argmax(1) == want.argmax(1)).mean() >= 0.98
-    out = eng.generate(ids[:8], max_new_tokens=8, temperature=0.0, stop_at_eos=False)
-    assert out.token_ids == torch_greedy(ref, ids[:8], 8)
+    # greedy: each token is transformers' top along our own continuation, or within 0.5% of its
+    # logit range (the scales differ by Q8_0's f16 rounding: a near-tie may flip, then diverge)
+    out = eng.generate(ids[:8], max_new_tokens=8, temperature=0.0, stop_at_eos=False).token_ids
+    with torch.no_grad():
+        path = ref(torch.tensor([ids[:8] + out])).logits[0, 7:-1].numpy()
+    for k, (row, tok) in enumerate(zip(path, out)):
+        assert tok == int(row.argmax()) or row.max() - row[tok] <= 0.005 * (row.max() - row.min()), (k, out)
 
 
 def assert_matches_transformers(eng, ref, seed: int, n: int):
