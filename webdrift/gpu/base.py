@@ -160,6 +160,12 @@ class TimestampRecorder:
         self.ticks_ns: list[tuple[int, int]] = []
 
 
+def can_time(dev) -> bool:
+    """Whether the device times kernels synchronously (GPU timestamps read back at once: the
+    native backend; the browser's reads are asynchronous)."""
+    return bool(getattr(dev, "has_timestamps", False)) and hasattr(dev, "read_timestamps")
+
+
 def check_workgroups(dev: Device, wg: tuple[int, int, int], label: str) -> None:
     from ..errors import GPULimitError
     m = dev.max_workgroups

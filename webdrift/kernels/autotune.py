@@ -13,7 +13,7 @@ import os
 import time
 
 from ..errors import GPUError, UnsupportedModelError
-from ..gpu.base import UNIFORM, Device, TimestampRecorder
+from ..gpu.base import UNIFORM, Device, TimestampRecorder, can_time
 from ..tensor import TensorDesc
 from .step import STEP_BYTES, pack_step
 from .weights import wide_supported
@@ -104,11 +104,16 @@ def _time(dev: Device, d) -> int:
     return best
 
 
-def _step_buffer(dev: Device):
-    """The Step uniform of a one-token decode, for timing kernels alone."""
+def _step_buffer(dev: Device, pos0: int = 0):
+    """The Step uniform of a one-token decode at position pos0, for timing kernels alone."""
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, 0))
+    dev.write_buffer(sb, pack_step(1, pos0))
     return sb
+
+
+def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
+    """No choice cached under key and none to be measured now: the caller takes its static rule."""
+    return key not in _memory and key not in _load_file() and not (enabled and can_time(dev))
 
 
 def _cached(key: str, compute):
@@ -185,8 +190,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     if group == 1 or group > AttentionKernel.MAX_GQA:
         return False
     key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
-    if key not in _memory and key not in _load_file() and (
-            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+    if _unmeasured(dev, key, enabled):
         return False
     return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
                                                         window))["grouped"])
@@ -196,8 +200,7 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
     from .ops import AttentionKernel
     group = n_heads // n_kv
     q = TensorDesc("q", head_dim, group, b=n_kv)
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, min(cap, 1024) - 1))
+    sb = _step_buffer(dev, min(cap, 1024) - 1)
     qb = dev.create_buffer(q.nbytes, label="tune.q")
     times = []
     try:
@@ -230,8 +233,7 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
     lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
     key = (f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
            f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
-    if key not in _memory and key not in _load_file() and (
-            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+    if _unmeasured(dev, key, enabled):
         return static_choice(dev, int8)
     return dict(_cached(key, lambda: _search(dev, w, w2, int8)))
 
@@ -241,8 +243,7 @@ def choose_qout(dev: Device, w, w2=None, enabled: bool = True) -> dict:
     for weight w, timed like choose_gemv."""
     key = f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
     static = {"variant": "blk", "rows": 32, "wg": 256, "rps": 4}
-    if key not in _memory and key not in _load_file() and (
-            not enabled or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+    if _unmeasured(dev, key, enabled):
         return static
     return dict(_cached(key, lambda: _search_qout(dev, w, w2, static)))
 
@@ -367,8 +368,7 @@ def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled: bool = True) -
     if fmt not in ("f32", "f16"):
         return "OI"
     key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
-    if key not in _memory and key not in _load_file() and (
-            not enabled or dev.info.is_cpu or not dev.has_timestamps or not hasattr(dev, "read_timestamps")):
+    if dev.info.is_cpu or _unmeasured(dev, key, enabled):
         return "OI"
     return _cached(key, lambda: _measure_layout(dev, fmt, o, i))["layout"]
 
@@ -379,10 +379,10 @@ def _measure_layout(dev: Device, fmt: str, o: int, i: int) -> dict:
     for name in LAYOUTS:
         w = allocate_weight(dev, f"tune.{name}", fmt, min(o, LAYOUT_PROXY_ROWS), i, name)
         try:
-            cand, ns = _search_timed(dev, w, None, False)
+            _, ns = _search_timed(dev, w, None, False)
         finally:
             for b in w.buffers:
                 dev.release_buffer(b)
-        out[name] = {"ns": ns, "variant": cand}
-    best = min(LAYOUTS, key=lambda n: out[n]["ns"] if out[n]["ns"] else float("inf"))
-    return {"layout": best, **{f"{n}_ns": out[n]["ns"] for n in LAYOUTS}}
+        out[f"{name}_ns"] = ns
+    best = min(LAYOUTS, key=lambda n: out[f"{n}_ns"] or float("inf"))
+    return {"layout": best, **out}

@@ -150,10 +150,8 @@ def check_limits(dev, source, weight_format: str | None, max_context: int,
     instead (their plans get `shards`); only a row too large for one shard is refused. (Uploads
     go up in row chunks well under the binding limit, see kernels/convert.upload_rows.)"""
     cfg = source.config
-    bind, buf = dev.max_binding_size, dev.max_buffer_size
-    if max_binding:
-        bind = min(bind, int(max_binding))
-    limit = min(bind, buf)
+    bind, buf = min(dev.max_binding_size, int(max_binding or dev.max_binding_size)), dev.max_buffer_size
+    limit = binding_limit(dev, max_binding)
     plans = plan_weights(source, weight_format)
     adapter = getattr(getattr(dev, "info", None), "adapter", "") or "this adapter"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ..gpu.base import READ, RW, TimestampRecorder
+from ..gpu.base import READ, RW, TimestampRecorder, can_time
 
 WG = 256
 
@@ -84,7 +84,7 @@ def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: in
         dev.submit([fd, rd])                       # fill, and warm the read up
         _sync(dev, sink)
         times_ns: list[float] = []
-        timed = getattr(dev, "has_timestamps", False) and hasattr(dev, "read_timestamps")
+        timed = can_time(dev)
         if timed:
             rec = TimestampRecorder(reps)
             dev.submit([rd] * reps, timestamps=rec)
