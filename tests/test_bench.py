@@ -16,7 +16,7 @@ from webdrift.bench import PEER_NAMES, missing_fields
 from webdrift.cli import main
 from webdrift.gpu.native import get_device
 from webdrift.models.footprint import check_limits, decode_read_bytes, plan_weights
-from webdrift.models.synthetic import PRESETS, QUANTS, synthetic_source
+from webdrift.weights.synthetic import PRESETS, QUANTS, synthetic_source
 
 
 def test_bench_quick_report_is_complete(tmp_path, capsys):
@@ -129,7 +129,7 @@ def test_oversize_embedding_is_sharded_oversize_layer_weight_refused():
 
 
 def test_engine_raises_limit_error_before_allocating():
-    from webdrift.models.synthetic import NullTokenizer
+    from webdrift.weights.synthetic import NullTokenizer
     from webdrift.runtime.engine import Engine
     dev = get_device()
     src = synthetic_source("smollm2-135m", "f16")   # wqkv: 960 x 576 f16 = 1.05 MiB

@@ -215,7 +215,7 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     from webdrift.bench import build_engine
     from webdrift.gpu.native import get_device
     from webdrift.kernels.autotune import chain_pays, int8_pays
-    from webdrift.models.synthetic import synthetic_source
+    from webdrift.weights.synthetic import synthetic_source
     dev = get_device()
     src = synthetic_source("tiny", "q4")
     ref = build_engine(dev, src, 48, int8_activations=False)

@@ -23,7 +23,7 @@ PROMPT, NEW = 32, 15          # max_context 48 = bench --quick's: the tiny q4 ke
 def profiled():
     from webdrift.bench import build_engine
     from webdrift.gpu.native import get_device
-    from webdrift.models.synthetic import synthetic_source
+    from webdrift.weights.synthetic import synthetic_source
     from webdrift.profile.command import run_profile
     dev = get_device()
     if not dev.has_timestamps:

@@ -7,7 +7,7 @@ on the host), decode tokens/s ((new - 1) / time after the first token), the deco
 memory roofline and the % of it reached, the peak of GPU memory webdrift allocated (the native
 device's live-buffer high-water mark: weights, KV cache, arena, staging uploads) and load time.
 Models: `--model NAME` (a real model, through the hub / a GGUF path), `--synthetic NAME` (random
-weights in a real model's shapes, models/synthetic.py) with `--quant f16|q8|q4`.
+weights in a real model's shapes, weights/synthetic.py) with `--quant f16|q8|q4`.
 The roofline is measured in the same run (profile/roofline.py); PyTorch peers run where torch
 has a CUDA device (bench_peers.py). Output: a table, `--json`, `--markdown` (appends a section
 with the machine, date and exact command) and `--plot` (matplotlib, skipped if missing).
@@ -27,7 +27,7 @@ import sys
 import time
 
 from .errors import InvalidArgumentError, WebdriftError
-from .models.synthetic import PRESETS, QUANTS, check_choice
+from .weights.synthetic import PRESETS, QUANTS, check_choice
 
 PROTOCOL = [(1024, 256), (128, 128)]
 QUICK_PROTOCOL = [(32, 16), (16, 8)]
@@ -103,7 +103,7 @@ INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None):
-    from .models.synthetic import NullTokenizer
+    from .weights.synthetic import NullTokenizer
     from .runtime.engine import Engine
     return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk,
                   int8_activations=int8_activations)
@@ -282,7 +282,7 @@ def run_bench(args, dev=None, log=None) -> dict:
                 raise
             log(f"the default real model is not available ({e}); using --synthetic smollm2-135m")
             synthetic = ["smollm2-135m"]
-    from .models.synthetic import synthetic_source
+    from .weights.synthetic import synthetic_source
     for name in synthetic:
         for q in quants:
             sources.append(synthetic_source(name, q))

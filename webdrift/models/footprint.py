@@ -23,7 +23,7 @@ from ..errors import GPULimitError, InvalidArgumentError
 from ..kernels.convert import runtime_format
 from ..kernels.weights import buffer_sizes
 from ..tensor.weight_layout import WeightLayout
-from .config import ModelConfig
+from ..weights.config import ModelConfig
 
 
 @dataclass

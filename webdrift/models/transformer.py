@@ -43,7 +43,7 @@ from ..kernels.ops import (
     SampleKernel,
 )
 from ..kernels.weights import GPUWeight
-from .config import ModelConfig
+from ..weights.config import ModelConfig
 
 
 @dataclass

@@ -87,7 +87,7 @@ def cmd_profile(args) -> int:
     from ..bench import INT8_CHOICES, build_engine, open_real_source
     from ..errors import InvalidArgumentError, WebdriftError
     from ..gpu.native import get_device
-    from ..models.synthetic import synthetic_source
+    from ..weights.synthetic import synthetic_source
     if args.model and args.synthetic:
         raise InvalidArgumentError("give --model or --synthetic, not both")
     if args.prompt_tokens < 1 or args.new_tokens < 2:

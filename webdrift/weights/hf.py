@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from webdrift.errors import ModelFileError, UnsupportedModelError
-from webdrift.models.config import ModelConfig
+from webdrift.weights.config import ModelConfig
 from webdrift.weights.safetensors import (
     SUPPORTED_DTYPES,
     SafeTensorInfo,

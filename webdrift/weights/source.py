@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
-from webdrift.models.config import ModelConfig
+from webdrift.weights.config import ModelConfig
 from webdrift.weights.gguf import GGUF_MAGIC, GGUFFile
 
 __all__ = [
@@ -70,7 +70,7 @@ class SourceTensor:
 
 
 class ModelSource:
-    """A model file opened for loading. `tensors` uses canonical names (see models/config.py)."""
+    """A model file opened for loading. `tensors` uses canonical names (see weights/config.py)."""
 
     path: str
     format: str  # "gguf" | "hf"

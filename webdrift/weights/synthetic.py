@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import InvalidArgumentError
-from ..weights.source import expected_tensor_shapes
+from .source import expected_tensor_shapes
 from .config import ModelConfig
 
 
