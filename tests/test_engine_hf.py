@@ -286,14 +286,14 @@ def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, g
     4 query heads; GPUs pick by timing, kernels/autotune.choose_attention) in the whole model:
     prompts through the decode kernels (prefill_kernels="gemv", so multi-token rows are covered)
     give transformers' logits, and greedy decoding gives transformers' tokens."""
-    from webdrift.models import transformer
+    from webdrift.models import forward
 
-    monkeypatch.setattr(transformer, "choose_attention", lambda *a, **k: grouped)
+    monkeypatch.setattr(forward, "choose_attention", lambda *a, **k: grouped)
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     assert_matches_transformers(eng, ref, seed=6, n=90)
     eng.decode.dispatches(1)
-    kinds = {type(k).__name__: k for _, k, _, _ in eng.decode._ops}
+    kinds = {type(k).__name__: k for _, k, _ in eng.decode.kernels()}
     assert kinds["AttentionKernel"].grouped is grouped
 
 
@@ -303,10 +303,10 @@ def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypa
     applies RoPE, the Q relayout and the KV append in its epilogue (one dispatch fewer per
     layer). Forced here (lavapipe's timings pick other variants): prompts through the decode
     kernels and greedy decoding match transformers, with bias (Qwen2) and head_dim 40 (MQA)."""
-    from webdrift.models import transformer
+    from webdrift.models import forward
 
-    real = transformer.choose_gemv
-    monkeypatch.setattr(transformer, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
+    real = forward.choose_gemv
+    monkeypatch.setattr(forward, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
         real(dev, w, w2, enabled=enabled, int8=True) if int8 else {"variant": "subgroup", "rows": 8, "wg": 64}))
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
@@ -321,9 +321,9 @@ def test_weight_layout_choice_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch
     forced here, every matrix is converted into that order at load, and the model (embedding,
     decode GEMVs, prefill GEMM, LM head) still gives transformers' logits and greedy tokens."""
     from webdrift.kernels.autotune import layout_name
-    from webdrift.models import transformer
+    from webdrift.models import loader
 
-    monkeypatch.setattr(transformer, "choose_layout", lambda dev, fmt, o, i, enabled=True:
+    monkeypatch.setattr(loader, "choose_layout", lambda dev, fmt, o, i, enabled=True:
                         "OI4O4" if fmt in ("f32", "f16") else "OI")
     d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from webdrift.errors import InvalidArgumentError, UnsupportedModelError
-from webdrift.models.transformer import GPUModel
+from webdrift.models.choices import choose_int8
 
 
 def fake_model(fmt="q4", dim=2048, ffn=8192, is_cpu=False, dp4a=True, timed=False, post_norms=False):
@@ -18,49 +18,44 @@ def fake_model(fmt="q4", dim=2048, ffn=8192, is_cpu=False, dp4a=True, timed=Fals
         return NS(fmt=fmt, o=o, i=i, nbytes=o * i // (2 if fmt == "q4" else 1))
     lw = NS(wqkv=w(3 * dim, dim), wo=w(dim, dim), w_gate=w(ffn, dim), w_up=w(ffn, dim), w_down=w(dim, ffn))
     dev = NS(has_dp4a=dp4a, has_subgroups=True, has_timestamps=timed, info=NS(is_cpu=is_cpu))
-    m = GPUModel.__new__(GPUModel)
-    m.dev, m.layers, m.output, m.autotune, m.int8_chain = dev, [lw], w(128256, dim), True, False
-    m.cfg = NS(post_norms=post_norms, dim=dim, ffn_dim=ffn, head_dim=64)
-    return m
+    return NS(dev=dev, layers=[lw], output=w(128256, dim), autotune=True,
+              cfg=NS(post_norms=post_norms, dim=dim, ffn_dim=ffn, head_dim=64))
 
 
 def test_untimed_gpu_takes_size_rule_and_chain():
-    m = fake_model()
-    roles = m._int8_choice(None)
-    assert roles == {"qkv": True, "o": True, "gateup": True, "down": True, "head": True}
-    assert m.int8_chain
+    c = choose_int8(fake_model(), None)
+    assert c.roles == {"qkv": True, "o": True, "gateup": True, "down": True, "head": True}
+    assert c.chain
 
 
 def test_small_layers_stay_float_without_timing():
-    m = fake_model(dim=576, ffn=1536)
-    roles = m._int8_choice(None)
-    assert not any(v for r, v in roles.items() if r != "head") and roles["head"]   # the 49k+ vocab head is big
-    assert not m.int8_chain
+    c = choose_int8(fake_model(dim=576, ffn=1536), None)
+    assert not any(v for r, v in c.roles.items() if r != "head") and c.roles["head"]   # the 49k+ vocab head is big
+    assert not c.chain
 
 
 def test_software_adapter_never_takes_int8():
-    m = fake_model(is_cpu=True)
-    assert not any(m._int8_choice(None).values())
+    assert not any(choose_int8(fake_model(is_cpu=True), None).roles.values())
 
 
 def test_forced_and_per_role():
     m = fake_model()
-    assert all(m._int8_choice(True).values()) and m.int8_chain
-    assert not any(m._int8_choice(False).values())
-    roles = m._int8_choice({"down": True})
-    assert roles["down"] and not roles["qkv"] and not m.int8_chain
+    c = choose_int8(m, True)
+    assert all(c.roles.values()) and c.chain
+    assert not any(choose_int8(m, False).roles.values())
+    c = choose_int8(m, {"down": True})
+    assert c.roles["down"] and not c.roles["qkv"] and not c.chain
     with pytest.raises(InvalidArgumentError, match="unknown roles"):
-        m._int8_choice({"lm": True})
+        choose_int8(m, {"lm": True})
     with pytest.raises(UnsupportedModelError, match="int8 activations"):
-        fake_model(fmt="f16")._int8_choice(True)
+        choose_int8(fake_model(fmt="f16"), True)
     with pytest.raises(UnsupportedModelError, match="int8 activations"):
-        fake_model(dp4a=False)._int8_choice(True)
+        choose_int8(fake_model(dp4a=False), True)
 
 
 def test_post_norm_models_skip_the_chain():
-    m = fake_model(post_norms=True)    # Gemma's post-norms: no quantizing epilogues; per-role size rule
-    roles = m._int8_choice(None)
-    assert roles["gateup"] and roles["head"] and not roles["down"] and not m.int8_chain
+    c = choose_int8(fake_model(post_norms=True), None)   # Gemma's post-norms: no quantizing epilogues; per-role size rule
+    assert c.roles["gateup"] and c.roles["head"] and not c.roles["down"] and not c.chain
 
 
 def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):

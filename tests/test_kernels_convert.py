@@ -10,7 +10,8 @@ import pytest
 
 from tests.gpu_util import device, source_bytes
 from webdrift.errors import UnsupportedModelError
-from webdrift.kernels.convert import SOURCE_TYPES, allocate_weight, runtime_format, upload_rows
+from webdrift.kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
+from webdrift.models.manifest import runtime_format
 from webdrift.tensor.weight_layout import WeightLayout
 
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")

@@ -14,7 +14,7 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..tensor import TensorDesc
 
@@ -53,34 +53,27 @@ class TensorNode:
     desc: TensorDesc | None = None
 
 
-@dataclass
-class OpNode:
-    label: str
-    reads: list[str]
-    writes: list[str]
-    build: object                # callable(graph) -> list of (kernel, bindings, workgroups(T) fn)
-    payload: dict = field(default_factory=dict)
-
-
 class Graph:
     def __init__(self, capacity: int, layout: str = "linear"):
         self.capacity = capacity          # T the arena is sized for
         self.layout = layout              # physical layout of activations
         self.tensors: dict[str, TensorNode] = {}
-        self.ops: list[OpNode] = []
+        self.ops: list = []               # ops in execution order (models/forward.py's typed ops)
         self.arena_bytes = 0
 
     def tensor(self, name: str, c: int, w: Dim | int = T, b: int = 1, layout: str | None = None) -> str:
         self.tensors[name] = TensorNode(name, c, w, b, layout or self.layout)
         return name
 
-    def op(self, label: str, reads: list[str], writes: list[str], build) -> None:
+    def add(self, op) -> None:
+        """Append an op (anything with `reads` and `writes`: tensor names); extends the lifetimes
+        of the tensors it touches."""
         i = len(self.ops)
-        for n in reads + writes:
+        for n in op.reads + op.writes:
             t = self.tensors[n]
             t.first = i if t.first < 0 else t.first
             t.last = i
-        self.ops.append(OpNode(label, reads, writes, build))
+        self.ops.append(op)
 
     def desc(self, name: str) -> TensorDesc:
         return self.tensors[name].desc
@@ -111,7 +104,3 @@ class Graph:
             total = max(total, off + size)
         self.arena_bytes = total
         return total
-
-    def naive_bytes(self) -> int:
-        """What one buffer per tensor would need (to report the planner's saving)."""
-        return sum(t.desc.nbytes for t in self.tensors.values() if t.first >= 0)

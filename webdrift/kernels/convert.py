@@ -18,38 +18,11 @@ from .base import Kernel, ceil_div, grid_1d
 from .weights import GPUWeight, buffer_sizes, weight_accessor_wgsl
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
-# stored quantized type -> the runtime format it maps to by default
-QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q8",
-                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q2_K": "q4", "Q3_K": "q4"}
-SOURCE_TYPES = FLOAT_TYPES + tuple(QUANT_DEFAULT)
+QUANT_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q4_K", "Q2_K", "Q3_K")
+SOURCE_TYPES = FLOAT_TYPES + QUANT_TYPES     # stored types the GPU converter reads
 # conversions that keep the stored integers (no re-quantization; Q4_K: f16 rounding of d * scale)
 DIRECT = {("Q8_0", "q8"), ("Q5_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("Q4_K", "q4")}
 BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-
-
-def default_format(src_type: str) -> str:
-    """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
-    Q8_0/Q5_x/Q6_K -> q8 (Q8_0 and Q5_0 without loss; Q5_1/Q5_K/Q6_K re-quantized to int8 per
-    32-block, an error of at most 1/254 of the block's largest magnitude); Q4_x/Q2_K/Q3_K -> q4
-    (Q4_0/Q4_1 without loss, Q4_K up to f16 rounding of its scales, Q2_K/Q3_K re-quantized)."""
-    if src_type in QUANT_DEFAULT:
-        return QUANT_DEFAULT[src_type]
-    return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
-
-
-def runtime_format(types: list[str], weight_format: str | None = None) -> str:
-    """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
-    weight_format when given (re-quantizing on the GPU where needed); otherwise the types' common
-    default, the wider quantized one for mixed quantized types (Gemma's Q5_0 Q/K with a Q8_0 V:
-    q8), f32 when floats are mixed in."""
-    if weight_format:
-        return weight_format
-    fmts = {default_format(t) for t in types}
-    if len(fmts) == 1:
-        return fmts.pop()
-    if fmts <= {"q8", "q4"}:
-        return "q8"
-    return "f32"
 
 
 class ConvertKernel(Kernel):

@@ -1,8 +1,7 @@
 """What a model needs from a device, computed from its ModelSource before anything is allocated.
 
-`plan_weights` lists the runtime GPU buffers GPUModel will create (same format choice as
-GPUModel._matrix: kernels/convert.runtime_format, or the requested weight_format) without reading
-any tensor data; `check_limits` turns a buffer or binding that the adapter cannot hold into one
+`plan_weights` lists the runtime GPU buffers the loader will create (the same inventory and
+format policy: models/manifest.py) without reading any tensor data; `check_limits` turns a buffer or binding that the adapter cannot hold into one
 GPULimitError that names the tensor, its size, the limit and what to try, instead of a failure
 deep in the load; `decode_read_bytes` is the roofline's numerator: the bytes one decode step
 must read (every weight the step touches, once, plus the KV cache up to the current position).
@@ -20,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import GPULimitError, InvalidArgumentError
-from ..kernels.convert import runtime_format
 from ..kernels.weights import buffer_sizes
 from ..tensor.weight_layout import WeightLayout
 from ..weights.config import ModelConfig
+from .manifest import Matrix, kv_cache_bytes, model_manifest
 
 
 @dataclass
@@ -58,9 +57,6 @@ def _sizes(fmt: str, o: int, i: int) -> list[int]:
     return buffer_sizes(fmt, o, i, lay)
 
 
-SHARDABLE = ("token_embd", "output")   # the only weights that may be split into row shards
-
-
 def _fits(sizes: list[int], limit: int) -> bool:
     return all((n + 15) // 16 * 16 <= limit for n in sizes)   # buffers are allocated in 16-byte steps
 
@@ -86,45 +82,33 @@ def row_shards(fmt: str, o: int, i: int, limit: int) -> list[tuple[int, int]] | 
 
 
 def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
-    """The runtime buffers GPUModel will allocate for source's matrices and vectors."""
+    """The runtime buffers the loader will allocate for source's matrices and vectors
+    (models/manifest.py's inventory, in its load order)."""
     cfg: ModelConfig = source.config
     ts = source.tensors
-    plans: list[WeightPlan] = []
+    man = model_manifest(cfg, ts)
 
-    def matrix(names: list[str], label: str, per_token: bool = True, peers: tuple = ()) -> None:
-        group = [ts[n] for n in names]
+    def matrix(m: Matrix) -> WeightPlan:
+        group = [ts[n] for n in m.names]
         o, i = sum(t.shape[0] for t in group), group[0].shape[1]
-        fmt = runtime_format([ts[n].type_name for n in names + list(peers)], weight_format)
-        plans.append(WeightPlan(label, fmt, o, i, _sizes(fmt, o, i), max(_stored_bytes(t) for t in group),
-                                per_token))
+        fmt = m.format(ts, weight_format)
+        return WeightPlan(m.label, fmt, o, i, _sizes(fmt, o, i), max(_stored_bytes(t) for t in group), m.per_token)
 
-    def vector(name: str) -> None:
-        if name in ts:
-            t = ts[name]
-            plans.append(WeightPlan(name, "f32", 1, t.shape[0], _sizes("f32", 1, t.shape[0]), _stored_bytes(t)))
+    def vector(name: str, n: int | None = None, staging: int | None = None) -> WeightPlan:
+        t = ts[name]
+        n = n or t.shape[0]
+        return WeightPlan(name, "f32", 1, n, _sizes("f32", 1, n), staging or _stored_bytes(t))
 
-    untied = not cfg.tied_embeddings and "output.weight" in ts
-    matrix(["token_embd.weight"], "token_embd", per_token=not untied)
-    for li in range(cfg.n_layers):
-        p = f"blk.{li}."
-        vector(p + "attn_norm.weight")
-        matrix([p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], p + "wqkv")
-        matrix([p + "attn_output.weight"], p + "wo")
-        vector(p + "ffn_norm.weight")
-        matrix([p + "ffn_gate.weight"], p + "w_gate", peers=(p + "ffn_up.weight",))
-        matrix([p + "ffn_up.weight"], p + "w_up", peers=(p + "ffn_gate.weight",))
-        matrix([p + "ffn_down.weight"], p + "w_down")
-        for n in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
-            vector(p + n + ".weight")
-    vector("output_norm.weight")
-    if untied:
-        matrix(["output.weight"], "output")
+    plans = [matrix(man.tok_embd)]
+    for lm in man.layers:
+        plans += [vector(v) for v in lm.vectors] + [matrix(m) for m in lm.matrices]
+        if lm.bqkv:
+            plans.append(vector(lm.bqkv[0], sum(ts[b].shape[0] for b in lm.bqkv),
+                                max(_stored_bytes(ts[b]) for b in lm.bqkv)))
+    plans.append(vector(man.output_norm))
+    if man.output is not None:
+        plans.append(matrix(man.output))
     return plans
-
-
-def kv_cache_bytes(cfg: ModelConfig, max_context: int) -> int:
-    """K and V caches of every layer: f32, (n_kv_heads, max_context, head_dim) each."""
-    return 2 * cfg.n_layers * cfg.kv_dim * max_context * 4
 
 
 def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) -> float:
@@ -132,7 +116,7 @@ def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) 
     embedding table only one row; a norm vector its n floats, not its padded buffer) plus K and V
     of kv_len positions in every layer (f32)."""
     w = sum(4 * p.i if p.o == 1 else p.nbytes if p.per_token else p.nbytes / p.o for p in plans)
-    return w + 2 * cfg.n_layers * cfg.kv_dim * kv_len * 4
+    return w + kv_cache_bytes(cfg, kv_len)
 
 
 def binding_limit(dev, max_binding: int | None = None) -> int:
@@ -153,7 +137,9 @@ def check_limits(dev, source, weight_format: str | None, max_context: int,
     bind, buf = min(dev.max_binding_size, int(max_binding or dev.max_binding_size)), dev.max_buffer_size
     limit = binding_limit(dev, max_binding)
     plans = plan_weights(source, weight_format)
-    adapter = getattr(getattr(dev, "info", None), "adapter", "") or "this adapter"
+    man = model_manifest(cfg, source.tensors)
+    shardable = {m.label for m in (man.tok_embd, man.output) if m is not None and m.shardable}
+    adapter = dev.info.adapter or "this adapter"
 
     def mib(n: float) -> str:
         return f"{n / 2**20:.0f} MiB" if n >= 10 << 20 else f"{n / 2**20:.2g} MiB"
@@ -162,7 +148,7 @@ def check_limits(dev, source, weight_format: str | None, max_context: int,
         worst = max(p.buffers)
         if worst <= limit:
             continue
-        shards = row_shards(p.fmt, p.o, p.i, limit) if p.label in SHARDABLE else None
+        shards = row_shards(p.fmt, p.o, p.i, limit) if p.label in shardable else None
         if shards:
             p.shards = shards
             p.buffers = [n for _, rows in shards for n in _sizes(p.fmt, rows, p.i)]
@@ -178,7 +164,7 @@ def check_limits(dev, source, weight_format: str | None, max_context: int,
             f"(max-buffer-size); webdrift binds each layer weight as one buffer (only the token embedding and "
             f"the LM head split into row shards). Try {hint}a smaller model, or an "
             f"adapter with larger limits")
-    per_layer = cfg.kv_dim * max_context * 4
+    per_layer = kv_cache_bytes(cfg, max_context, layers=1) // 2     # one layer's K (or V) buffer
     if per_layer > limit:
         raise GPULimitError(f"{source.path}: the KV cache of one layer needs {mib(per_layer)} at max_context="
                             f"{max_context}; {adapter} allows {mib(limit)} per binding: use a shorter max_context "

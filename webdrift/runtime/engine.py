@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from ..errors import ContextLengthError, InvalidArgumentError
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
 from ..kernels.step import STEP_BYTES, pack_step
-from ..models.transformer import GPUModel, Program
+from ..models.loader import GPUModel
+from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 
 RING = 4          # staging buffers for token read-back

@@ -1,0 +1,90 @@
+"""What one model runs on one adapter, decided once at load: int8 activations per GEMV role and
+the int8 chain (by measurement where the adapter can time kernels). The decision is a typed
+value that models/forward.py copies into the ops it builds; nothing downstream re-derives it.
+Per-weight kernel choices (GEMV variant, weight layout, attention kernel) come from
+kernels/autotune.py, measured per adapter and shape and cached.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError, UnsupportedModelError
+from ..gpu.base import can_time
+from ..kernels import gemv_blk
+from ..kernels.autotune import chain_pays, int8_pays
+from ..kernels.ops import AttentionCombineKernel
+
+ROLES = ("qkv", "o", "gateup", "down", "head")
+LAYER_ROLES = ("qkv", "o", "gateup", "down")
+
+
+@dataclass(frozen=True)
+class Int8Choice:
+    """roles[r]: the decode GEMV of role r (qkv, o, gateup, down, head) reads int8-quantized
+    activations with integer dot products; chain: every layer GEMV writes the next one's int8
+    row in its epilogue (no quantize dispatch but layer 0's)."""
+    roles: dict
+    chain: bool = False
+
+
+def chain_possible(dev, cfg) -> bool:
+    """Whether every layer GEMV can write the next one's int8 row (quantizing epilogues need
+    subgroups, 32-multiples and pre-norm blocks; the combine needs head_dim % 32 == 0)."""
+    return (dev.has_subgroups and not cfg.post_norms and cfg.dim % 32 == 0 and cfg.ffn_dim % 32 == 0
+            and AttentionCombineKernel.quant_supported(cfg.head_dim))
+
+
+def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
+    """Which decode GEMVs take int8 activations (QuantizeKernel + integer-dot GEMV), by role.
+    True/False: all of them (True needs q4/q8 layers); a dict: those roles. Auto (None): on GPUs
+    with packed integer dot products, per role where the measured GEMV time saved pays for the
+    extra quantize dispatch (kernels/autotune.py int8_pays; without synchronous timing, for
+    weights >= 12 MiB); then, where gate/up pays and the layer allows it, every layer GEMV with
+    the int8 chain if chain_pays measures it faster (untimed: always); never on software adapters.
+    `model`: dev, cfg, layers[0], output, autotune (a GPUModel)."""
+    dev, cfg, lw = model.dev, model.cfg, model.layers[0]
+    roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
+             "down": (lw.w_down, None, False), "head": (model.output, None, True)}
+    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+    ok = dev.has_dp4a and all(gemv_blk.supported(w.fmt, w.i) for w in mats)
+    head_ok = dev.has_dp4a and gemv_blk.supported(model.output.fmt, model.output.i)
+    possible = chain_possible(dev, cfg)
+    if isinstance(wanted, dict):    # per role (unnamed roles: off)
+        bad = sorted(set(wanted) - set(roles))
+        if bad:
+            raise InvalidArgumentError(f"int8_activations: unknown roles {bad}; the roles are {sorted(roles)}")
+        out = {r: bool(wanted.get(r, False)) for r in roles}
+        if (any(v for r, v in out.items() if r != "head") and not ok) or (out["head"] and not head_ok):
+            raise UnsupportedModelError(f"int8 activations for {sorted(r for r, v in out.items() if v)} need "
+                                        "q4/q8 weights with inputs a multiple of 32 and packed 4x8 integer dot products")
+        return Int8Choice(out, all(out[r] for r in LAYER_ROLES) and possible)
+    if wanted is not None:
+        if wanted and not ok:
+            raise UnsupportedModelError(
+                "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+                f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
+                f"adapter: {dev.has_dp4a})")
+        return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)
+    timed = model.autotune and can_time(dev)
+    out = {}
+    for r, (w, w2, norm) in roles.items():
+        if dev.info.is_cpu or not (head_ok if r == "head" else ok):
+            out[r] = False
+        elif timed:
+            fused = r == "o" and AttentionCombineKernel.quant_supported(cfg.head_dim)
+            out[r] = bool(int8_pays(dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
+        else:
+            out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
+    if possible and out["gateup"]:
+        # the biggest GEMV pays: try every layer GEMV int8, each writing the next one's int8 row
+        # itself (no per-layer quantize dispatch), if measuring the quantizing epilogues against
+        # separate quantize dispatches says so (untimed, e.g. the browser: the chain)
+        links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
+                 (lw.w_down, None, lw.wqkv.fmt, True)]
+        if not timed or chain_pays(dev, links)["chain"]:
+            out.update(qkv=True, o=True, down=True)
+            return Int8Choice(out, True)
+    return Int8Choice(out, False)
+

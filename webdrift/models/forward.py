@@ -1,0 +1,388 @@
+"""The forward pass of the decoder-only transformer (Llama / SmolLM / Qwen2; Gemma 3 options),
+as a list of typed ops for one stage.
+
+One layer reads like the math (gpt-fast's TransformerBlock.forward):
+
+    q          = rope(norm(x) Wqkv + b)        # and K, V appended to the cache
+    x          = x + attention(q, cache) Wo    # Gemma 3: x + post_norm(attention Wo)
+    x          = x + (act(norm(x) Wg) * (norm(x) Wu)) Wd
+
+and `ForwardBuilder.layer` is written in that order. Every decision about how an op runs is made
+here, once, and carried by the op's fields: which norm is fused into which GEMV, whether a GEMV
+reads int8 activations and which decode variant it runs, which epilogue it has (bias, residual,
+activation, softcap, quantizing the next GEMV's int8 row, RoPE + KV append), which attention
+kernel. models/lower.py turns each op into a kernel and its bindings without looking at names.
+
+Activation tensors are named in the op graph (graph/) only so the memory planner can place them
+in one arena; every op lists what it reads and writes:
+    x          (T, dim)          the residual stream
+    h{i}, h2_{i} (T, dim)        normed x (unfused norms only)
+    qkv{i}     (T, q_dim + 2 kv_dim)   the QKV projection (when RoPE is a separate kernel)
+    q{i}       (KVH, T * GROUP, DH)    RoPE'd queries, grouped by KV head
+    part{i}    (KVH, T * GROUP, NSPLIT * (DH + 2))  attention partials per key chunk
+    attn{i}    (T, q_dim)        attention output
+    act{i}     (T, ffn_dim)      act(gate) * up
+    proj{i}, ffo{i} (T, dim)     Gemma 3: O projection / FFN output before its post-norm
+    xq*{i}     (T, row words)    int8 rows of the integer-dot GEMVs (QuantizeKernel's format)
+    xl, logits (T or 1, dim / vocab), amax (argmax partials)
+Must not: import numpy or wgpu; allocate GPU memory (program.py binds, lower.py builds kernels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..gpu.base import Buffer
+from ..graph import Graph, T
+from ..kernels import gemv_blk
+from ..kernels.autotune import choose_attention, choose_gemv, choose_qout
+from ..kernels.base import ceil_div
+from ..kernels.ops import AttentionCombineKernel, AttentionKernel
+from ..kernels.weights import GPUWeight
+
+
+# -- the ops ------------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Op:
+    label: str                   # dispatch label (profiles, traces, tests)
+    reads: tuple[str, ...]       # activation tensors (graph names)
+    writes: tuple[str, ...]
+    head: bool = False           # final norm / LM head / sampling: only the last prompt chunk runs it
+    last_row: bool = False       # runs on the last token's row only (head ops without all-row logits)
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Embed(Op):
+    table: GPUWeight             # one row shard of the token embedding (or the whole table)
+    sharded: bool                # the table has several shards: write only the ids in this one
+    scale: float
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Norm(Op):
+    """out = RMSNorm(x) * (w + offset); accumulate: out += that (Gemma's post-norms into x)."""
+    weight: Buffer
+    accumulate: bool = False
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Quantize(Op):
+    """x (optionally times the norm weight; 1/rms is applied by the GEMV) -> int8 blocks for a
+    GEMV over weights of format `fmt`."""
+    fmt: str
+    norm: Buffer | None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class QuantOutput:
+    """A GEMV epilogue that also writes the next GEMV's int8 input row."""
+    row: str                     # the int8 row tensor
+    fmt: str                     # the next GEMV's weight format
+    norm: Buffer | None          # the next GEMV's norm weight (applied before quantizing), or None
+    write_y: bool                # also write y (the residual stream); False: y is never written
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RopeEpilogue:
+    """The QKV GEMV applies RoPE, the Q relayout and the KV append itself (no qkv tensor)."""
+    q: str
+    k_cache: Buffer
+    v_cache: Buffer
+    inv_freq: Buffer
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Linear(Op):
+    """y = x W^T (W: w, or w and w2 as gate/up: y = act(x Wg^T) * (x Wu^T)) with its epilogue."""
+    stage: str                   # "decode": GEMV kernels, "prefill": tiled GEMM
+    y: str                       # the output tensor (its shape); not in `writes` when an epilogue
+                                 # writes elsewhere instead (RoPE; the chain's gate/up)
+    w: GPUWeight
+    w2: GPUWeight | None = None
+    int8_input: bool = False     # x is an int8 row (integer-dot GEMV)
+    variant: dict                # decode GEMV variant (kernels/autotune.py), {} for the GEMM
+    norm: Buffer | None = None   # RMSNorm of x fused in (float input: the weight is bound here)
+    pre_norm: bool = False       # x is normalised in the GEMV (float: with `norm`; int8: 1/rms only)
+    x_partials: int | None = None   # int8 input from a quantizing epilogue: its partial sums of x^2
+    bias: Buffer | None = None
+    residual: bool = False       # y += result (the residual stream)
+    act: str = "silu"
+    softcap: float | None = None
+    qout: QuantOutput | None = None
+    rope: RopeEpilogue | None = None
+    columns: tuple[int, int] | None = None   # write only logits columns (c0, n): an LM-head row shard
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class RopeKV(Op):
+    """RoPE + Q relayout + KV append as its own kernel (QK-norm models, or no epilogue variant)."""
+    k_cache: Buffer
+    v_cache: Buffer
+    inv_freq: Buffer
+    q_norm: Buffer | None = None
+    k_norm: Buffer | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Attention(Op):
+    k_cache: Buffer
+    v_cache: Buffer
+    window: int                  # sliding window (0: the whole cache)
+    grouped: bool                # one workgroup per KV head serves its query heads
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Combine(Op):
+    quant: str | None            # write the O projection's int8 row for weights of this format
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Argmax(Op):
+    pass
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class Sample(Op):
+    partials: int                # Argmax's spans
+
+
+# -- the builder ---------------------------------------------------------------------------------
+class ForwardBuilder:
+    """The op graph of one forward pass of `model` for one stage.
+
+    stage: "decode" (GEMV kernels; also a prefill run over the decode kernels) or "prefill" (GEMM);
+    all_logits: logits of every row (scoring) instead of sampling from the last one;
+    fuse: fold each RMSNorm into the GEMV that consumes it.
+    """
+
+    def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str, fuse: bool = True):
+        m, cfg = model, model.cfg
+        self.m, self.cfg, self.stage, self.all_logits, self.fuse = m, cfg, stage, all_logits, fuse
+        # int8 activations per GEMV role (decode kernels only; the model's choice)
+        self.int8 = {r: stage == "decode" and v for r, v in m.int8_roles.items()}
+        self.int8["head"] = self.int8["head"] and not all_logits
+        # the int8 chain: each layer's GEMVs write the next GEMV's int8 rows themselves
+        self.chain = m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
+        # the QKV GEMV applies RoPE, the Q relayout and the KV append: the integer-dot one, or
+        # the float decode one where its variant computes rows in subgroups
+        self.rope_epilogue = not cfg.qk_norm and (
+            self.int8["qkv"] or (fuse and stage == "decode" and self._float_rope_epilogue()))
+        self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
+        self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
+        self.g = Graph(capacity, layout)
+        self._tensors()
+
+    def build(self) -> Graph:
+        g = self.g
+        for w in self.m.tok_embd_shards:
+            g.add(Embed(label="embedding", reads=(), writes=("x",), table=w,
+                        sharded=len(self.m.tok_embd_shards) > 1, scale=self.cfg.embed_scale))
+        for i, lw in enumerate(self.m.layers):
+            self.layer(i, lw)
+        self.lm_head()
+        return g
+
+    def _tensors(self) -> None:
+        g, cfg, m = self.g, self.cfg, self.m
+        group = cfg.n_heads // cfg.n_kv_heads
+        nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
+        g.tensor("x", cfg.dim)
+        for i in range(cfg.n_layers):
+            g.tensor(f"h{i}", cfg.dim)
+            g.tensor(f"qkv{i}", cfg.q_dim + 2 * cfg.kv_dim)
+            g.tensor(f"q{i}", cfg.head_dim, T * group, b=cfg.n_kv_heads)
+            g.tensor(f"part{i}", nsplit * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
+            g.tensor(f"attn{i}", cfg.q_dim)
+            g.tensor(f"h2_{i}", cfg.dim)
+            g.tensor(f"act{i}", cfg.ffn_dim)
+            if cfg.post_norms:
+                g.tensor(f"proj{i}", cfg.dim)
+                g.tensor(f"ffo{i}", cfg.dim)
+        rows = T if self.all_logits else 1
+        g.tensor("xl", cfg.dim, rows)
+        g.tensor("logits", cfg.vocab_size, rows)
+        for i in range(cfg.n_layers):   # int8 activation rows for the integer-dot GEMVs, per role
+            for nm, role, width in (("xqa", "qkv", cfg.dim), ("xqo", "o", cfg.q_dim), ("xqf", "gateup", cfg.dim),
+                                    ("xqd", "down", cfg.ffn_dim)):
+                if self.int8[role]:
+                    g.tensor(f"{nm}{i}", gemv_blk.row_words(width), layout="linear")
+        if self.int8["head"]:
+            g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
+        if not self.all_logits:
+            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), 1, layout="linear")
+
+    # -- one decoder layer ---------------------------------------------------------------------
+    def layer(self, i: int, lw) -> None:
+        q = self.qkv(i, lw)              # q = rope(norm(x) Wqkv + b); K, V appended to the cache
+        part = self.attention(i, lw, q)  # softmax(q K^T) V per key chunk
+        o_in = self.combine(i, lw, part)
+        self.o_proj(i, lw, o_in)         # x += attn Wo
+        a = self.gate_up(i, lw)          # a = act(norm(x) Wg) * (norm(x) Wu)
+        self.down(i, lw, a)              # x += a Wd
+
+    def qkv(self, i: int, lw) -> str:
+        cfg, g = self.cfg, self.g
+        int8 = self.int8["qkv"]
+        x, norm, pre_norm = self._normed_input(i, "qkv", "x", lw.attn_norm, f"xqa{i}", f"h{i}", "attn_norm",
+                                               quantize=not (self.chain and i > 0))
+        freq = self.m.inv_freq_local if cfg.layer_is_sliding(i) else self.m.inv_freq
+        common = {"stage": self.stage, "w": lw.wqkv, "int8_input": int8, "bias": lw.bqkv, "reads": (x,),
+                      "x_partials": self._chained(i > 0)}
+        if self.rope_epilogue:
+            variant = self._variant(lw.wqkv, int8=int8)
+            if not int8:   # the float GEMV's subgroups compute pairs of rows: twice the chosen rows,
+                variant = dict(variant, rows=2 * variant["rows"])   # or half its subgroups idle
+            label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
+            g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
+                         pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
+                                                          inv_freq=freq), **common))
+            return f"q{i}"
+        label = f"L{i}.norm+qkv" if norm is not None else f"L{i}.qkv"
+        g.add(Linear(label=label, writes=(f"qkv{i}",), y=f"qkv{i}", variant=self._variant(lw.wqkv, int8=int8), norm=norm,
+                     pre_norm=pre_norm, **common))
+        g.add(RopeKV(label=f"L{i}.rope_kv", reads=(f"qkv{i}",), writes=(f"q{i}",), k_cache=lw.k_cache,
+                     v_cache=lw.v_cache, inv_freq=freq, q_norm=lw.q_norm, k_norm=lw.k_norm))
+        return f"q{i}"
+
+    def attention(self, i: int, lw, q: str) -> str:
+        cfg, m = self.cfg, self.m
+        window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
+        grouped = self.stage == "decode" and choose_attention(
+            m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
+            enabled=m.autotune)
+        self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(f"part{i}",), k_cache=lw.k_cache,
+                             v_cache=lw.v_cache, window=window, grouped=bool(grouped)))
+        return f"part{i}"
+
+    def combine(self, i: int, lw, part: str) -> str:
+        """The attention chunks combined into attn{i}, or into the O projection's int8 row."""
+        g = self.g
+        if self.combine_quant:
+            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt))
+            return f"xqo{i}"
+        g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None))
+        if self.int8["o"]:
+            g.add(Quantize(label=f"L{i}.quant_o", reads=(f"attn{i}",), writes=(f"xqo{i}",), fmt=lw.wo.fmt, norm=None))
+            return f"xqo{i}"
+        return f"attn{i}"
+
+    def o_proj(self, i: int, lw, o_in: str) -> None:
+        self._residual_proj(i, "o", lw.wo, o_in, f"proj{i}", lw.post_attn_norm, "o_proj",
+                            next_gemv=(f"xqf{i}", lw.w_gate.fmt, lw.ffn_norm) if self.chain else None)
+
+    def gate_up(self, i: int, lw) -> str:
+        cfg, g = self.cfg, self.g
+        act = {"stage": self.stage, "w": lw.w_gate, "w2": lw.w_up, "act": cfg.act}
+        if self.chain:   # writes only the down GEMV's int8 row (y is never written: x satisfies the binding)
+            g.add(Linear(label=f"L{i}.gate_up+act+quant", reads=(f"xqf{i}",), writes=(f"xqd{i}",), y=f"act{i}", int8_input=True,
+                         variant=self._qout_variant(lw.w_gate, lw.w_up), pre_norm=True, x_partials=self._chained(True),
+                         qout=QuantOutput(row=f"xqd{i}", fmt=lw.w_down.fmt, norm=None, write_y=False), **act))
+            return f"xqd{i}"
+        int8 = self.int8["gateup"]
+        x, norm, pre_norm = self._normed_input(i, "gateup", "x", lw.ffn_norm, f"xqf{i}", f"h2_{i}", "ffn_norm",
+                                               quantize=True, quant_label="norm+quant_ffn")
+        label = f"L{i}.norm+gate_up+act" if norm is not None else f"L{i}.gate_up+act"
+        g.add(Linear(label=label, reads=(x,), writes=(f"act{i}",), y=f"act{i}", int8_input=int8, norm=norm, pre_norm=pre_norm,
+                     variant=self._variant(lw.w_gate, lw.w_up, int8=int8), **act))
+        if self.int8["down"]:
+            g.add(Quantize(label=f"L{i}.quant_down", reads=(f"act{i}",), writes=(f"xqd{i}",), fmt=lw.w_down.fmt,
+                           norm=None))
+            return f"xqd{i}"
+        return f"act{i}"
+
+    def down(self, i: int, lw, a: str) -> None:
+        nxt = self.m.layers[i + 1] if i + 1 < len(self.m.layers) else None
+        self._residual_proj(i, "down", lw.w_down, a, f"ffo{i}", lw.post_ffn_norm, "down",
+                            next_gemv=(f"xqa{i + 1}", nxt.wqkv.fmt, nxt.attn_norm) if self.chain and nxt else None)
+
+    # -- the head --------------------------------------------------------------------------------
+    def lm_head(self) -> None:
+        cfg, g, m = self.cfg, self.g, self.m
+        last = not self.all_logits
+        head = {"head": True, "last_row": last}
+        if self.int8["head"]:
+            g.add(Quantize(label="norm+quant_head", reads=("x",), writes=("xql",), fmt=m.output.fmt,
+                           norm=m.output_norm, **head))
+            x, norm, label = "xql", None, "lm_head"
+        elif self.fuse and self.stage != "decode":   # decode: a separate norm (the LM head has many workgroups)
+            x, norm, label = "x", m.output_norm, "norm+lm_head"
+        else:
+            g.add(Norm(label="output_norm", reads=("x",), writes=("xl",), weight=m.output_norm, **head))
+            x, norm, label = "xl", None, "lm_head"
+        # one dispatch per row shard, each writing its columns of logits; decode kernels unless
+        # every row's logits are wanted
+        stage = "decode" if last else self.stage
+        sharded = len(m.output_shards) > 1
+        for w in m.output_shards:
+            variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql") if stage == "decode" else {}
+            if variant.get("rows", 4) * m.dev.max_workgroups < w.o:
+                variant = dict(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
+            g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
+                         variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
+                         columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
+        if last:
+            g.add(Argmax(label="argmax", reads=("logits",), writes=("amax",), **head))
+            g.add(Sample(label="sample", reads=("logits", "amax"), writes=(), partials=ceil_div(cfg.vocab_size, 4096),
+                         **head))
+
+    # -- decisions shared by the layer ops ----------------------------------------------------------
+    def _normed_input(self, i: int, role: str, x: str, norm: Buffer, xq: str, h: str, norm_label: str,
+                      quantize: bool, quant_label: str = "norm+quant") -> tuple[str, Buffer | None, bool]:
+        """How a pre-normed GEMV gets norm(x): (its input tensor, the norm weight it binds, whether it
+        normalises). int8: a QuantizeKernel applied the norm weight (unless the chain's previous GEMV
+        wrote the row), the GEMV applies 1/rms; fused: the GEMV does the whole norm; else a norm op."""
+        g = self.g
+        if self.int8[role]:
+            if quantize:
+                g.add(Quantize(label=f"L{i}.{quant_label}", reads=(x,), writes=(xq,), fmt=self._weight(i, role).fmt,
+                               norm=norm))
+            return xq, None, True
+        if self.fuse:
+            return x, norm, True
+        g.add(Norm(label=f"L{i}.{norm_label}", reads=(x,), writes=(h,), weight=norm))
+        return h, None, False
+
+    def _weight(self, i: int, role: str) -> GPUWeight:
+        lw = self.m.layers[i]
+        return lw.wqkv if role == "qkv" else lw.w_gate
+
+    def _residual_proj(self, i: int, role: str, w: GPUWeight, x: str, post_out: str, post_norm: Buffer | None,
+                       name: str, next_gemv: tuple | None) -> None:
+        """O projection or down: x += x_in W (Gemma: post_out = x_in W, then x += post_norm(post_out));
+        in the int8 chain also the int8 row of the next GEMV, next_gemv = (row, its format, its norm)."""
+        g, cfg = self.g, self.cfg
+        int8 = self.int8[role]
+        if cfg.post_norms:
+            g.add(Linear(label=f"L{i}.{name}", reads=(x,), writes=(post_out,), y=post_out, stage=self.stage, w=w,
+                         int8_input=int8, variant=self._variant(w, int8=int8)))
+            which = "attn" if role == "o" else "ffn"
+            g.add(Norm(label=f"L{i}.post_{which}_norm", reads=(post_out,), writes=("x",), weight=post_norm,
+                       accumulate=True))
+        elif next_gemv is not None:
+            row, fmt, norm = next_gemv
+            g.add(Linear(label=f"L{i}.{name}+residual+quant", reads=(x, "x"), writes=("x", row), y="x", stage=self.stage,
+                         w=w, int8_input=int8, variant=self._qout_variant(w), residual=True,
+                         qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True)))
+        else:
+            g.add(Linear(label=f"L{i}.{name}+residual", reads=(x, "x"), writes=("x",), y="x", stage=self.stage, w=w,
+                         int8_input=int8, variant=self._variant(w, int8=int8), residual=True))
+
+    def _float_rope_epilogue(self) -> bool:
+        """Whether the float decode QKV GEMV can take the RoPE epilogue: its chosen variant computes
+        rows in subgroups (rotation partners as a pair per subgroup, so an even row count)."""
+        c = self._variant(self.m.layers[0].wqkv)
+        return c.get("variant") in ("subgroup", "wide") and c.get("rows", 0) % 2 == 0
+
+    def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> dict:
+        """The decode GEMV variant measured fastest on this adapter (the GEMM has one)."""
+        m = self.m
+        return choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8) if self.stage == "decode" else {}
+
+    def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> dict:
+        """The integer-dot GEMV variant with a quantizing epilogue (rows fixed at one int8 block)."""
+        m = self.m
+        return {k: v for k, v in choose_qout(m.dev, w, w2, enabled=m.autotune).items() if k != "rows"}
+
+    def _chained(self, produced_by_gemv: bool) -> int | None:
+        """Partial sums of x^2 per 32-block in an int8 row a quantizing epilogue wrote."""
+        return self.cfg.dim // 32 if self.chain and produced_by_gemv else None

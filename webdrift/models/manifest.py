@@ -1,0 +1,157 @@
+"""A model's runtime weight inventory: which file tensors become which runtime GPU weight, in
+which format. Written once here, iterated by both the footprint (sizes and limits before any
+allocation, models/footprint.py) and the loader (allocation and upload, models/loader.py), so
+the two can never disagree about what a model holds.
+
+    token_embd                      (vocab, dim)          shardable by rows
+    per layer i (prefix blk.i.):
+      attn_norm                     (dim)                 f32 vector
+      wqkv = attn_q | attn_k | attn_v  (q_dim + 2 kv_dim, dim)   Q, K, V stacked as rows
+      bqkv = the three biases       (q_dim + 2 kv_dim)    Qwen2 only, f32
+      wo = attn_output              (dim, q_dim)
+      ffn_norm                      (dim)
+      w_gate, w_up                  (ffn_dim, dim)        one format for both (one dual GEMV)
+      w_down                        (dim, ffn_dim)
+      attn_q_norm, attn_k_norm      (head_dim)            Gemma 3's QK-norm
+      post_attention_norm, post_ffw_norm  (dim)           Gemma 3's post-norms
+    output_norm                     (dim)
+    output                          (vocab, dim)          absent when tied to token_embd; shardable
+
+The format policy (`runtime_format`) lives here too: a stored type maps to a runtime format
+unless the caller asks for one. KV-cache sizes have one formula (`kv_cache_bytes`).
+Must not: import numpy or wgpu; read tensor data (only names, shapes and stored types).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..weights.config import ModelConfig
+
+# stored quantized type -> the runtime format it maps to by default
+QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q8",
+                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q2_K": "q4", "Q3_K": "q4"}
+RUNTIME_FORMATS = ("f32", "f16", "q8", "q4")
+
+
+def default_format(src_type: str) -> str:
+    """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
+    Q8_0/Q5_x/Q6_K -> q8 (Q8_0 and Q5_0 without loss; Q5_1/Q5_K/Q6_K re-quantized to int8 per
+    32-block, an error of at most 1/254 of the block's largest magnitude); Q4_x/Q2_K/Q3_K -> q4
+    (Q4_0/Q4_1 without loss, Q4_K up to f16 rounding of its scales, Q2_K/Q3_K re-quantized)."""
+    if src_type in QUANT_DEFAULT:
+        return QUANT_DEFAULT[src_type]
+    return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
+
+
+def runtime_format(types: list[str], weight_format: str | None = None) -> str:
+    """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
+    weight_format when given (re-quantizing on the GPU where needed); otherwise the types' common
+    default, the wider quantized one for mixed quantized types (Gemma's Q5_0 Q/K with a Q8_0 V:
+    q8), f32 when floats are mixed in."""
+    if weight_format:
+        return weight_format
+    fmts = {default_format(t) for t in types}
+    if len(fmts) == 1:
+        return fmts.pop()
+    if fmts <= {"q8", "q4"}:
+        return "q8"
+    return "f32"
+
+
+@dataclass(frozen=True)
+class Matrix:
+    """One runtime matrix: the file tensors `names` stacked as rows, in one format."""
+    label: str                      # runtime name, e.g. "blk.3.wqkv"
+    names: tuple[str, ...]          # file tensors, stacked as rows in this order
+    peers: tuple[str, ...] = ()     # tensors whose stored types join the format choice (gate <-> up)
+    per_token: bool = True          # read in full by every decode step (False: an untied embedding)
+    shardable: bool = False         # may be held as row shards (token embedding, LM head)
+
+    def format(self, tensors: dict, weight_format: str | None) -> str:
+        return runtime_format([tensors[n].type_name for n in self.names + self.peers], weight_format)
+
+
+@dataclass(frozen=True)
+class LayerManifest:
+    """The file tensors of decoder layer `index` (None: the architecture has no such tensor)."""
+    index: int
+    attn_norm: str
+    wqkv: Matrix
+    bqkv: tuple[str, str, str] | None      # Q, K, V biases, end to end in one f32 buffer
+    wo: Matrix
+    ffn_norm: str
+    w_gate: Matrix
+    w_up: Matrix
+    w_down: Matrix
+    q_norm: str | None = None
+    k_norm: str | None = None
+    post_attn_norm: str | None = None
+    post_ffn_norm: str | None = None
+
+    @property
+    def matrices(self) -> tuple[Matrix, ...]:
+        return (self.wqkv, self.wo, self.w_gate, self.w_up, self.w_down)
+
+    @property
+    def vectors(self) -> tuple[str, ...]:
+        """The f32 vectors (norm weights) in load order."""
+        return tuple(v for v in (self.attn_norm, self.ffn_norm, self.q_norm, self.k_norm,
+                                 self.post_attn_norm, self.post_ffn_norm) if v is not None)
+
+
+@dataclass(frozen=True)
+class ModelManifest:
+    tok_embd: Matrix
+    layers: tuple[LayerManifest, ...]
+    output_norm: str
+    output: Matrix | None                  # None: the LM head is the token embedding (tied)
+
+    def matrices(self):
+        """Every runtime matrix, in load order."""
+        yield self.tok_embd
+        for lm in self.layers:
+            yield from lm.matrices
+        if self.output is not None:
+            yield self.output
+
+    def vectors(self):
+        """Every f32 vector, in load order."""
+        for lm in self.layers:
+            yield from lm.vectors
+        yield self.output_norm
+
+
+def layer_manifest(cfg: ModelConfig, i: int) -> LayerManifest:
+    p = f"blk.{i}."
+    return LayerManifest(
+        index=i,
+        attn_norm=p + "attn_norm.weight",
+        wqkv=Matrix(p + "wqkv", (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")),
+        bqkv=(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias") if cfg.qkv_bias else None,
+        wo=Matrix(p + "wo", (p + "attn_output.weight",)),
+        ffn_norm=p + "ffn_norm.weight",
+        w_gate=Matrix(p + "w_gate", (p + "ffn_gate.weight",), peers=(p + "ffn_up.weight",)),
+        w_up=Matrix(p + "w_up", (p + "ffn_up.weight",), peers=(p + "ffn_gate.weight",)),
+        w_down=Matrix(p + "w_down", (p + "ffn_down.weight",)),
+        q_norm=p + "attn_q_norm.weight" if cfg.qk_norm else None,
+        k_norm=p + "attn_k_norm.weight" if cfg.qk_norm else None,
+        post_attn_norm=p + "post_attention_norm.weight" if cfg.post_norms else None,
+        post_ffn_norm=p + "post_ffw_norm.weight" if cfg.post_norms else None)
+
+
+def model_manifest(cfg: ModelConfig, tensors: dict) -> ModelManifest:
+    """The runtime weights of a model whose file holds `tensors` (canonical GGUF names)."""
+    untied = not cfg.tied_embeddings and "output.weight" in tensors
+    return ModelManifest(
+        tok_embd=Matrix("token_embd", ("token_embd.weight",), per_token=not untied, shardable=True),
+        layers=tuple(layer_manifest(cfg, i) for i in range(cfg.n_layers)),
+        output_norm="output_norm.weight",
+        output=Matrix("output", ("output.weight",), shardable=True) if untied else None)
+
+
+def kv_cache_bytes(cfg: ModelConfig, positions: float, layers: int | None = None) -> float:
+    """Bytes of K and V for `positions` cache rows (f32, n_kv_heads x head_dim per row each) in
+    `layers` layers (default: every layer). One layer's K (or V) buffer is
+    kv_cache_bytes(cfg, rows, 1) / 2."""
+    return 2 * (cfg.n_layers if layers is None else layers) * cfg.kv_dim * positions * 4

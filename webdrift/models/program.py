@@ -1,0 +1,75 @@
+"""Program: one stage's forward pass, built once, as dispatch lists.
+
+    ops    = ForwardBuilder(...).build()        models/forward.py: typed ops + the op graph
+    offsets = graph.plan()                      graph/: shapes at capacity, arena offsets
+    kernels = [lower(op, ctx) for op in ops]    models/lower.py: kernels + bindings (on first use)
+    dispatches(t) -> [(pipeline, bind group, workgroups(t))]   cached per token bucket
+
+Build time vs step time: everything above happens once per program; a step only picks the
+cached dispatch list for its token bucket (and writes the Step uniform, runtime/engine.py).
+Must not: import numpy or wgpu; decide how an op runs (forward.py does).
+"""
+
+from __future__ import annotations
+
+from ..gpu.base import STORAGE, Buffer, Dispatch
+from ..kernels.base import ceil_div
+from .forward import ForwardBuilder
+from .lower import LowerContext, lower
+
+
+class Program:
+    """One stage's forward pass: a planned graph bound to buffers, as dispatch lists.
+
+    `dispatches(t, head)` returns the prebuilt list for t tokens (workgroup counts padded to a
+    bucket so the list changes rarely); head=False leaves out final norm / LM head / sampling.
+    """
+
+    def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str,
+                 step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
+                 fuse: bool = True):
+        self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
+        self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
+        self.graph = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse).build()
+        self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
+            "min-storage-buffer-offset-alignment", 256))))
+        self.arena = arena
+        # bound where a kernel declares a tensor it never touches (the y of a GEMV whose epilogue
+        # writes elsewhere)
+        self.spare = model.dev.create_buffer(256, STORAGE, "spare")
+        self._kernels: list | None = None    # [(op, kernel, bind group)], built on first use
+        self._cache: dict = {}
+
+    @property
+    def ops(self) -> list:
+        return self.graph.ops
+
+    def bind(self, arena: Buffer) -> None:
+        self.arena = arena
+
+    def kernels(self) -> list:
+        """[(op, kernel, bind group)] for every op, in order (built once, on first use)."""
+        if self._kernels is None:
+            m = self.model
+            ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
+                               self.spare, m.cap_stride, self.capacity)
+            self._kernels = []
+            for op in self.graph.ops:
+                k, binds = lower(op, ctx)
+                self._kernels.append((op, k, m.dev.create_bind_group(k.pipeline, binds)))
+        return self._kernels
+
+    def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:
+        """The dispatch list for t tokens (t <= capacity); cached per (bucket, head)."""
+        bucket = t if self.stage == "decode" else min(self.capacity, ceil_div(t, 64) * 64)
+        key = (bucket, head)
+        lst = self._cache.get(key)
+        if lst is None:
+            lst = []
+            for op, k, bg in self.kernels():
+                if op.head and not head:
+                    continue
+                rows = 1 if (op.head and not self.all_logits) else bucket
+                lst.append(Dispatch(k.pipeline, bg, k.workgroups(rows), op.label))
+            self._cache[key] = lst
+        return lst
