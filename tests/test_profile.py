@@ -23,8 +23,8 @@ PROMPT, NEW = 32, 15          # max_context 48 = bench --quick's: the tiny q4 ke
 def profiled():
     from webdrift.bench import build_engine
     from webdrift.gpu.native import get_device
-    from webdrift.weights.synthetic import synthetic_source
     from webdrift.profile.command import run_profile
+    from webdrift.weights.synthetic import synthetic_source
     dev = get_device()
     if not dev.has_timestamps:
         pytest.fail("the test adapter (lavapipe in CI) must offer timestamp-query")

@@ -112,9 +112,9 @@ def test_sharded_equals_unsharded_q4_q8_int8_head(quant, monkeypatch):
     + 1032 rows give bit-identical logits and tokens to the one-buffer table, with the float and
     the integer-dot (int8 activations) decode LM head. The kernel variants are the static ones
     (autotune off): timed choices differ per shard shape, and with them the summation order."""
+    from webdrift.runtime.engine import Engine
     from webdrift.weights import synthetic
     from webdrift.weights.synthetic import NullTokenizer, Shape, synthetic_source
-    from webdrift.runtime.engine import Engine
     monkeypatch.setitem(synthetic.PRESETS, "tiny", Shape(128, 2, 4, 2, 32, 256, 5000, True, 10000.0, None, 4096))
     from webdrift.gpu.native import get_device
     dev = get_device()

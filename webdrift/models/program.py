@@ -30,7 +30,8 @@ class Program:
                  fuse: bool = True):
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
-        self.graph = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse).build()
+        self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse)   # its decisions
+        self.graph = self.forward.build()
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
             "min-storage-buffer-offset-alignment", 256))))
         self.arena = arena
@@ -41,8 +42,9 @@ class Program:
         self._cache: dict = {}
 
     @property
-    def ops(self) -> list:
-        return self.graph.ops
+    def int8_chain(self) -> bool:
+        """Whether this program's layer GEMVs write each other's int8 rows (forward.py decides)."""
+        return self.forward.chain
 
     def bind(self, arena: Buffer) -> None:
         self.arena = arena

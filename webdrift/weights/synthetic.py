@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import InvalidArgumentError
-from .source import expected_tensor_shapes
 from .config import ModelConfig
+from .source import expected_tensor_shapes
 
 
 @dataclass(frozen=True)
