@@ -37,6 +37,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from webdrift.cache import cache_dir as webdrift_cache_dir
 from webdrift.hub import sha256_file
 
 PYODIDE_VERSION = "314.0.7"     # npm package `pyodide` (CPython 3.14 in WebAssembly)
@@ -55,8 +56,8 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("WEBDRIFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "webdrift")
-    return Path(base) / "build_wasm"
+    """$WEBDRIFT_CACHE/build_wasm (default ~/.cache/webdrift/build_wasm), through webdrift/cache.py."""
+    return webdrift_cache_dir("build_wasm")
 
 
 def _log(msg: str) -> None:
