@@ -77,17 +77,10 @@ def parse_protocol(text: str) -> list[tuple[int, int]]:
 
 
 def open_real_source(name: str, auto_pull: bool = True):
-    """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder."""
-    path = name
-    if not os.path.exists(name):
-        try:
-            from .hub import resolve_model
-        except ImportError as e:
-            raise WebdriftError(f"model {name!r}: the model hub helpers are not available ({e}); "
-                                "give a .gguf path or use --synthetic") from e
-        path = resolve_model(name, auto_pull=auto_pull)
-    from .weights.source import open_model_source
-    return open_model_source(path)
+    """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder
+    (runtime/loading.open_source, the path webdrift.load takes)."""
+    from .runtime.loading import open_source
+    return open_source(name, auto_pull=auto_pull)
 
 
 def model_spec_label(src) -> tuple[str, str]:
@@ -103,10 +96,12 @@ INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None):
+    """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
+    assembly path (runtime/loading.py)."""
+    from .runtime.loading import EngineOptions, assemble
     from .weights.synthetic import NullTokenizer
-    from .runtime.engine import Engine
-    return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk,
-                  int8_activations=int8_activations)
+    options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations)
+    return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
 def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:

@@ -40,7 +40,7 @@ _memory: dict[str, dict] = {}
 
 
 def _cache_path() -> str | None:
-    from ..cache import cache_dir      # $WEBDRIFT_CACHE/autotune: the one resolver, webdrift/cache.py
+    from ..cache import cache_dir  # $WEBDRIFT_CACHE/autotune: the one resolver, webdrift/cache.py
     base = str(cache_dir("autotune"))
     try:
         os.makedirs(base, exist_ok=True)
