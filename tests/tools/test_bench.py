@@ -12,10 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from webdrift import GPULimitError, InvalidArgumentError
-from webdrift.bench import PEER_NAMES, missing_fields
-from webdrift.cli import main
 from webdrift.gpu.native import get_device
 from webdrift.models.footprint import check_limits, decode_read_bytes, plan_weights
+from webdrift.tools.bench import PEER_NAMES, missing_fields
+from webdrift.tools.cli import main
 from webdrift.weights.synthetic import PRESETS, QUANTS, synthetic_source
 
 
