@@ -22,8 +22,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgumentError, TokenizerError
+
+if TYPE_CHECKING:   # for annotations only: importing the Engine loads the whole GPU model stack
+    from ..tokenizer import Tokenizer
+    from ..weights.source import ModelSource
+    from .engine import Engine
 
 __all__ = ["EngineOptions", "assemble", "load_browser", "load_desktop", "make_tokenizer", "open_source"]
 
@@ -85,7 +91,7 @@ class EngineOptions:
         return tuple(f.name for f in fields(cls))
 
 
-def make_tokenizer(source):
+def make_tokenizer(source: ModelSource) -> Tokenizer:
     """The tokenizer described by a ModelSource (GGUF metadata or an HF tokenizer.json)."""
     from ..tokenizer import Tokenizer
     info = source.tokenizer_info
@@ -96,7 +102,7 @@ def make_tokenizer(source):
     raise TokenizerError(f"{source.path}: the model has no tokenizer")
 
 
-def open_source(model, *, name: str | None = None, auto_pull: bool = True):
+def open_source(model, *, name: str | None = None, auto_pull: bool = True) -> ModelSource:
     """A model reference -> ModelSource: a known name (pulled into the cache if needed and
     auto_pull), a .gguf path or an HF folder, or a GGUF file's bytes (`name` labels them in
     messages, e.g. the URL they were fetched from). A ModelSource is returned as it is."""
@@ -120,7 +126,8 @@ def _options(options) -> EngineOptions:
     return options
 
 
-def assemble(source, options: EngineOptions | None, device, *, tokenizer=None, progress=None):
+def assemble(source: ModelSource, options: EngineOptions | None, device, *, tokenizer=None,
+             progress=None) -> Engine:
     """The Engine for an opened source on a ready device: uploads (and converts) the weights,
     plans the programs. tokenizer: default the source's own (make_tokenizer); progress(done,
     total, name) is called per weight tensor."""
@@ -132,7 +139,7 @@ def assemble(source, options: EngineOptions | None, device, *, tokenizer=None, p
 
 
 def load_desktop(model, options: EngineOptions | None = None, *, device=None, auto_pull: bool = True,
-                 progress=None):
+                 progress=None) -> Engine:
     """The desktop path (webdrift.load): the model reference opened, its tokenizer built, then the
     wgpu-native device (unless given), then the Engine."""
     options = _options(options)                 # a bad option fails before anything is pulled
@@ -145,7 +152,7 @@ def load_desktop(model, options: EngineOptions | None = None, *, device=None, au
 
 
 async def load_browser(model, options: EngineOptions | None = None, *, name: str | None = None, device=None,
-                       progress=None):
+                       progress=None) -> Engine:
     """The browser path (webdrift.browser_api): the model (a GGUF file's bytes, or a source
     already opened with open_source) and its tokenizer, then the page's WebGPU device (unless
     given), then the Engine; GPU validation errors raised during the upload surface here."""
