@@ -6,7 +6,7 @@ What goes in (everything from package registries, nothing from a CDN at run time
     pyodide/          Pyodide's core runtime from the npm package `pyodide` (version pinned below):
                       pyodide.mjs, pyodide.asm.mjs, pyodide.asm.wasm, python_stdlib.zip, lock file
     wheels/           webdrift (pure Python, `pip wheel --no-deps` of this repo, WGSL templates as
-                      package data), jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
+                      package data, without the desktop tools: webdrift/tools/ and __main__.py), jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
                       wheel assembled here from PyPI's sdist: Pyodide's own markupsafe lives on a CDN
                       we do not use, and markupsafe falls back to `_native.py` without its C speedups)
     webdrift.js, worker.js, index.html, app.js, style.css   from web/
@@ -37,6 +37,7 @@ import time
 import zipfile
 from pathlib import Path
 
+from webdrift.cache import cache_dir as webdrift_cache_dir
 from webdrift.hub import sha256_file
 
 PYODIDE_VERSION = "314.0.7"     # npm package `pyodide` (CPython 3.14 in WebAssembly)
@@ -48,6 +49,18 @@ PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_s
                  "pyodide-lock.json", "package.json")
 WEB_FILES = ("webdrift.js", "worker.js", "index.html", "app.js", "style.css")
 BUNDLE_FORMAT = 1
+# What the browser's webdrift wheel leaves out: the desktop tools wing (the CLI, bench and its
+# PyTorch peers, the profile command, serve) and `python -m webdrift`, which starts it. The core
+# never imports them (tests/test_layering.py), so the browser cannot miss them.
+DESKTOP_ONLY = ("webdrift/tools/", "webdrift/__main__.py")
+# What it must hold: the browser's entry point and the core it runs on
+BROWSER_ENTRY_POINTS = ("webdrift/browser_api.py", "webdrift/runtime/loading.py", "webdrift/runtime/engine.py",
+                        "webdrift/gpu/browser.py", "webdrift/gpu/base.py")
+
+
+def desktop_only(name: str) -> bool:
+    """True for a package path (webdrift/...) that the browser wheel leaves out."""
+    return name.startswith(DESKTOP_ONLY)
 
 
 class BuildError(RuntimeError):
@@ -55,8 +68,8 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("WEBDRIFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "webdrift")
-    return Path(base) / "build_wasm"
+    """$WEBDRIFT_CACHE/build_wasm (default ~/.cache/webdrift/build_wasm), through webdrift/cache.py."""
+    return webdrift_cache_dir("build_wasm")
 
 
 def _log(msg: str) -> None:
@@ -80,7 +93,8 @@ def _input_files(repo: Path) -> list[Path]:
     files = [repo / "pyproject.toml", repo / "README.md"]
     for folder, pattern in (("webdrift", "*.py"), ("wgsl", "*.wgsl"), ("web", "*"), ("build_wasm", "*.py")):
         files += [p for p in sorted((repo / folder).rglob(pattern))
-                  if p.is_file() and "__pycache__" not in p.parts]
+                  if p.is_file() and "__pycache__" not in p.parts
+                  and not (folder == "webdrift" and desktop_only(p.relative_to(repo).as_posix()))]
     return [p for p in files if p.is_file()]
 
 
@@ -213,6 +227,7 @@ def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
         if len(wheels) != 1:
             raise BuildError(f"pip wheel produced {[w.name for w in wdir.iterdir()]}, expected one "
                              "webdrift-*-py3-none-any.whl (is the package still pure Python?)")
+        strip_desktop_only(wheels[0])
         check_webdrift_wheel(wheels[0], repo)
         out_dir.mkdir(parents=True, exist_ok=True)
         dst = out_dir / wheels[0].name
@@ -220,14 +235,40 @@ def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
         return dst
 
 
+def strip_desktop_only(whl: Path) -> None:
+    """Rewrite the wheel without the DESKTOP_ONLY modules and without its console script (which
+    points into webdrift.tools); RECORD is written anew for what is left."""
+    with zipfile.ZipFile(whl) as z:
+        infos = z.infolist()
+        data = {i.filename: z.read(i) for i in infos}
+    record = next((n for n in data if n.endswith(".dist-info/RECORD")), None)
+    if record is None:
+        raise BuildError(f"{whl.name} has no .dist-info/RECORD")
+    keep = [i for i in infos if i.filename != record and not desktop_only(i.filename)
+            and not i.filename.endswith(".dist-info/entry_points.txt")]
+    files = {i.filename: data[i.filename] for i in keep}
+    tmp = whl.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for i in keep:
+            z.writestr(i, files[i.filename])
+        zi = zipfile.ZipInfo(record, date_time=(2020, 1, 1, 0, 0, 0))
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        z.writestr(zi, _wheel_record(files, record))
+    os.replace(tmp, whl)
+
+
 def check_webdrift_wheel(whl: Path, repo: Path) -> None:
-    """The wheel must carry every WGSL template and the browser entry points."""
+    """The wheel must carry every WGSL template and the browser entry points, and none of the
+    desktop tools."""
     names = set(zipfile.ZipFile(whl).namelist())
     want = {f"webdrift/wgsl/{p.name}" for p in (repo / "wgsl").glob("*.wgsl")}
-    want |= {"webdrift/browser_api.py", "webdrift/gpu/browser.py", "webdrift/gpu/base.py"}
+    want |= set(BROWSER_ENTRY_POINTS)
     missing = sorted(want - names)
     if missing:
         raise BuildError(f"{whl.name} lacks {missing}: add the package / package data in pyproject.toml")
+    extra = sorted(n for n in names if desktop_only(n) or n.endswith(".dist-info/entry_points.txt"))
+    if extra:
+        raise BuildError(f"{whl.name} holds desktop-only files {extra}: the browser bundle leaves them out")
 
 
 # -- the bundle -----------------------------------------------------------------------------------

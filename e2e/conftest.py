@@ -81,7 +81,7 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def bundle() -> Path:
-    from webdrift.serve import ensure_bundle
+    from webdrift.tools.serve import ensure_bundle
     t0 = time.time()
     out = ensure_bundle(REPO / "bundle")
     record("bundle_build_or_check_s", round(time.time() - t0, 1))
@@ -96,7 +96,7 @@ def bad_files(model_path) -> BadFiles:
 @pytest.fixture(scope="session")
 def server(bundle, model_path, bad_files):
     from webdrift import hub
-    from webdrift.serve import ServedModel, make_server, serve_in_thread
+    from webdrift.tools.serve import ServedModel, make_server, serve_in_thread
     known = hub.KNOWN_MODELS.get(MODEL_NAME)
     sha = known.sha256 if known is not None and model_path.name == known.filename else None
     model = ServedModel(model_path, MODEL_NAME, sha)

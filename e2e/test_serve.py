@@ -70,7 +70,7 @@ def test_no_listings_or_escapes(server, path):
 
 
 def test_cli_registers_serve():
-    from webdrift.cli import build_parser
+    from webdrift.tools.cli import build_parser
     args = build_parser().parse_args(["serve", "--port", "0", "--host", "127.0.0.1", "--model", "x.gguf"])
     assert args.cmd == "serve" and args.port == 0 and args.host == "127.0.0.1" and args.model == "x.gguf"
     assert args.func.__name__ == "cmd_serve"

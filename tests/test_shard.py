@@ -113,6 +113,7 @@ def test_sharded_equals_unsharded_q4_q8_int8_head(quant, monkeypatch):
     the integer-dot (int8 activations) decode LM head. The kernel variants are the static ones
     (autotune off): timed choices differ per shard shape, and with them the summation order."""
     from webdrift.runtime.engine import Engine
+    from webdrift.runtime.loading import EngineOptions
     from webdrift.weights import synthetic
     from webdrift.weights.synthetic import NullTokenizer, Shape, synthetic_source
     monkeypatch.setitem(synthetic.PRESETS, "tiny", Shape(128, 2, 4, 2, 32, 256, 5000, True, 10000.0, None, 4096))
@@ -126,8 +127,8 @@ def test_sharded_equals_unsharded_q4_q8_int8_head(quant, monkeypatch):
         kw["autotune"] = False
         if head and not dev.has_dp4a:
             continue
-        one = Engine(dev, src, NullTokenizer(), max_context=48, **kw)
-        sh = Engine(dev, src, NullTokenizer(), max_context=48, max_binding_bytes=cap, **kw)
+        one = Engine(dev, src, NullTokenizer(), EngineOptions(max_context=48, **kw))
+        sh = Engine(dev, src, NullTokenizer(), EngineOptions(max_context=48, max_binding_bytes=cap, **kw))
         assert len(one.model.output_shards) == 1
         assert [(w.row0, w.o) for w in sh.model.output_shards] == [(0, 1984), (1984, 1984), (3968, 1032)]
         assert np.array_equal(one.logits(ids), sh.logits(ids))

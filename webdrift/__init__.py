@@ -26,6 +26,7 @@ __all__ = [
     "ContextLengthError",
     "DownloadError",
     "Engine",
+    "EngineOptions",
     "GPUError",
     "GPULimitError",
     "InvalidArgumentError",
@@ -38,22 +39,12 @@ __all__ = [
 ]
 
 
-def make_tokenizer(source):
-    """The tokenizer described by a ModelSource (GGUF metadata or an HF tokenizer.json)."""
-    from .tokenizer import Tokenizer
-    info = source.tokenizer_info
-    if info.get("kind") == "gguf":
-        return Tokenizer.from_gguf_metadata(info["metadata"])
-    if info.get("kind") == "hf":
-        return Tokenizer.from_tokenizer_json(info["tokenizer_json"], info.get("tokenizer_config"))
-    raise TokenizerError(f"{source.path}: the model has no tokenizer")
-
-
-def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_format: str | None = None,
+def load(model: str | None = None, *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
          progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
          int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
-    """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`), a .gguf path, or an HF folder.
+    """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`; default `webdrift.hub.DEFAULT_MODEL`,
+    smollm2-135m), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
     weight_format: runtime weight format ("f32", "f16", "q8", "q4") of every matrix, re-quantized
@@ -72,26 +63,28 @@ def load(model: str = "smollm2-135m", *, max_context: int | None = None, weight_
     max-storage-buffer-binding-size (default: the adapter's limit). The token embedding and LM
     head split into row shards to fit it (as they do at the adapter's own limit); to check how a
     model behaves on an adapter with smaller bindings, or to test the sharded path.
+    device: a device to load onto (default: wgpu-native's, `webdrift.gpu.native.get_device()`).
+    auto_pull: fetch a known model into the cache if it is not there yet (False: ModelNotFoundError).
+    progress: progress(done, total, name) called per weight tensor uploaded.
+
+    These options are `webdrift.runtime.loading.EngineOptions`; the assembly is
+    `webdrift.runtime.loading.load_desktop`, the same path the browser and the tools take.
     """
-    from .hub import resolve_model
-    from .runtime.engine import Engine
-    from .weights.source import open_model_source
-    if weight_format is not None and weight_format not in ("f32", "f16", "q8", "q4"):
-        raise InvalidArgumentError(f"weight_format={weight_format!r}: choose one of f32, f16, q8, q4")
-    path = resolve_model(model, auto_pull=auto_pull)
-    source = open_model_source(path)
-    tok = make_tokenizer(source)
-    if device is None:
-        from .gpu.native import get_device
-        device = get_device()
-    return Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
-                  prefill_chunk=prefill_chunk, layout=layout, progress=progress, fuse=fuse, autotune=autotune,
-                  prefill_kernels=prefill_kernels, int8_activations=int8_activations,
-                  max_binding_bytes=max_binding_bytes)
+    from .runtime.loading import EngineOptions, load_desktop
+    if model is None:
+        from .hub import DEFAULT_MODEL
+        model = DEFAULT_MODEL
+    options = EngineOptions(max_context=max_context, weight_format=weight_format, prefill_chunk=prefill_chunk,
+                            layout=layout, fuse=fuse, autotune=autotune, prefill_kernels=prefill_kernels,
+                            int8_activations=int8_activations, max_binding_bytes=max_binding_bytes)
+    return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress)
 
 
 def __getattr__(name):
     if name == "Engine":
         from .runtime.engine import Engine
         return Engine
+    if name == "EngineOptions":
+        from .runtime.loading import EngineOptions
+        return EngineOptions
     raise AttributeError(name)

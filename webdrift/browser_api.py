@@ -1,13 +1,18 @@
-"""webdrift in the browser: async entry points for Pyodide (used by web/worker.js).
+"""webdrift in the browser: a thin JSON adapter over the Engine for Pyodide (used by web/worker.js).
 
 Two layers:
-  - Python API: `await load_from_bytes(gguf_bytes)` -> Engine (the same Engine as the desktop's
-    `webdrift.load`, on a BrowserDevice); `open_source` + `load_from_source` split it in two so the
-    caller can cache the file once it is known to be a model.
+  - Python API: `await load_from_bytes(gguf_bytes)` -> Engine (the same Engine and the same
+    assembly path as the desktop's `webdrift.load`: runtime/loading.py, on a BrowserDevice);
+    `open_source` + `load_from_source` split it in two so the caller can cache the file once it
+    is known to be a model. Both take the desktop's engine options (EngineOptions).
   - the worker's API (`api_*`): one engine per worker; arguments arrive as JSON strings or JS
     objects, results leave as JSON strings ({"ok": ...} or {"error": {"name", "message"}}), so no
     Python object outlives a call on the JS side and every error reaches JS as a clean message.
-Must not: import numpy or wgpu; touch navigator.gpu other than through webdrift.gpu.browser.
+    Options in the JS module's camelCase are mapped to Python names in one table each
+    (ENGINE_OPTION_NAMES, SAMPLING_OPTION_NAMES); generation and chat are the Engine's own
+    (`agenerate`, `achat`), nothing here drives the loop.
+Must not: import numpy or wgpu; touch navigator.gpu other than through webdrift.gpu.browser;
+generate or apply chat templates itself (that is the Engine's).
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ import functools
 import json
 import time
 import traceback
+from dataclasses import replace
 
-from . import make_tokenizer
 from .errors import InvalidArgumentError, WebdriftError
 from .runtime.engine import Engine, GenerationResult, SamplingParams
-from .weights.source import ModelSource, open_model_source
+from .runtime.loading import EngineOptions, load_browser
+from .runtime.loading import open_source as _open_model
+from .weights.source import ModelSource
 
-__all__ = ["load_from_bytes", "load_from_source", "open_source", "result_dict", "sampling_from_options"]
+__all__ = ["engine_options", "load_from_bytes", "load_from_source", "open_source", "result_dict",
+           "sampling_from_options"]
 
 
 def _as_bytes(data) -> bytes | bytearray | memoryview:
@@ -37,59 +45,71 @@ def _as_bytes(data) -> bytes | bytearray | memoryview:
 
 def open_source(data, name: str | None = None) -> ModelSource:
     """Parse a GGUF file held in memory (raises ModelFileError / UnsupportedModelError)."""
-    return open_model_source(_as_bytes(data), name=name or "<model>")
+    return _open_model(_as_bytes(data), name=name or "<model>")
 
 
-async def load_from_source(source: ModelSource, *, max_context: int | None = None,
-                           weight_format: str | None = None, prefill_chunk: int = 256, device=None,
-                           progress=None, prefill_kernels: str = "auto") -> Engine:
+async def load_from_source(source: ModelSource, options: EngineOptions | None = None, *, device=None,
+                           progress=None, **kw) -> Engine:
     """Build the tokenizer, create the WebGPU device (unless given) and upload the weights.
 
-    prefill_kernels: "gemm", "gemv" or "auto" (gemv on software adapters such as SwiftShader, gemm
-    elsewhere); see Engine."""
-    tok = make_tokenizer(source)
-    if device is None:
-        from .gpu.browser import create_browser_device
-        device = await create_browser_device()
-    eng = Engine(device, source, tok, max_context=max_context, weight_format=weight_format,
-                 prefill_chunk=prefill_chunk, progress=progress, prefill_kernels=prefill_kernels)
-    check = getattr(device, "check_errors", None)
-    if check is not None:
-        await check()
-    return eng
+    options: an EngineOptions, or its fields as keywords (max_context=..., prefill_kernels=...:
+    "gemm", "gemv" or "auto", gemv on software adapters such as SwiftShader); see webdrift.load."""
+    return await load_browser(source, _with(options, kw), device=device, progress=progress)
 
 
-async def load_from_bytes(data, *, name: str | None = None, max_context: int | None = None,
-                          weight_format: str | None = None, prefill_chunk: int = 256, device=None,
-                          progress=None, prefill_kernels: str = "auto") -> Engine:
+async def load_from_bytes(data, options: EngineOptions | None = None, *, name: str | None = None, device=None,
+                          progress=None, **kw) -> Engine:
     """`webdrift.load` for the browser: a GGUF file's bytes (or a JS ArrayBuffer) -> Engine."""
-    source = open_source(data, name)
-    return await load_from_source(source, max_context=max_context, weight_format=weight_format,
-                                  prefill_chunk=prefill_chunk, device=device, progress=progress,
-                                  prefill_kernels=prefill_kernels)
+    return await load_from_source(open_source(data, name), _with(options, kw), device=device, progress=progress)
+
+
+def _with(options: EngineOptions | None, kw: dict) -> EngineOptions | None:
+    """options with keyword overrides (each an EngineOptions field)."""
+    if not kw:
+        return options
+    bad = sorted(set(kw) - set(EngineOptions.names()))
+    if bad:
+        raise InvalidArgumentError(f"unknown engine options {bad}; the options are {list(EngineOptions.names())}")
+    return replace(options or EngineOptions(), **kw)
 
 
 # -- options and results in the JS module's vocabulary ----------------------------------------------
 
-_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
-                 "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos"}
+# JS name -> Python name. createEngine()'s options: the desktop's webdrift.load options (EngineOptions).
+ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_format",
+                       "prefillChunk": "prefill_chunk", "layout": "layout", "fuse": "fuse", "autotune": "autotune",
+                       "prefillKernels": "prefill_kernels", "int8Activations": "int8_activations",
+                       "maxBindingBytes": "max_binding_bytes"}
+# generate()'s options: the Engine's SamplingParams.
+SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
+                         "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos"}
+# JS has one number type: whole numbers of these arrive as floats when computed in JS
+_INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed"}
+
+
+def _from_js(opts: dict | None, names: dict[str, str]) -> dict:
+    """Python keyword arguments from JS options (camelCase, or snake_case); absent / null: default.
+    Keys that are not in `names` are ignored (the worker sends its own, e.g. `model`)."""
+    opts = dict(opts or {})
+    kw = {}
+    for js_name, py_name in names.items():
+        for k in (js_name, py_name):
+            if k in opts and opts[k] is not None:
+                kw[py_name] = opts[k]
+    for k in _INTEGER_OPTIONS & set(kw):
+        if isinstance(kw[k], float) and kw[k].is_integer():
+            kw[k] = int(kw[k])
+    return kw
+
+
+def engine_options(opts: dict | None) -> EngineOptions:
+    """EngineOptions from createEngine()'s options (camelCase as in JS, or snake_case)."""
+    return EngineOptions(**_from_js(opts, ENGINE_OPTION_NAMES))
 
 
 def sampling_from_options(opts: dict | None) -> SamplingParams:
     """SamplingParams from generate()'s options (camelCase as in JS, or snake_case)."""
-    opts = dict(opts or {})
-    kw = {}
-    for js_name, py_name in _OPTION_NAMES.items():
-        for k in (js_name, py_name):
-            if k in opts and opts[k] is not None:
-                kw[py_name] = opts[k]
-    if isinstance(kw.get("max_new_tokens"), float) and kw["max_new_tokens"].is_integer():
-        kw["max_new_tokens"] = int(kw["max_new_tokens"])
-    if isinstance(kw.get("top_k"), float) and kw["top_k"].is_integer():
-        kw["top_k"] = int(kw["top_k"])
-    if isinstance(kw.get("seed"), float) and kw["seed"].is_integer():
-        kw["seed"] = int(kw["seed"])
-    return SamplingParams.make(**kw)
+    return SamplingParams.make(**_from_js(opts, SAMPLING_OPTION_NAMES))
 
 
 def result_dict(r: GenerationResult) -> dict:
@@ -160,7 +180,7 @@ async def api_load(opts_json, progress=None) -> dict:
     """Create the device and the engine from the parsed source."""
     if _state.source is None:
         raise InvalidArgumentError("no model was opened")
-    opts = _loads(opts_json) or {}
+    options = engine_options(_loads(opts_json))
     cb = None
     if progress is not None:
         def cb(done, total, name):
@@ -169,10 +189,7 @@ async def api_load(opts_json, progress=None) -> dict:
     if _state.engine is not None:
         _state.engine.dev.destroy()
         _state.engine = None
-    _state.engine = await load_from_source(
-        src, max_context=opts.get("maxContext"), weight_format=opts.get("weightFormat"),
-        prefill_chunk=int(opts.get("prefillChunk") or 256), progress=cb,
-        prefill_kernels=opts.get("prefillKernels") or "auto")
+    _state.engine = await load_browser(src, options, progress=cb)
     return {"info": engine_info(_state.engine)}
 
 
@@ -180,18 +197,6 @@ def _engine() -> Engine:
     if _state.engine is None:
         raise InvalidArgumentError("the engine is not loaded (or was disposed)")
     return _state.engine
-
-
-async def _run(eng: Engine, prompt, opts, on_token) -> dict:
-    sp = sampling_from_options(opts)
-    result = None
-    async for kind, value in eng.aevents(prompt, sp):
-        if kind == "text":
-            if on_token is not None:
-                on_token(value)
-        elif kind == "done":
-            result = value
-    return {"result": result_dict(result)}
 
 
 def _prompt(p):
@@ -206,7 +211,10 @@ def _prompt(p):
 
 @_json_api
 async def api_generate(prompt_json, opts_json, on_token=None) -> dict:
-    return await _run(_engine(), _prompt(_loads(prompt_json)), _loads(opts_json), on_token)
+    eng = _engine()
+    prompt = _prompt(_loads(prompt_json))
+    result = await eng.agenerate(prompt, sampling_from_options(_loads(opts_json)), on_text=on_token)
+    return {"result": result_dict(result)}
 
 
 @_json_api
@@ -215,9 +223,8 @@ async def api_chat(messages_json, opts_json, on_token=None) -> dict:
     messages = _loads(messages_json)
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidArgumentError("chat(messages): messages must be an array of {role, content} objects")
-    text = eng.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    ids = eng.tokenizer.encode(text, add_special_tokens=False)
-    return await _run(eng, ids, _loads(opts_json), on_token)
+    result = await eng.achat(messages, sampling_from_options(_loads(opts_json)), on_text=on_token)
+    return {"result": result_dict(result)}
 
 
 @_json_api

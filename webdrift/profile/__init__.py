@@ -8,7 +8,9 @@ its idle gaps, Chrome trace export and summary tables (lm-Meter's two levels, on
     print(format_summary(summarize(eng.profiler)))
     write_chrome_trace("trace.json", eng.profiler)
 
-Pure Python (runs in Pyodide too), except `command.py` (the desktop `webdrift profile` command).
+Pure Python (runs in Pyodide too). The desktop `webdrift profile` command that drives it is a
+tool: webdrift/tools/profile.py.
+Must not: import numpy, wgpu or webdrift.tools.
 """
 
 from .profiler import DISABLED, GPUBatch, Profiler, Span

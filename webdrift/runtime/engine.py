@@ -107,42 +107,41 @@ class Engine:
 
     profiler: Profiler = DISABLED   # set `engine.profiler = Profiler(...)` to time phases / kernels
 
-    def __init__(self, dev: Device, source, tokenizer, max_context: int | None = None,
-                 weight_format: str | None = None, prefill_chunk: int = 256, layout: str = "linear",
-                 progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
-                 int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
+    def __init__(self, dev: Device, source, tokenizer, options=None, progress=None):
+        """options: an EngineOptions (runtime/loading.py, where each option is checked; None: the
+        defaults); progress(done, total, name) is called per weight tensor uploaded. Build engines
+        through runtime/loading.py (`webdrift.load`, the browser API), which makes the tokenizer
+        and the device."""
+        from .loading import EngineOptions
+        if options is None:
+            options = EngineOptions()
+        elif not isinstance(options, EngineOptions):
+            raise InvalidArgumentError(f"options must be an EngineOptions, got {type(options).__name__}")
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
+        self.options = options
         limit = cfg.max_position or 2048
-        if max_context is None:
-            max_context = min(limit, 2048)
-        if isinstance(max_context, bool) or not isinstance(max_context, int) or not 1 <= max_context:
-            raise InvalidArgumentError(f"max_context={max_context!r}: must be a positive integer")
-        if max_context > limit:
+        max_context = min(limit, 2048) if options.max_context is None else options.max_context
+        if max_context > limit:       # the one check that needs the model
             raise InvalidArgumentError(f"max_context={max_context} exceeds the model's context length {limit}")
-        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-            raise InvalidArgumentError(f"prefill_chunk={prefill_chunk!r}: must be a positive integer")
-        if prefill_kernels not in ("auto", "gemm", "gemv"):
-            raise InvalidArgumentError(f"prefill_kernels={prefill_kernels!r}: choose auto, gemm or gemv")
         # Prefill stage: tiled GEMM kernels (the papers' stage-aware split), except on software
         # adapters (lavapipe, SwiftShader), where the GEMV kernels over exactly the prompt's rows
         # are far faster (SwiftShader, 5-token SmolLM2 prompt: ~130 s with GEMM, ~6 s with GEMV).
-        gemv = prefill_kernels == "gemv" or (prefill_kernels == "auto" and dev.info.is_cpu)
+        pk = options.prefill_kernels
+        gemv = pk == "gemv" or (pk == "auto" and dev.info.is_cpu)
         self._prefill_stage = "decode" if gemv else "prefill"
         self.max_context = max_context
-        self.prefill_chunk = min(prefill_chunk, max_context)
+        self.prefill_chunk = min(options.prefill_chunk, max_context)
         t0 = time.perf_counter()
-        if max_binding_bytes is not None and (isinstance(max_binding_bytes, bool)
-                                              or not isinstance(max_binding_bytes, int) or max_binding_bytes < 1024):
-            raise InvalidArgumentError(f"max_binding_bytes={max_binding_bytes!r}: must be an integer >= 1024")
-        self.model = GPUModel(dev, source, max_context, weight_format, progress, autotune=autotune,
-                              int8_activations=int8_activations, max_binding_bytes=max_binding_bytes)
+        self.model = GPUModel(dev, source, max_context, options.weight_format, progress, autotune=options.autotune,
+                              int8_activations=options.int8_activations,
+                              max_binding_bytes=options.max_binding_bytes)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
         self.out_tokens = dev.create_buffer(4 * (max_context + 1), STORAGE, "out_tokens")      # (steps) u32
         self.ring = [dev.create_buffer(16, READBACK, f"token_ring{i}") for i in range(RING)]
-        self._layout, self._fuse = layout, fuse
+        self._layout, self._fuse = options.layout, options.fuse
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         self._score: Program | None = None
@@ -184,11 +183,19 @@ class Engine:
             loop.run_until_complete(agen.aclose())
             loop.close()
 
+    def chat_prompt(self, messages: list[dict]) -> list[int]:
+        """The token ids of a conversation as the model's chat template writes it, the assistant's
+        turn opened (add_generation_prompt), encoded without extra special tokens."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def chat(self, messages: list[dict], **kw) -> GenerationResult:
         """Generate the assistant's reply to a conversation, using the model's chat template."""
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return self.generate(ids, **kw)
+        return self.generate(self.chat_prompt(messages), **kw)
+
+    async def achat(self, messages: list[dict], sp: SamplingParams, on_text=None) -> GenerationResult:
+        """`chat` on the async core (the browser drives this): on_text(piece) per text piece."""
+        return await self.agenerate(self.chat_prompt(messages), sp, on_text)
 
     def stop(self) -> None:
         """Ask a running generation to stop after the current token."""

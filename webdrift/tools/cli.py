@@ -1,7 +1,11 @@
-"""The `webdrift` command: generate | chat | pull | bench | profile | serve.
+"""The `webdrift` command: generate | chat | pull | bench | profile | serve (a desktop tool).
 
+Entry points: the `webdrift` script (pyproject.toml) and `python -m webdrift` both call `main`.
+generate and chat load through `webdrift.load` (the core's assembly path); bench, profile and
+serve register their own sub-commands from their modules beside this one.
 Errors a user can cause print one line (`webdrift: error: ...`) and exit 2; nothing here
 prints a traceback for a WebdriftError.
+Must not: import wgpu or js; be imported by the core.
 """
 
 from __future__ import annotations
@@ -10,9 +14,8 @@ import argparse
 import json
 import sys
 
-from .errors import WebdriftError
-
-DEFAULT_MODEL = "smollm2-135m"
+from ..errors import WebdriftError
+from ..hub import DEFAULT_MODEL
 
 
 def _progress_printer(label: str):
@@ -59,9 +62,7 @@ def cmd_generate(args) -> int:
     eng = _load(args)
     text_prompt = prompt
     if args.chat:   # wrap the prompt as a user turn in the model's chat template
-        prompt = eng.tokenizer.encode(eng.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                                        add_generation_prompt=True),
-                                      add_special_tokens=False)
+        prompt = eng.chat_prompt([{"role": "user", "content": prompt}])
     if args.json:
         out = eng.generate(prompt, **_sampling(args))
         print(json.dumps({"model": args.model, "adapter": eng.dev.info.adapter, "prompt": text_prompt,
@@ -95,10 +96,8 @@ def cmd_chat(args) -> int:
         if not line.strip():
             break
         messages.append({"role": "user", "content": line})
-        prompt = eng.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        ids = eng.tokenizer.encode(prompt, add_special_tokens=False)
         reply = []
-        for piece in eng.stream(ids, **_sampling(args)):
+        for piece in eng.stream(eng.chat_prompt(messages), **_sampling(args)):
             reply.append(piece)
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -108,7 +107,7 @@ def cmd_chat(args) -> int:
 
 
 def cmd_pull(args) -> int:
-    from .hub import pull
+    from ..hub import pull
     path = pull(args.name, progress=True)
     print(path)
     return 0
@@ -138,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub)
     from .bench import add_arguments as add_bench_arguments
     add_bench_arguments(sub.add_parser("bench", help="ML Drift protocol: prefill/decode tok/s, roofline, peers"))
-    from .profile.command import add_arguments as add_profile_arguments
+    from .profile import add_arguments as add_profile_arguments
     add_profile_arguments(sub.add_parser("profile", help="time host phases and GPU kernels; Chrome trace"))
     return ap
 

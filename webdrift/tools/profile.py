@@ -4,7 +4,10 @@ Three runs of the same prompt after a warm-up: profiler off (the speed reference
 only (its overhead is what leaving the profiler on costs), and host phases + GPU kernel
 timestamps (the kernel timeline; per-kernel passes slow it down, see profiler.py). The summary's
 host part comes from the phases-only run, its GPU part and the trace from the kernel-timed run.
-Desktop command (imports the bench's model helpers); the rest of webdrift/profile/ is pure Python.
+A desktop tool beside bench.py, whose model helpers it uses (the engine through the core's
+assembly path, token-id prompts); the profiler, timeline and trace it drives are the core's
+webdrift/profile/ (pure Python, in the browser too).
+Must not: import wgpu or js; be imported by the core.
 """
 
 from __future__ import annotations
@@ -13,14 +16,14 @@ import argparse
 import json
 import sys
 
-from .profiler import DISABLED, Profiler
-from .timeline import Timeline, format_summary, phase_table, summarize
-from .trace import write_chrome_trace
+from ..profile.profiler import DISABLED, Profiler
+from ..profile.timeline import Timeline, format_summary, phase_table, summarize
+from ..profile.trace import write_chrome_trace
 
 
 def profile_generation(eng, ids: list[int], new_tokens: int, prof: Profiler):
     """Generate new_tokens greedily from ids with prof attached; returns (GenerationStats, prof)."""
-    from ..bench import generate_ids
+    from .bench import generate_ids
     eng.profiler = prof
     try:
         out = generate_ids(eng, ids, new_tokens)
@@ -33,7 +36,7 @@ def profile_generation(eng, ids: list[int], new_tokens: int, prof: Profiler):
 
 def run_profile(eng, prompt_tokens: int, new_tokens: int, kernels: bool = True) -> dict:
     """The three runs; returns {"runs": {...}, "summary": {...}, "profiler": Profiler, "timeline": Timeline}."""
-    from ..bench import generate_ids, prompt_ids
+    from .bench import generate_ids, prompt_ids
     ids = prompt_ids(eng.config.vocab_size, prompt_tokens)
     generate_ids(eng, ids[:min(prompt_tokens, eng.prefill_chunk + 1)], 4)      # compile + warm up
     runs = {}
@@ -84,10 +87,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_profile(args) -> int:
-    from ..bench import INT8_CHOICES, build_engine, open_real_source
     from ..errors import InvalidArgumentError, WebdriftError
     from ..gpu.native import get_device
+    from ..hub import DEFAULT_MODEL
     from ..weights.synthetic import synthetic_source
+    from .bench import INT8_CHOICES, build_engine, open_real_source
     if args.model and args.synthetic:
         raise InvalidArgumentError("give --model or --synthetic, not both")
     if args.prompt_tokens < 1 or args.new_tokens < 2:
@@ -96,12 +100,12 @@ def cmd_profile(args) -> int:
         src = synthetic_source(args.synthetic, args.quant)
     else:
         try:
-            src = open_real_source(args.model or "smollm2-135m", auto_pull=bool(args.model))
+            src = open_real_source(args.model or DEFAULT_MODEL, auto_pull=bool(args.model))
         except WebdriftError as e:
             if args.model:
                 raise
-            sys.stderr.write(f"the default model is not available ({e}); profiling --synthetic smollm2-135m\n")
-            src = synthetic_source("smollm2-135m", args.quant)
+            sys.stderr.write(f"the default model is not available ({e}); profiling --synthetic {DEFAULT_MODEL}\n")
+            src = synthetic_source(DEFAULT_MODEL, args.quant)
     dev = get_device()
     eng = build_engine(dev, src, args.prompt_tokens + args.new_tokens + 1, args.prefill_chunk,
                        INT8_CHOICES[args.int8_activations])

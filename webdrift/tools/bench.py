@@ -11,7 +11,10 @@ weights in a real model's shapes, weights/synthetic.py) with `--quant f16|q8|q4`
 The roofline is measured in the same run (profile/roofline.py); PyTorch peers run where torch
 has a CUDA device (bench_peers.py). Output: a table, `--json`, `--markdown` (appends a section
 with the machine, date and exact command) and `--plot` (matplotlib, skipped if missing).
-Desktop only (numpy for synthetic weights); the report itself is plain JSON.
+A desktop tool (webdrift/tools/, numpy for synthetic weights): engines come from the core's
+assembly path (runtime/loading.py), the machine's facts from the device object; the report
+itself is plain JSON.
+Must not: import wgpu or js; be imported by the core.
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ import random
 import sys
 import time
 
-from .errors import InvalidArgumentError, WebdriftError
-from .weights.synthetic import PRESETS, QUANTS, check_choice
+from ..errors import InvalidArgumentError, WebdriftError
+from ..hub import DEFAULT_MODEL
+from ..weights.synthetic import PRESETS, QUANTS, check_choice
 
 PROTOCOL = [(1024, 256), (128, 128)]
 QUICK_PROTOCOL = [(32, 16), (16, 8)]
@@ -77,24 +81,17 @@ def parse_protocol(text: str) -> list[tuple[int, int]]:
 
 
 def open_real_source(name: str, auto_pull: bool = True):
-    """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder."""
-    path = name
-    if not os.path.exists(name):
-        try:
-            from .hub import resolve_model
-        except ImportError as e:
-            raise WebdriftError(f"model {name!r}: the model hub helpers are not available ({e}); "
-                                "give a .gguf path or use --synthetic") from e
-        path = resolve_model(name, auto_pull=auto_pull)
-    from .weights.source import open_model_source
-    return open_model_source(path)
+    """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder
+    (runtime/loading.open_source, the path webdrift.load takes)."""
+    from ..runtime.loading import open_source
+    return open_source(name, auto_pull=auto_pull)
 
 
 def model_spec_label(src) -> tuple[str, str]:
     """(model, quant) labels of a source: synthetic name/quant, or file name/runtime formats."""
     if getattr(src, "format", "") == "synthetic":
         return src.name, src.quant
-    from .models.footprint import plan_weights
+    from ..models.footprint import plan_weights
     fmts = sorted({p.fmt for p in plan_weights(src) if p.o > 1})
     return getattr(src, "bench_name", None) or os.path.basename(str(src.path)), "+".join(fmts)
 
@@ -103,10 +100,12 @@ INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None):
-    from .weights.synthetic import NullTokenizer
-    from .runtime.engine import Engine
-    return Engine(dev, src, NullTokenizer(), max_context=max_context, prefill_chunk=prefill_chunk,
-                  int8_activations=int8_activations)
+    """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
+    assembly path (runtime/loading.py)."""
+    from ..runtime.loading import EngineOptions, assemble
+    from ..weights.synthetic import NullTokenizer
+    options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations)
+    return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
 def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
@@ -115,7 +114,7 @@ def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
 
 
 def generate_ids(eng, ids: list[int], new_tokens: int):
-    from .runtime.engine import SamplingParams, _run
+    from ..runtime.engine import SamplingParams, _run
     sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False)
     return _run(eng.agenerate(ids, sp))
 
@@ -124,11 +123,7 @@ def generate_ids(eng, ids: list[int], new_tokens: int):
 
 def machine_info(dev) -> dict:
     ai = getattr(dev, "adapter_info", {}) or {}
-    try:
-        import wgpu
-        wv = wgpu.__version__
-    except ImportError:  # pragma: no cover
-        wv = ""
+    wv = getattr(dev, "wgpu_version", "")      # the native device's; the core never imports wgpu here
     return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
             "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
             "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
@@ -144,8 +139,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 int8_activations: bool | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant."""
-    from .models.footprint import decode_read_bytes, plan_weights
-    from .profile.roofline import decode_ceiling
+    from ..models.footprint import decode_read_bytes, plan_weights
+    from ..profile.roofline import decode_ceiling
     log = log or (lambda s: None)
     model, quant = model_spec_label(src)
     cfg = src.config
@@ -259,9 +254,9 @@ def run_bench(args, dev=None, log=None) -> dict:
         synthetic = ["tiny"]
     protocols = parse_protocol(args.protocol) if args.protocol else (QUICK_PROTOCOL if quick else PROTOCOL)
     if dev is None:
-        from .gpu.native import get_device
+        from ..gpu.native import get_device
         dev = get_device()
-    from .profile.roofline import measure_bandwidth
+    from ..profile.roofline import measure_bandwidth
     mib = args.roofline_mib or (16 if quick else 1024)
     log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB ...")
     roof = measure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
@@ -271,7 +266,7 @@ def run_bench(args, dev=None, log=None) -> dict:
         log(f"peers: {peers_note}")
     sources = []
     if not synthetic and not models:
-        models = ["smollm2-135m"]
+        models = [DEFAULT_MODEL]
     for name in models:
         try:
             src = open_real_source(name, auto_pull=bool(args.model))   # the default only if cached
@@ -280,9 +275,9 @@ def run_bench(args, dev=None, log=None) -> dict:
         except WebdriftError as e:
             if args.model:
                 raise
-            log(f"the default real model is not available ({e}); using --synthetic smollm2-135m")
-            synthetic = ["smollm2-135m"]
-    from .weights.synthetic import synthetic_source
+            log(f"the default real model is not available ({e}); using --synthetic {DEFAULT_MODEL}")
+            synthetic = [DEFAULT_MODEL]      # its shape, random weights
+    from ..weights.synthetic import synthetic_source
     for name in synthetic:
         for q in quants:
             sources.append(synthetic_source(name, q))
@@ -294,7 +289,7 @@ def run_bench(args, dev=None, log=None) -> dict:
     for r in results:
         if r["peers"] is None:
             r["peers"] = {name: {"skipped": peers_note} for name in PEER_NAMES}
-    from . import __version__
+    from .. import __version__
     report = {"webdrift_version": __version__, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               "command": getattr(args, "command_line", None) or "webdrift bench",
               "machine": machine_info(dev),
@@ -467,7 +462,7 @@ def write_plot(path: str, report: dict) -> str:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=None,
-                   help="a real model (known name, .gguf path or HF folder); repeatable (default smollm2-135m "
+                   help=f"a real model (known name, .gguf path or HF folder); repeatable (default {DEFAULT_MODEL} "
                         "when no --synthetic is given)")
     p.add_argument("--synthetic", action="append", default=None,
                    help=f"random-weight model shapes, comma list or repeatable: {', '.join(PRESETS)}, or 'all'")
@@ -535,7 +530,7 @@ def _command_line() -> str:
     return "webdrift bench (called from Python)"
 
 
-def main(argv: list[str] | None = None) -> int:  # python -m webdrift.bench
+def main(argv: list[str] | None = None) -> int:  # python -m webdrift.tools.bench
     ap = argparse.ArgumentParser(prog="webdrift bench")
     add_arguments(ap)
     args = ap.parse_args(argv)

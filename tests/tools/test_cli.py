@@ -6,7 +6,7 @@ import json
 import pytest
 
 import webdrift
-from webdrift.cli import main
+from webdrift.tools.cli import main
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from webdrift import GPULimitError, InvalidArgumentError
-from webdrift.bench import PEER_NAMES, missing_fields
-from webdrift.cli import main
 from webdrift.gpu.native import get_device
 from webdrift.models.footprint import check_limits, decode_read_bytes, plan_weights
+from webdrift.tools.bench import PEER_NAMES, missing_fields
+from webdrift.tools.cli import main
 from webdrift.weights.synthetic import PRESETS, QUANTS, synthetic_source
 
 
@@ -129,13 +129,14 @@ def test_oversize_embedding_is_sharded_oversize_layer_weight_refused():
 
 
 def test_engine_raises_limit_error_before_allocating():
-    from webdrift.weights.synthetic import NullTokenizer
     from webdrift.runtime.engine import Engine
+    from webdrift.runtime.loading import EngineOptions
+    from webdrift.weights.synthetic import NullTokenizer
     dev = get_device()
     src = synthetic_source("smollm2-135m", "f16")   # wqkv: 960 x 576 f16 = 1.05 MiB
     n = dev.allocations
     with pytest.raises(GPULimitError, match=r"'blk\.0\.wqkv' \(960 x 576\) needs 1\.1 MiB.* 1 MiB per storage"):
-        Engine(dev, src, NullTokenizer(), max_context=64, max_binding_bytes=1 << 20)
+        Engine(dev, src, NullTokenizer(), EngineOptions(max_context=64, max_binding_bytes=1 << 20))
     assert dev.allocations == n
 
 

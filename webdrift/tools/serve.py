@@ -1,4 +1,4 @@
-"""`webdrift serve`: the browser demo and JS module on a local web server (stdlib only).
+"""`webdrift serve`: the browser demo and JS module on a local web server (a desktop tool, stdlib only).
 
     webdrift serve [--port 8321] [--host 127.0.0.1] [--model smollm2-135m] [--bundle DIR]
 
@@ -9,7 +9,7 @@ serves it: the demo page at `/`, the module at `/webdrift.js`, and the model at
 Nothing is fetched from anywhere else: the pages run Python (Pyodide) and the model on the
 visitor's GPU, and a Content-Security-Policy keeps their requests on this origin.
 Must not: import numpy, wgpu or the GPU stack (it only serves files); bind beyond 127.0.0.1
-unless asked with --host.
+unless asked with --host; be imported by the core.
 """
 
 from __future__ import annotations
@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
-from .errors import InvalidArgumentError, ModelNotFoundError
-from .hub import sha256_file
+from ..errors import InvalidArgumentError, ModelNotFoundError
+from ..hub import DEFAULT_MODEL, sha256_file
 
 DEFAULT_PORT = 8321
-DEFAULT_MODEL = "smollm2-135m"
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]   # the source checkout (webdrift/tools/serve.py)
 
 MIME = {
     ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -69,7 +68,7 @@ def resolve_served_model(model: str | None) -> ServedModel | None:
     """A known model name (pulled with webdrift.hub if needed) or a .gguf path -> ServedModel."""
     if not model:
         return None
-    from . import hub
+    from .. import hub
     p = Path(model)
     if p.is_file():
         with open(p, "rb") as f:

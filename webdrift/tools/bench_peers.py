@@ -9,7 +9,8 @@ Two baselines in the shapes of the benchmarked model, fp16, random weights, batc
               torch.compile): what a careful CUDA implementation gets from the same kernels.
 Both report prefill tokens/s (prompt / time to first token) and decode tokens/s ((new - 1) /
 time after the first token), the definitions webdrift's GenerationStats uses.
-Skipped with a note where torch or a CUDA device is missing. Must not be imported by the core.
+Skipped with a note where torch or a CUDA device is missing. A desktop tool (webdrift/tools/).
+Must not: be imported by the core; import torch at module level (the bench runs without it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""The one assembly path (runtime/loading.py) and the browser's JSON adapter over it: every
+engine option is checked in one place and named when bad; the browser maps the same options from
+JS names in one table (and the JS module forwards every one); the worker API (`api_*`, driven
+here on the desktop's device) answers with exactly what the Engine's own generate / chat give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+import webdrift
+from webdrift import InvalidArgumentError
+from webdrift.runtime.loading import EngineOptions, assemble, load_browser, open_source
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"max_context": 0}, "max_context"), ({"max_context": True}, "max_context"),
+    ({"weight_format": "q5"}, "weight_format"), ({"prefill_chunk": 0}, "prefill_chunk"),
+    ({"prefill_chunk": 2.5}, "prefill_chunk"), ({"layout": "tiled"}, "layout"), ({"fuse": "yes"}, "fuse"),
+    ({"autotune": None}, "autotune"), ({"prefill_kernels": "fast"}, "prefill_kernels"),
+    ({"int8_activations": "on"}, "int8_activations"), ({"int8_activations": {"head": 1}}, "int8_activations"),
+    ({"max_binding_bytes": 512}, "max_binding_bytes"),
+])
+def test_each_bad_option_is_named(kw, name):
+    with pytest.raises(InvalidArgumentError, match=f"^{name}="):
+        EngineOptions(**kw)
+
+
+def test_load_checks_options_before_resolving_the_model(monkeypatch):
+    from webdrift import hub
+
+    def no_resolve(*a, **k):
+        raise AssertionError("the model must not be resolved before the options are checked")
+    monkeypatch.setattr(hub, "resolve_model", no_resolve)
+    with pytest.raises(InvalidArgumentError, match="layout"):
+        webdrift.load("smollm2-135m", layout="tiled")
+    with pytest.raises(InvalidArgumentError, match="weight_format"):
+        webdrift.load(weight_format="int4")
+
+
+def test_open_source_kinds(tmp_path):
+    with pytest.raises(webdrift.ModelNotFoundError, match="not-a-model"):
+        open_source(str(tmp_path / "not-a-model"))
+    with pytest.raises(webdrift.ModelFileError):
+        open_source(b"GGUF" + b"\0" * 8, name="x.gguf")
+    with pytest.raises(InvalidArgumentError, match="got int"):
+        open_source(3)
+
+
+def test_assemble_and_engine_take_the_options_object():
+    from webdrift.gpu.native import get_device
+    from webdrift.runtime.engine import Engine
+    from webdrift.weights.synthetic import NullTokenizer, synthetic_source
+    dev, src = get_device(), synthetic_source("tiny", "q4")
+    opts = EngineOptions(max_context=40, prefill_chunk=16, autotune=False)
+    eng = assemble(src, opts, dev, tokenizer=NullTokenizer())
+    assert eng.options is opts and eng.max_context == 40 and eng.prefill_chunk == 16
+    with pytest.raises(InvalidArgumentError, match="EngineOptions"):
+        Engine(dev, src, NullTokenizer(), {"max_context": 40})
+    with pytest.raises(InvalidArgumentError, match="exceeds the model's context length"):
+        assemble(src, EngineOptions(max_context=1 << 20), dev, tokenizer=NullTokenizer())
+
+
+def test_browser_option_table_covers_every_engine_option():
+    from webdrift.browser_api import ENGINE_OPTION_NAMES, engine_options
+    assert sorted(ENGINE_OPTION_NAMES.values()) == sorted(f.name for f in fields(EngineOptions))
+    js = (REPO / "web" / "webdrift.js").read_text()
+    forwarded = re.search(r"const ENGINE_OPTIONS = \[([^\]]*)\]", js).group(1)
+    assert sorted(re.findall(r'"(\w+)"', forwarded)) == sorted(ENGINE_OPTION_NAMES)
+    o = engine_options({"maxContext": 256.0, "prefillKernels": "gemv", "int8Activations": False, "fuse": False,
+                        "model": {"url": "m.gguf"}, "weightFormat": None, "max_binding_bytes": 4096})
+    assert o == EngineOptions(max_context=256, prefill_kernels="gemv", int8_activations=False, fuse=False,
+                              max_binding_bytes=4096)
+    with pytest.raises(InvalidArgumentError, match="prefill_chunk"):
+        engine_options({"prefillChunk": 0})
+
+
+@pytest.fixture(scope="module")
+def worker_api(smollm2_gguf_path):
+    """webdrift.browser_api's worker functions, with the desktop's device in place of the page's."""
+    from webdrift import browser_api
+    from webdrift.gpu.native import get_device
+
+    async def on_desktop(model, options=None, **kw):
+        return await load_browser(model, options, device=get_device(), **kw)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(browser_api, "load_browser", on_desktop)
+    run = asyncio.run
+    opened = json.loads(run(browser_api.api_open(smollm2_gguf_path.read_bytes(), "smol.gguf")))
+    assert opened["ok"] and opened["tensors"] > 0 and opened["model"]["layers"] == 30
+    ticks = []
+    loaded = json.loads(run(browser_api.api_load(json.dumps({"maxContext": 96, "model": {"url": "x"}}),
+                                                 lambda done, total, name: ticks.append(done))))
+    assert loaded["ok"] and loaded["info"]["maxContext"] == 96 and ticks and ticks[-1] == opened["tensors"]
+    yield browser_api
+    browser_api.api_dispose()
+    mp.undo()
+
+
+def test_worker_api_is_the_engines_generate_and_chat(worker_api):
+    eng = worker_api._engine()
+    pieces = []
+    out = json.loads(asyncio.run(worker_api.api_generate(
+        json.dumps("The capital of France is"), json.dumps({"maxNewTokens": 5, "stopAtEos": False}), pieces.append)))
+    ref = eng.generate("The capital of France is", max_new_tokens=5, stop_at_eos=False)
+    r = out["result"]
+    assert r["tokenIds"] == ref.token_ids and r["text"] == ref.text == "".join(pieces)
+    assert r["stats"]["newTokens"] == 5 and r["stats"]["finishReason"] == "length"
+    msgs = [{"role": "user", "content": "Hi"}]
+    chat = json.loads(asyncio.run(worker_api.api_chat(json.dumps(msgs), json.dumps({"maxNewTokens": 4}))))
+    assert chat["result"]["tokenIds"] == eng.chat(msgs, max_new_tokens=4).token_ids
+    assert eng.chat_prompt(msgs) == eng.tokenizer.encode(
+        eng.tokenizer.apply_chat_template(msgs, add_generation_prompt=True), add_special_tokens=False)
+    bad = json.loads(asyncio.run(worker_api.api_chat(json.dumps("hi"), "{}")))
+    assert bad["error"]["name"] == "InvalidArgumentError" and "messages" in bad["error"]["message"]
+    bad = json.loads(asyncio.run(worker_api.api_generate(json.dumps("hi"), json.dumps({"topP": 2}))))
+    assert bad["error"]["name"] == "InvalidArgumentError" and "top_p" in bad["error"]["message"]

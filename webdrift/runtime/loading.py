@@ -1,0 +1,169 @@
+"""The one assembly path: model reference -> ModelSource -> tokenizer -> device -> Engine.
+
+Every Engine is built here: `webdrift.load` (desktop), the browser API (webdrift/browser_api.py)
+and the tools (bench, profile). How an Engine is built is one `EngineOptions`, checked in one
+place: each bad value is an InvalidArgumentError naming the option. The only step that differs
+between the desktop and the browser is making the device (`gpu.native.get_device()` is sync,
+`gpu.browser.create_browser_device()` is awaited), so `assemble` takes a ready device and two
+thin entry points make it:
+
+    load_desktop(model, options)          -> Engine   webdrift.load
+    await load_browser(model, options)    -> Engine   webdrift.browser_api
+    assemble(source, options, device)     -> Engine   both, and the tools (their own source and
+                                                      tokenizer: synthetic weights, token ids only)
+
+model: a known name (webdrift.hub), a .gguf path, an HF folder, or a GGUF file's bytes.
+Must not: import numpy, wgpu or js (it runs in Pyodide); import a GPU backend or webdrift.hub
+at module level (each entry point imports what it uses, so the browser never loads the
+desktop's); import webdrift.tools.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidArgumentError, TokenizerError
+
+if TYPE_CHECKING:   # for annotations only: importing the Engine loads the whole GPU model stack
+    from ..tokenizer import Tokenizer
+    from ..weights.source import ModelSource
+    from .engine import Engine
+
+__all__ = ["EngineOptions", "assemble", "load_browser", "load_desktop", "make_tokenizer", "open_source"]
+
+WEIGHT_FORMATS = ("f32", "f16", "q8", "q4")
+LAYOUTS = ("linear", "sliced")
+PREFILL_KERNELS = ("auto", "gemm", "gemv")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an Engine is built; webdrift.load's docstring explains each option."""
+
+    max_context: int | None = None        # KV-cache length, allocated once (None: min(model's, 2048))
+    weight_format: str | None = None      # every matrix as f32 | f16 | q8 | q4 (None: follows the file)
+    prefill_chunk: int = 256              # prompt tokens per prefill dispatch list
+    layout: str = "linear"                # physical layout of activations: linear | sliced
+    fuse: bool = True                     # fold RMSNorms into the linear layers that consume them
+    autotune: bool = True                 # time kernel variants on this adapter at first use (cached)
+    prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
+    int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
+    max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
+
+    def __post_init__(self):
+        def bad(name: str, want: str):
+            raise InvalidArgumentError(f"{name}={getattr(self, name)!r}: {want}")
+
+        if self.max_context is not None and (not _is_int(self.max_context) or self.max_context < 1):
+            bad("max_context", "must be a positive integer")
+        if self.weight_format is not None and self.weight_format not in WEIGHT_FORMATS:
+            bad("weight_format", f"choose one of {', '.join(WEIGHT_FORMATS)}")
+        if not _is_int(self.prefill_chunk) or self.prefill_chunk < 1:
+            bad("prefill_chunk", "must be a positive integer")
+        if self.layout not in LAYOUTS:
+            bad("layout", f"choose {' or '.join(LAYOUTS)}")
+        for name in ("fuse", "autotune"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be True or False")
+        if self.prefill_kernels not in PREFILL_KERNELS:
+            bad("prefill_kernels", "choose auto, gemm or gemv")
+        i8 = self.int8_activations
+        if isinstance(i8, dict):
+            # the role names are the model's (GPUModel checks them); here only the shape
+            if not all(isinstance(k, str) and isinstance(v, bool) for k, v in i8.items()):
+                bad("int8_activations", "a dict must map role names to True / False")
+            object.__setattr__(self, "int8_activations", dict(i8))    # no aliasing of the caller's dict
+        elif i8 is not None and not isinstance(i8, bool):
+            bad("int8_activations", "must be None (auto), True, False or a dict {role: bool}")
+        if self.max_binding_bytes is not None and (not _is_int(self.max_binding_bytes)
+                                                   or self.max_binding_bytes < 1024):
+            bad("max_binding_bytes", "must be an integer >= 1024")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in declaration order."""
+        return tuple(f.name for f in fields(cls))
+
+
+def make_tokenizer(source: ModelSource) -> Tokenizer:
+    """The tokenizer described by a ModelSource (GGUF metadata or an HF tokenizer.json)."""
+    from ..tokenizer import Tokenizer
+    info = source.tokenizer_info
+    if info.get("kind") == "gguf":
+        return Tokenizer.from_gguf_metadata(info["metadata"])
+    if info.get("kind") == "hf":
+        return Tokenizer.from_tokenizer_json(info["tokenizer_json"], info.get("tokenizer_config"))
+    raise TokenizerError(f"{source.path}: the model has no tokenizer")
+
+
+def open_source(model, *, name: str | None = None, auto_pull: bool = True) -> ModelSource:
+    """A model reference -> ModelSource: a known name (pulled into the cache if needed and
+    auto_pull), a .gguf path or an HF folder, or a GGUF file's bytes (`name` labels them in
+    messages, e.g. the URL they were fetched from). A ModelSource is returned as it is."""
+    from ..weights.source import ModelSource, open_model_source
+    if isinstance(model, ModelSource):
+        return model
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return open_model_source(model, name=name or "<model>")
+    if isinstance(model, (str, os.PathLike)):
+        from ..hub import resolve_model  # desktop only (pip); never reached with bytes
+        return open_model_source(resolve_model(model, auto_pull=auto_pull), name=name)
+    raise InvalidArgumentError(f"model must be a known model name, a path or a GGUF file's bytes, "
+                               f"got {type(model).__name__}")
+
+
+def _options(options) -> EngineOptions:
+    if options is None:
+        return EngineOptions()
+    if not isinstance(options, EngineOptions):
+        raise InvalidArgumentError(f"options must be an EngineOptions, got {type(options).__name__}")
+    return options
+
+
+def assemble(source: ModelSource, options: EngineOptions | None, device, *, tokenizer=None,
+             progress=None) -> Engine:
+    """The Engine for an opened source on a ready device: uploads (and converts) the weights,
+    plans the programs. tokenizer: default the source's own (make_tokenizer); progress(done,
+    total, name) is called per weight tensor."""
+    from .engine import Engine
+    options = _options(options)
+    if tokenizer is None:
+        tokenizer = make_tokenizer(source)
+    return Engine(device, source, tokenizer, options, progress=progress)
+
+
+def load_desktop(model, options: EngineOptions | None = None, *, device=None, auto_pull: bool = True,
+                 progress=None) -> Engine:
+    """The desktop path (webdrift.load): the model reference opened, its tokenizer built, then the
+    wgpu-native device (unless given), then the Engine."""
+    options = _options(options)                 # a bad option fails before anything is pulled
+    source = open_source(model, auto_pull=auto_pull)
+    tokenizer = make_tokenizer(source)
+    if device is None:
+        from ..gpu.native import get_device
+        device = get_device()
+    return assemble(source, options, device, tokenizer=tokenizer, progress=progress)
+
+
+async def load_browser(model, options: EngineOptions | None = None, *, name: str | None = None, device=None,
+                       progress=None) -> Engine:
+    """The browser path (webdrift.browser_api): the model (a GGUF file's bytes, or a source
+    already opened with open_source) and its tokenizer, then the page's WebGPU device (unless
+    given), then the Engine; GPU validation errors raised during the upload surface here."""
+    options = _options(options)
+    source = open_source(model, name=name)
+    tokenizer = make_tokenizer(source)
+    if device is None:
+        from ..gpu.browser import create_browser_device
+        device = await create_browser_device()
+    eng = assemble(source, options, device, tokenizer=tokenizer, progress=progress)
+    check = getattr(device, "check_errors", None)
+    if check is not None:
+        await check()
+    return eng
