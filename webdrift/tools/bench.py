@@ -140,6 +140,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant."""
     from ..models.footprint import decode_read_bytes, plan_weights
+    from ..models.manifest import kv_cache_bytes
     from ..profile.roofline import decode_ceiling
     log = log or (lambda s: None)
     model, quant = model_spec_label(src)
@@ -216,7 +217,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
             key = f"{r['prompt_tokens']}/{r['new_tokens']}"
             kv_len = r["prompt_tokens"] + (r["new_tokens"] - 1) / 2
             # the peers read fp16 weights and an fp16 KV cache (webdrift's is f32: halve that part)
-            read16 = decode_read_bytes(cfg, plans16, kv_len) - cfg.n_layers * cfg.kv_dim * kv_len * 4
+            read16 = decode_read_bytes(cfg, plans16, kv_len) - kv_cache_bytes(cfg, kv_len) / 2
             ceil16 = decode_ceiling(bandwidth_GBps, read16)
             r["peers"] = {}
             for name in PEER_NAMES:
