@@ -2,7 +2,8 @@
 selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the candidates are
 timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
 cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
-Without timestamp queries the static choice for the adapter kind is used.
+Devices that cannot time kernels synchronously (`dev.can_time_sync` False: the browser) take the
+static choice for the adapter kind.
 Must not: import numpy or wgpu.
 """
 
@@ -13,7 +14,7 @@ import os
 import time
 
 from ..errors import GPUError, UnsupportedModelError
-from ..gpu.base import UNIFORM, Device, TimestampRecorder, can_time
+from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .step import STEP_BYTES, pack_step
 from .weights import wide_supported
@@ -72,11 +73,11 @@ def _busy(dev: Device, d, seconds: float) -> None:
         rec = TimestampRecorder(1, whole=True)
         dev.submit([d] * 64, timestamps=rec)
         if prev is not None:
-            dev.read_timestamps(prev)
+            dev.read_timestamps_sync(prev)
         prev = rec
         if time.perf_counter() >= end:
             break
-    dev.read_timestamps(prev)
+    dev.read_timestamps_sync(prev)
 
 
 def _time(dev: Device, d) -> int:
@@ -94,7 +95,7 @@ def _time(dev: Device, d) -> int:
     for _ in range(4):
         rec = TimestampRecorder(5)
         dev.submit([d] * 5, timestamps=rec)
-        dev.read_timestamps(rec)
+        dev.read_timestamps_sync(rec)
         med = sorted(b - a for a, b in rec.ticks_ns)[2]
         if best is not None and med > 0.97 * best:
             best = min(best, med)
@@ -113,7 +114,7 @@ def _step_buffer(dev: Device, pos0: int = 0):
 
 def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
     """No choice cached under key and none to be measured now: the caller takes its static rule."""
-    return key not in _memory and key not in _load_file() and not (enabled and can_time(dev))
+    return key not in _memory and key not in _load_file() and not (enabled and dev.can_time_sync)
 
 
 def _cached(key: str, compute):

@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 
 from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
-from ..gpu.base import STORAGE, Buffer, Device, Dispatch, can_time
+from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
 from ..kernels import gemv_blk
 from ..kernels.autotune import (
@@ -180,7 +180,7 @@ class GPUModel:
         for r, (w, w2, norm) in roles.items():
             if self.dev.info.is_cpu or not (head_ok if r == "head" else ok):
                 out[r] = False
-            elif self.autotune and can_time(self.dev):
+            elif self.autotune and self.dev.can_time_sync:
                 fused = r == "o" and AttentionCombineKernel.quant_supported(self.cfg.head_dim)
                 out[r] = bool(int8_pays(self.dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
             else:
@@ -191,7 +191,7 @@ class GPUModel:
             # quantizing epilogues against separate quantize dispatches says so
             links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
                      (lw.w_down, None, lw.wqkv.fmt, True)]
-            timed = self.autotune and can_time(self.dev)
+            timed = self.autotune and self.dev.can_time_sync
             if not timed or chain_pays(self.dev, links)["chain"]:   # untimed (browser): the chain
                 out.update(qkv=True, o=True, down=True)
                 self.int8_chain = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from ..gpu.base import READ, RW, TimestampRecorder, can_time
+from ..gpu.base import READ, RW, TimestampRecorder
 
 WG = 256
 
@@ -84,11 +84,11 @@ def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: in
         dev.submit([fd, rd])                       # fill, and warm the read up
         _sync(dev, sink)
         times_ns: list[float] = []
-        timed = can_time(dev)
+        timed = dev.can_time_sync
         if timed:
             rec = TimestampRecorder(reps)
             dev.submit([rd] * reps, timestamps=rec)
-            dev.read_timestamps(rec)
+            dev.read_timestamps_sync(rec)
             times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
         if not times_ns:                           # no timestamps: host time of one submit + read
             timed = False
@@ -108,7 +108,7 @@ def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: in
 
 
 def _sync(dev, buf) -> None:
-    if hasattr(dev, "read_buffer_sync"):
+    if dev.has_sync_reads:
         dev.read_buffer_sync(buf, 0, 4)
     else:  # pragma: no cover - async-only backends
         import asyncio
