@@ -159,7 +159,8 @@ class Device:
         raise NotImplementedError
 
     def create_bind_group(self, pipeline: Pipeline, buffers: list) -> BindGroup:
-        """buffers[i] binds to @binding(i): a Buffer, or (Buffer, offset, size)."""
+        """buffers[i] binds to @binding(i): a Buffer, or (Buffer, offset, size). (Kernels build
+        this list by name: kernels/bindings.py.)"""
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,

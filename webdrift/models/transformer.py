@@ -15,12 +15,13 @@ Must not: import numpy or wgpu (runs in Pyodide); per-token work lives in runtim
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device, Dispatch
 from ..graph import Graph, T
-from ..kernels import gemv_blk
+from ..kernels import linear_blk
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel
 from ..kernels.autotune import (
     chain_pays,
     choose_attention,
@@ -31,17 +32,12 @@ from ..kernels.autotune import (
 )
 from ..kernels.base import ceil_div
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, runtime_format, upload_rows
-from ..kernels.ops import (
-    ArgmaxKernel,
-    AttentionCombineKernel,
-    AttentionKernel,
-    EmbeddingKernel,
-    LinearKernel,
-    QuantizeKernel,
-    RMSNormKernel,
-    RopeQKVKernel,
-    SampleKernel,
-)
+from ..kernels.embedding import EmbeddingKernel
+from ..kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut, RopeOut
+from ..kernels.norm import RMSNormKernel
+from ..kernels.quantize import QuantizeKernel, row_words
+from ..kernels.rope import RopeQKVKernel
+from ..kernels.sample import ArgmaxKernel, SampleKernel
 from ..kernels.weights import GPUWeight
 from ..weights.config import ModelConfig
 
@@ -156,8 +152,8 @@ class GPUModel:
         roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
                  "down": (lw.w_down, None, False), "head": (self.output, None, True)}
         mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-        ok = self.dev.has_dp4a and all(gemv_blk.supported(w.fmt, w.i) for w in mats)
-        head_ok = self.dev.has_dp4a and gemv_blk.supported(self.output.fmt, self.output.i)
+        ok = self.dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+        head_ok = self.dev.has_dp4a and linear_blk.supported(self.output.fmt, self.output.i)
         if isinstance(wanted, dict):    # per role (unnamed roles: off)
             bad = sorted(set(wanted) - set(roles))
             if bad:
@@ -409,9 +405,9 @@ class Program:
             for nm, role, width in (("xqa", "qkv", cfg.dim), ("xqo", "o", cfg.q_dim), ("xqf", "gateup", cfg.dim),
                                     ("xqd", "down", cfg.ffn_dim)):
                 if q8[role]:
-                    g.tensor(f"{nm}{i}", gemv_blk.row_words(width), layout="linear")
+                    g.tensor(f"{nm}{i}", row_words(width), layout="linear")
         if q8["head"]:
-            g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
+            g.tensor("xql", row_words(cfg.dim), rows, layout="linear")
 
         fuse = self.fuse
         g.op("embedding", [], ["x"], ("embed",))
@@ -503,7 +499,7 @@ class Program:
         if self.stage != "decode":
             return False
         c = choose_gemv(m.dev, m.layers[0].wqkv, enabled=m.autotune)
-        return c.get("variant") in ("subgroup", "wide") and c.get("rows", 0) % 2 == 0
+        return c.variant in ("subgroup", "wide") and c.rows % 2 == 0
 
     # -- kernels and bind groups (built once) ------------------------------------------------
     def _arena(self, name: str):
@@ -521,28 +517,28 @@ class Program:
         scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
         # device specialisation: decode GEMVs use the variant measured fastest on this adapter
         def qout_for(w, w2=None):
-            return {k: v for k, v in choose_qout(dev, w, w2, enabled=m.autotune).items() if k != "rows"}
+            return choose_qout(dev, w, w2, enabled=m.autotune)
 
         def chained(produced_by_gemv: bool):   # partial sums of x^2 in a row made by a quantizing epilogue
             return cfg.dim // 32 if self.qchain and produced_by_gemv else None
 
         def mv_for(w, w2=None, int8=False):
-            return choose_gemv(dev, w, w2, enabled=m.autotune, int8=int8) if stage == "decode" else {}
+            return choose_gemv(dev, w, w2, enabled=m.autotune, int8=int8) if stage == "decode" else GemvVariant()
 
         def residual_proj(node, w, post_out: str, next_gemv: tuple | None):
             """O projection or down: + residual into x (Gemma: into post_out); in the int8 chain
             also the int8 row of the next GEMV, next_gemv = (its weight format, its norm weight)."""
             out = post_out if cfg.post_norms else "x"
             src = node.reads[0]
-            binds = [self.step_buf, a(src), a(out)] + w.buffers
+            binds = {"step": self.step_buf, "x": a(src), "y": a(out), "w": w.buffers}
             if len(node.writes) == 2:
                 q = node.writes[1]
                 fmt, norm = next_gemv
-                k = LinearKernel(dev, stage, D(src), D(out), w, residual=True,
-                                 qout=(D(q), fmt, cfg.norm_weight_offset, True), **qout_for(w))
-                return k, binds + [a(q), norm]
-            k = LinearKernel(dev, stage, D(src), D(out), w, residual=not cfg.post_norms,
-                             **mv_for(w, int8=src.startswith("xq")))
+                k = LinearKernel(dev, stage, D(src), D(out), w, variant=qout_for(w),
+                                 epilogue=Epilogue(residual=True, qout=QuantOut(D(q), fmt, cfg.norm_weight_offset, True)))
+                return k, binds | {"qout": a(q), "qnw": norm}
+            k = LinearKernel(dev, stage, D(src), D(out), w, variant=mv_for(w, int8=src.startswith("xq")),
+                             epilogue=Epilogue(residual=not cfg.post_norms))
             return k, binds
         quant_src = {"attn": lambda i: ("x", f"xqa{i}", m.layers[i].wqkv, m.layers[i].attn_norm),
                      "o": lambda i: (f"attn{i}", f"xqo{i}", m.layers[i].wo, None),
@@ -554,53 +550,58 @@ class Program:
             kind = node.build[0]
             multi = None   # [(kernel, bindings)]: one dispatch per row shard (embedding, LM head)
             head = node.label in ("output_norm", "lm_head", "norm+lm_head", "norm+quant_head", "argmax", "sample")
-            nrm = (cfg.norm_eps, cfg.norm_weight_offset)
+            nrm = PreNorm(cfg.norm_eps, cfg.norm_weight_offset)
             if kind == "embed":   # one dispatch per row shard, each writing the tokens in its rows
                 shards = m.tok_embd_shards
                 multi = [(EmbeddingKernel(dev, w, D("x"), cfg.embed_scale, shard=len(shards) > 1),
-                          [self.step_buf, self.ids_buf] + w.buffers + [a("x")]) for w in shards]
+                          {"step": self.step_buf, "ids": self.ids_buf, "w": w.buffers, "out": a("x")}) for w in shards]
             elif kind == "norm":
                 i, which = node.build[1], node.build[2]
                 lw = m.layers[i]
                 out = f"h{i}" if which == "attn" else f"h2_{i}"
                 k = RMSNormKernel(dev, D("x"), D(out), cfg.norm_eps, cfg.norm_weight_offset)
-                binds = [self.step_buf, a("x"), a(out), lw.attn_norm if which == "attn" else lw.ffn_norm]
+                binds = {"step": self.step_buf, "x": a("x"), "out": a(out),
+                         "w": lw.attn_norm if which == "attn" else lw.ffn_norm}
             elif kind == "postnorm":
                 i, which = node.build[1], node.build[2]
                 lw = m.layers[i]
                 src = f"proj{i}" if which == "attn" else f"ffo{i}"
                 k = RMSNormKernel(dev, D(src), D("x"), cfg.norm_eps, cfg.norm_weight_offset, accumulate=True)
-                binds = [self.step_buf, a(src), a("x"), lw.post_attn_norm if which == "attn" else lw.post_ffn_norm]
+                binds = {"step": self.step_buf, "x": a(src), "out": a("x"),
+                         "w": lw.post_attn_norm if which == "attn" else lw.post_ffn_norm}
             elif kind == "quant":
                 src, dst, w, nw = quant_src[node.build[2]](node.build[1])
                 k = QuantizeKernel(dev, D(src), D(dst), w.fmt, pre_norm=nrm if nw is not None else None,
                                    last_row=dst == "xql" and not self.all_logits)
-                binds = [self.step_buf, a(src), a(dst)] + ([nw] if nw is not None else [])
+                binds = {"step": self.step_buf, "x": a(src), "xq": a(dst)} | ({"nw": nw} if nw is not None else {})
             elif kind == "qkv":
                 i = node.build[1]
                 lw = m.layers[i]
                 src = node.reads[0]
                 normed = src in ("x", f"xqa{i}")
-                bias = [lw.bqkv] if lw.bqkv else []
+                bias = {"bias": lw.bqkv} if lw.bqkv else {}
                 if node.writes[0] == f"q{i}":   # RoPE, the Q relayout and the KV append in the epilogue
-                    rope = {"q": D(f"q{i}"), "n_heads": cfg.n_heads, "n_kv": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-                            "cap": m.cap_stride, "rope_half": cfg.rope_style == "half"}
+                    rope = RopeOut(D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
+                                   rope_half=cfg.rope_style == "half")
                     int8 = src.startswith("xq")
                     mv = mv_for(lw.wqkv, int8=int8)
                     if not int8:   # the float GEMV's subgroups compute pairs of rows: give it twice the
-                        mv = dict(mv, rows=2 * mv["rows"])   # chosen rows, or half its subgroups idle
-                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                     pre_norm=nrm, x_partials=chained(i > 0) if int8 else None, rope=rope, **mv)
+                        mv = replace(mv, rows=2 * mv.rows)   # chosen rows, or half its subgroups idle
+                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, variant=mv,
+                                     pre_norm=replace(nrm, x_partials=chained(i > 0) if int8 else None),
+                                     epilogue=Epilogue(bias=lw.bqkv is not None, rope=rope))
                     freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
                     # y is never written: a spare buffer (no arena range that could alias x or q)
-                    binds = ([self.step_buf, a(src), self._spare()] + lw.wqkv.buffers + bias
-                             + ([] if int8 else [lw.attn_norm]) + [a(f"q{i}"), lw.k_cache, lw.v_cache, freq])
+                    binds = ({"step": self.step_buf, "x": a(src), "y": self._spare(), "w": lw.wqkv.buffers} | bias
+                             | ({} if int8 else {"nw": lw.attn_norm})
+                             | {"q": a(f"q{i}"), "kc": lw.k_cache, "vc": lw.v_cache, "inv_freq": freq})
                 else:
-                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv, bias=lw.bqkv is not None,
-                                     pre_norm=nrm if normed else None, x_partials=chained(i > 0),
-                                     **mv_for(lw.wqkv, int8=src.startswith("xq")))
-                    binds = [self.step_buf, a(src), a(f"qkv{i}")] + lw.wqkv.buffers + bias
-                    binds += [lw.attn_norm] if src == "x" else []
+                    k = LinearKernel(dev, stage, D(src), D(f"qkv{i}"), lw.wqkv,
+                                     variant=mv_for(lw.wqkv, int8=src.startswith("xq")),
+                                     pre_norm=replace(nrm, x_partials=chained(i > 0)) if normed else None,
+                                     epilogue=Epilogue(bias=lw.bqkv is not None))
+                    binds = {"step": self.step_buf, "x": a(src), "y": a(f"qkv{i}"), "w": lw.wqkv.buffers} | bias
+                    binds |= {"nw": lw.attn_norm} if src == "x" else {}
             elif kind == "rope":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -608,9 +609,10 @@ class Program:
                                   rope_half=cfg.rope_style == "half", qk_norm=cfg.qk_norm, eps=cfg.norm_eps,
                                   w_offset=cfg.norm_weight_offset)
                 freq = m.inv_freq_local if cfg.layer_is_sliding(i) else m.inv_freq
-                binds = [self.step_buf, a(f"qkv{i}"), a(f"q{i}"), lw.k_cache, lw.v_cache, freq]
+                binds = {"step": self.step_buf, "qkv": a(f"qkv{i}"), "q": a(f"q{i}"), "kc": lw.k_cache,
+                         "vc": lw.v_cache, "inv_freq": freq}
                 if cfg.qk_norm:
-                    binds += [lw.q_norm, lw.k_norm]
+                    binds |= {"qn": lw.q_norm, "kn": lw.k_norm}
             elif kind == "attn":
                 i = node.build[1]
                 lw = m.layers[i]
@@ -620,13 +622,13 @@ class Program:
                     enabled=m.autotune)
                 k = AttentionKernel(dev, D(f"q{i}"), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, rows_cap,
                                     scale, window=window, grouped=grouped)
-                binds = [self.step_buf, a(f"q{i}"), lw.k_cache, lw.v_cache, a(f"part{i}")]
+                binds = {"step": self.step_buf, "q": a(f"q{i}"), "kc": lw.k_cache, "vc": lw.v_cache, "part": a(f"part{i}")}
             elif kind == "combine":
                 i = node.build[1]
                 dst = node.writes[0]
                 k = AttentionCombineKernel(dev, D(dst), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, nsplit, rows_cap,
                                            quant=m.layers[i].wo.fmt if dst.startswith("xq") else None)
-                binds = [self.step_buf, a(f"part{i}"), a(dst)]
+                binds = {"step": self.step_buf, "part": a(f"part{i}"), "out": a(dst)}
             elif kind == "oproj":
                 lw = m.layers[node.build[1]]
                 k, binds = residual_proj(node, lw.wo, f"proj{node.build[1]}", (lw.w_gate.fmt, lw.ffn_norm))
@@ -637,17 +639,19 @@ class Program:
                 normed = src in ("x", f"xqf{i}")
                 if node.writes[0].startswith("xq"):   # int8 chain: writes only the down GEMV's input row
                     q = node.writes[0]
-                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
-                                     pre_norm=nrm, x_partials=chained(True),
-                                     qout=(D(q), lw.w_down.fmt, None, False), **qout_for(lw.w_gate, lw.w_up))
+                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, lw.w_up,
+                                     variant=qout_for(lw.w_gate, lw.w_up), pre_norm=replace(nrm, x_partials=chained(True)),
+                                     epilogue=Epilogue(act=cfg.act, qout=QuantOut(D(q), lw.w_down.fmt, None, False)))
                     # y is never written (QSKIP_Y): any arena range satisfies the binding
-                    binds = [self.step_buf, a(src), a("x")] + lw.w_gate.buffers + lw.w_up.buffers + [a(q)]
+                    binds = {"step": self.step_buf, "x": a(src), "y": a("x"), "w": lw.w_gate.buffers,
+                             "w2": lw.w_up.buffers, "qout": a(q)}
                 else:
-                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, w2=lw.w_up, act=cfg.act,
-                                     pre_norm=nrm if normed else None,
-                                     **mv_for(lw.w_gate, lw.w_up, int8=src.startswith("xq")))
-                    binds = [self.step_buf, a(src), a(f"act{i}")] + lw.w_gate.buffers + lw.w_up.buffers
-                    binds += [lw.ffn_norm] if src == "x" else []
+                    k = LinearKernel(dev, stage, D(src), D(f"act{i}"), lw.w_gate, lw.w_up,
+                                     variant=mv_for(lw.w_gate, lw.w_up, int8=src.startswith("xq")),
+                                     pre_norm=nrm if normed else None, epilogue=Epilogue(act=cfg.act))
+                    binds = {"step": self.step_buf, "x": a(src), "y": a(f"act{i}"), "w": lw.w_gate.buffers,
+                             "w2": lw.w_up.buffers}
+                    binds |= {"nw": lw.ffn_norm} if src == "x" else {}
             elif kind == "down":
                 i = node.build[1]
                 nxt = m.layers[i + 1] if len(node.writes) == 2 else None
@@ -656,7 +660,7 @@ class Program:
             elif kind == "final_norm":
                 k = RMSNormKernel(dev, D("x"), D("xl"), cfg.norm_eps, cfg.norm_weight_offset,
                                   last_row=not self.all_logits)
-                binds = [self.step_buf, a("x"), a("xl"), m.output_norm]
+                binds = {"step": self.step_buf, "x": a("x"), "out": a("xl"), "w": m.output_norm}
             elif kind == "lm_head":   # one dispatch per row shard, each writing its columns of logits
                 lm_stage = "decode" if not self.all_logits else stage
                 src = node.reads[0]     # x (norm fused in), xl (normalised) or xql (quantized)
@@ -664,24 +668,26 @@ class Program:
                 multi = []
                 for w in m.output_shards:
                     lm = (choose_gemv(dev, w, enabled=m.autotune, int8=src == "xql")
-                          if lm_stage == "decode" else {})
-                    if lm.get("rows", 4) * dev.max_workgroups < w.o:
-                        lm = dict(lm, rows=ceil_div(w.o, dev.max_workgroups))
+                          if lm_stage == "decode" else GemvVariant())
+                    if lm.rows * dev.max_workgroups < w.o:
+                        lm = replace(lm, rows=ceil_div(w.o, dev.max_workgroups))
                     y = D("logits") if len(m.output_shards) == 1 else D("logits").columns(w.row0, w.o)
-                    k = LinearKernel(dev, lm_stage, D(src), y, w, softcap=cfg.final_logit_softcap,
-                                     pre_norm=nrm if src in ("x", "xql") else None, x_last_row=last, **lm)
-                    multi.append((k, [self.step_buf, a(src), a("logits")] + w.buffers
-                                  + ([m.output_norm] if src == "x" else [])))
+                    k = LinearKernel(dev, lm_stage, D(src), y, w, variant=lm,
+                                     pre_norm=nrm if src in ("x", "xql") else None,
+                                     epilogue=Epilogue(softcap=cfg.final_logit_softcap), x_last_row=last)
+                    multi.append((k, {"step": self.step_buf, "x": a(src), "y": a("logits"), "w": w.buffers}
+                                  | ({"nw": m.output_norm} if src == "x" else {})))
             elif kind == "argmax":
                 k = ArgmaxKernel(dev, D("logits"), cfg.vocab_size, row="0u")
-                binds = [self.step_buf, a("logits"), a("amax")]
+                binds = {"step": self.step_buf, "logits": a("logits"), "part": a("amax")}
             elif kind == "sample":
                 k = SampleKernel(dev, D("logits"), cfg.vocab_size, row="0u", partials=ceil_div(cfg.vocab_size, 4096))
-                binds = [self.step_buf, a("logits"), self.out_tokens, self.ids_buf, a("amax")]
+                binds = {"step": self.step_buf, "logits": a("logits"), "out_tokens": self.out_tokens, "ids": self.ids_buf,
+                         "part": a("amax")}
             else:  # pragma: no cover
                 raise AssertionError(kind)
             for kern, bb in multi or [(k, binds)]:
-                ops.append((node.label, kern, dev.create_bind_group(kern.pipeline, bb), head))
+                ops.append((node.label, kern, kern.bind(dev, bb), head))
         return ops
 
     def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:
