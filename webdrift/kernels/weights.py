@@ -104,7 +104,7 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
     raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
 
 
-# --- block accessors for the wide GEMV (matvec.wgsl WIDE): one 32/8-element block per call ---
+# --- block accessors for the wide GEMV (linear_wide.wgsl): one 32/8-element block per call ---
 
 def wide_supported(fmt: str, i: int, layout: WeightLayout | None) -> bool:
     """Whether the block-wise GEMV can read this weight (rows contiguous, whole blocks)."""

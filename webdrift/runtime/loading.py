@@ -163,7 +163,5 @@ async def load_browser(model, options: EngineOptions | None = None, *, name: str
         from ..gpu.browser import create_browser_device
         device = await create_browser_device()
     eng = assemble(source, options, device, tokenizer=tokenizer, progress=progress)
-    check = getattr(device, "check_errors", None)
-    if check is not None:
-        await check()
+    await device.check_errors()
     return eng

@@ -124,8 +124,8 @@ def generate_ids(eng, ids: list[int], new_tokens: int):
 # -- machine -------------------------------------------------------------------------------------
 
 def machine_info(dev) -> dict:
-    ai = getattr(dev, "adapter_info", {}) or {}
-    wv = getattr(dev, "wgpu_version", "")      # the native device's; the core never imports wgpu here
+    ai = dev.adapter_info
+    wv = dev.wgpu_version      # the native device's; nothing outside gpu/ imports wgpu
     return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
             "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
             "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
@@ -165,9 +165,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
         return [row(p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
                 for p, m in protocols]
     gc.collect()
-    before = getattr(dev, "bytes_allocated", 0)
-    if hasattr(dev, "peak_bytes"):
-        dev.peak_bytes = before
+    before = dev.bytes_allocated
+    dev.peak_bytes = before
     log(f"loading {model} ({quant}) ...")
     eng = None
     try:
@@ -197,7 +196,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                             load_s=round(eng.load_s, 3)))
             log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
-        peak = getattr(dev, "peak_bytes", 0) - before
+        peak = dev.peak_bytes - before
         for r in rows:
             r["peak_gpu_bytes"] = peak
     except Exception as e:  # noqa: BLE001 - one model failing (limits, device loss) must not lose the report
@@ -311,7 +310,7 @@ def run_bench(args, dev=None, log=None) -> dict:
 
 
 def _peer_availability(dev) -> tuple[bool, str]:
-    ai = getattr(dev, "adapter_info", {}) or {}
+    ai = dev.adapter_info
     if ai.get("vendor_id") != 0x10DE and "nvidia" not in (dev.info.adapter + dev.info.vendor).lower():
         return False, f"the adapter ({dev.info.adapter}) is not an NVIDIA GPU, so CUDA peers could not share it; skipped"
     from .bench_peers import availability
