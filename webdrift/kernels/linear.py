@@ -23,6 +23,7 @@ from ..tensor import TensorDesc
 from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
+from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
 from .weights import GPUWeight, wide_accessor_wgsl, wide_supported
@@ -39,16 +40,6 @@ class GemvVariant:
     wg: int = 64             # invocations per workgroup
     unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
-
-
-@dataclass(frozen=True)
-class PreNorm:
-    """RMSNorm of x fused in: x / sqrt(mean(x^2) + eps) * (nw + w_offset). Float GEMVs bind the
-    norm weight as "nw"; blk GEMVs get x normed-by-weight from QuantizeKernel and apply 1/rms
-    from x_partials partial sums of x^2 in the row (None: QuantizeKernel's n_partials)."""
-    eps: float
-    w_offset: float = 0.0
-    x_partials: int | None = None
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from ..kernels.step import STEP_BYTES, pack_step
 from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
+from .options import EngineOptions
 
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
@@ -112,7 +113,6 @@ class Engine:
         defaults); progress(done, total, name) is called per weight tensor uploaded. Build engines
         through runtime/loading.py (`webdrift.load`, the browser API), which makes the tokenizer
         and the device."""
-        from .loading import EngineOptions
         if options is None:
             options = EngineOptions()
         elif not isinstance(options, EngineOptions):
