@@ -36,6 +36,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from urllib.parse import quote
 
 from webdrift.cache import cache_dir as webdrift_cache_dir
 from webdrift.hub import sha256_file
@@ -274,8 +275,9 @@ def check_webdrift_wheel(whl: Path, repo: Path) -> None:
 # -- the bundle -----------------------------------------------------------------------------------
 
 def model_entry(path: Path, name: str, sha256: str | None = None) -> dict:
-    """models/default.json's content for a GGUF file served at models/<file name>."""
-    return {"name": name, "url": path.name, "file": path.name, "size": path.stat().st_size,
+    """models/default.json's content for a GGUF file served at models/<file name> (`url` relative to
+    it and percent-encoded: a `#` or space in the name would break the URL the page resolves)."""
+    return {"name": name, "url": quote(path.name), "file": path.name, "size": path.stat().st_size,
             "sha256": sha256 or sha256_file(path)}
 
 
