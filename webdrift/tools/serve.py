@@ -2,8 +2,9 @@
 
     webdrift serve [--port 8321] [--host 127.0.0.1] [--model smollm2-135m] [--bundle DIR]
 
-Builds the browser bundle if it is missing or stale (build_wasm, from a source checkout), then
-serves it: the demo page at `/`, the module at `/webdrift.js`, and the model at
+Builds the browser bundle if it is missing or stale (build_wasm: from a source checkout, or from
+an installed webdrift, whose wheel carries web/ and build_wasm/ as package data of webdrift.tools;
+`bundle_builder()` picks the one this file belongs to), then serves it: the demo page at `/`, the module at `/webdrift.js`, and the model at
 `/models/<file>.gguf` with `/models/default.json` ({name, url, size, sha256}: what
 `createEngine()` loads when given no model) and `/models/<file>.gguf.sha256`.
 Nothing is fetched from anywhere else: the pages run Python (Pyodide) and the model on the
@@ -36,7 +37,7 @@ from ..hub import DEFAULT_MODEL, sha256_file
 DEFAULT_PORT = 8321
 IDLE_TIMEOUT_S = 30.0   # a connection that sends nothing for this long is closed (slow or half-open clients)
 NAME_MAX = 255          # bytes in one path segment (POSIX NAME_MAX): no served file has a longer one
-REPO = Path(__file__).resolve().parents[2]   # the source checkout (webdrift/tools/serve.py)
+REPO = Path(__file__).resolve().parents[2]   # the source checkout, if this file is in one (webdrift/tools/serve.py)
 
 MIME = {
     ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
@@ -285,29 +286,44 @@ def port_number(text: str) -> int:
     return port
 
 
+def source_checkout() -> Path | None:
+    """The source checkout this webdrift runs from (pyproject.toml, web/ and build_wasm/ beside the
+    package), or None for an installed package."""
+    if all((REPO / p).exists() for p in ("pyproject.toml", "web/webdrift.js", "build_wasm/build.py")):
+        return REPO
+    return None
+
+
+def bundle_builder():
+    """The build_wasm.build module of this webdrift: the checkout's build_wasm/, or, installed, the
+    copy the wheel carries as webdrift.tools.build_wasm (with the web assets in webdrift/tools/web)."""
+    root = source_checkout()
+    if root is None:
+        from .build_wasm import build
+        return build
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from build_wasm import build
+    return build
+
+
 def default_bundle_dir() -> Path:
-    return REPO / "bundle"
+    """bundle/ in a source checkout; $WEBDRIFT_CACHE/bundle for an installed package."""
+    return bundle_builder().default_out()
 
 
 def ensure_bundle(bundle: Path | None = None, build: bool = True) -> Path:
-    """The bundle folder, built with build_wasm when missing or stale (needs a source checkout)."""
+    """The bundle folder, built with build_wasm when missing or stale."""
     bundle = Path(bundle) if bundle else default_bundle_dir()
     if not build:
         if not (bundle / "manifest.json").is_file():
-            raise InvalidArgumentError(f"{bundle} is not a built bundle (no manifest.json): run python -m build_wasm")
+            raise InvalidArgumentError(f"{bundle} is not a built bundle (no manifest.json): "
+                                       "run `webdrift serve` without --no-build, or python -m build_wasm --out DIR")
         return bundle.resolve()
-    if not (REPO / "build_wasm" / "build.py").is_file() or not (REPO / "web").is_dir():
-        if (bundle / "manifest.json").is_file():
-            return bundle.resolve()
-        raise InvalidArgumentError("the browser bundle is not built and this installation has no build_wasm/ and web/: "
-                                   "run `python -m build_wasm --out DIR` in a source checkout and pass --bundle DIR")
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    from build_wasm.build import BuildError
-    from build_wasm.build import ensure_bundle as _ensure
+    builder = bundle_builder()
     try:
-        return _ensure(bundle, REPO)
-    except BuildError as e:
+        return builder.ensure_bundle(bundle, builder.REPO)
+    except builder.BuildError as e:
         raise InvalidArgumentError(f"building the browser bundle failed: {e}") from e
 
 
@@ -359,7 +375,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="known model name or .gguf path served as the default model (default %(default)s)")
-    p.add_argument("--bundle", default=None, help="bundle folder (default: bundle/ in the source checkout)")
+    p.add_argument("--bundle", default=None,
+                   help="bundle folder (default: bundle/ in a source checkout, $WEBDRIFT_CACHE/bundle when installed)")
     p.add_argument("--no-build", action="store_true", help="serve the bundle as it is (do not rebuild)")
     p.add_argument("--verbose", action="store_true", help="log every request")
     p.set_defaults(func=cmd_serve)
