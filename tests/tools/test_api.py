@@ -619,3 +619,46 @@ def test_stop_strings_against_str_find():
         hits = [text.find(s) for s in stops if s in text]
         assert out == (text[:min(hits)] if hits else text), (text, stops, pieces)
         assert f.hit == bool(hits)
+
+
+# -- a real tokenizer and chat template ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def smol_api(smollm2_gguf_path):
+    """SmolLM2's tokenizer and chat template (ChatML, from its GGUF) on a tiny random model with
+    SmolLM2's vocabulary: real text through the real template, at the tiny model's speed."""
+    import dataclasses
+
+    from webdrift.gpu.native import get_device
+    from webdrift.runtime.loading import EngineOptions, assemble, make_tokenizer, open_source
+    from webdrift.weights import synthetic
+    tok = make_tokenizer(open_source(str(smollm2_gguf_path)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(synthetic.PRESETS, "tiny-smollm2-vocab",
+                   dataclasses.replace(synthetic.PRESETS["tiny"], vocab_size=tok.vocab_size))
+        eng = assemble(synthetic.synthetic_source("tiny-smollm2-vocab", "q4"),
+                       EngineOptions(max_context=256, autotune=False), get_device(), tokenizer=tok)
+    srv = _start(eng)
+    yield srv, eng, tok
+    _stop(srv)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_real_chat_template(smol_api, stream):
+    srv, eng, tok = smol_api
+    template = tok.apply_chat_template(MESSAGES, add_generation_prompt=True)
+    assert "<|im_start|>system\nYou answer briefly.<|im_end|>" in template and template.endswith("<|im_start|>assistant\n")
+    ids = tok.encode(template, add_special_tokens=False)
+    ref = reference(srv, eng, ids, max_new_tokens=12, temperature=0.8, seed=11)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="-", max_retries=0, timeout=60)
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=12, temperature=0.8, seed=11,
+                                       stream=stream, stream_options={"include_usage": True} if stream else None)
+    if stream:
+        chunks = list(r)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        use, finish = chunks[-1].usage, next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
+    else:
+        text, use, finish = r.choices[0].message.content, r.usage, r.choices[0].finish_reason
+    assert text == ref.text and text == tok.decode(ref.token_ids)
+    assert use.prompt_tokens == len(ids) and use.completion_tokens == ref.stats.new_tokens
+    assert finish == ("stop" if ref.stats.finish_reason == "eos" else "length")
