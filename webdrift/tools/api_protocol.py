@@ -12,8 +12,8 @@ string or a list of text parts. Completions: prompt as a string, token ids, or a
 of either. Fields a client library may send at their neutral value (presence_penalty=0,
 logprobs=false, tools=[], ...) are accepted at that value only; any other field is a 400
 ("Unrecognized request argument"), as OpenAI answers.
-Must not: do I/O, touch the engine or import beyond the standard library and webdrift.errors;
-put more than ~1 KB of a client's input into an error message.
+Must not: do I/O, touch the engine or import beyond the standard library, webdrift.errors and
+webdrift's version; put more than ~1 KB of a client's input into an error message.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from .. import __version__
 from ..errors import ContextLengthError, InvalidArgumentError, TokenizerError, WebdriftError
 
 MAX_STOP = 16                 # stop strings per request
-MIN_TEMPERATURE = 1e-3        # a lower temperature is greedy decoding (1/T would overflow the sampler)
+MIN_TEMPERATURE = 1e-3        # lower is taken as greedy: the same spike at the top token, and 1/T stays
+                              # far from float32's range in the sampler
 FINGERPRINT = f"webdrift-{__version__}"
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
