@@ -164,7 +164,7 @@ class LinearKernel(Kernel):
                  NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not blk)
         if pre_norm is not None and not blk:
-            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset))
+            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,
