@@ -26,7 +26,7 @@ from .bindings import Bindings
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
-from .weights import GPUWeight, wide_accessor_wgsl, wide_supported
+from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
 
 DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "linear_subgroup",
                     "wide": "linear_wide", "blk": "linear_blk"}
@@ -148,7 +148,8 @@ class LinearKernel(Kernel):
              "W_DECL": weight("w", w),
              "W2_DECL": weight("w2", w2) if w2 is not None else "",
              "BIAS_DECL": b.array("bias", "array<f32>", f"({w.o})") if ep.bias else "",
-             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else ""}
+             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else "",
+             "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
         if rope is not None:   # rope_epilogue.wgsl
             d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
