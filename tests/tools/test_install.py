@@ -66,7 +66,11 @@ def test_wheel_carries_web_assets_and_builder(venv):
         assert f"webdrift/tools/web/{f}" in names, f
     for f in ("build.py", "__init__.py", "__main__.py"):
         assert f"webdrift/tools/build_wasm/{f}" in names, f
-    assert "webdrift/tools/serve.py" in names and "webdrift/wgsl/matvec.wgsl" in names
+    assert "webdrift/tools/serve.py" in names
+    kernels = sorted(f.name for f in (Path(__file__).resolve().parents[2] / "wgsl").glob("*.wgsl"))
+    assert kernels, "no kernel templates found in the checkout"
+    missing = [k for k in kernels if f"webdrift/wgsl/{k}" not in names]
+    assert not missing, f"kernel templates missing from the wheel: {missing}"
 
 
 def test_installed_package_resolves_its_own_assets(venv):
