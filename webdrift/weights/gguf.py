@@ -251,7 +251,7 @@ class _Cursor:
     def string(self, what: str, limit: int | None = None) -> str:
         n = self.u64(what + " (length)")
         if limit is not None and n > limit:
-            raise self.gf._error(f"{what}: length {n} exceeds the {limit}-byte limit (a damaged length field?)")
+            raise self.gf._error(f"{what}: string length {n} exceeds the {limit}-byte limit (a damaged length field?)")
         if n > self.remaining:
             raise self.gf._error(
                 f"{what}: string length {n} exceeds the {self.remaining} bytes left in the file"
