@@ -2,7 +2,11 @@
 selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the candidates are
 timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
 cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
-Without timestamp queries the static choice for the adapter kind is used.
+Without timestamp queries, and always on software adapters (lavapipe, SwiftShader: `is_cpu`),
+the static choice for the adapter kind is used: timing every candidate there took minutes of a
+first load on a 2-core machine (SmolLM2: 52 timings, ~210 s) and its verdicts flip from run to
+run on a shared CPU; the static rules below are what those timings mostly chose, and they keep
+tests deterministic.
 Must not: import numpy or wgpu.
 """
 
@@ -113,7 +117,10 @@ def _step_buffer(dev: Device, pos0: int = 0):
 
 
 def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
-    """No choice cached under key and none to be measured now: the caller takes its static rule."""
+    """The caller takes its static rule: a software adapter (never timed, cached verdicts
+    ignored), or no choice cached under key and none to be measured now."""
+    if dev.info.is_cpu:
+        return True
     return key not in _memory and key not in _load_file() and not (enabled and can_time(dev))
 
 
@@ -185,14 +192,16 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
     head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
     length) on this adapter with the layer's own caches; cached. Untimed adapters (browsers):
-    per-head, which measured faster on an H100 for every shape but 8B's (1%)."""
+    per-head, which measured faster on an H100 for every shape but 8B's (1%); software adapters:
+    grouped, which lavapipe's timings chose for all of the 20 shapes they were taken on (1.05x to
+    4x faster)."""
     from .ops import AttentionKernel
     group = n_heads // n_kv
     if group == 1 or group > AttentionKernel.MAX_GQA:
         return False
     key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     if _unmeasured(dev, key, enabled):
-        return False
+        return bool(dev.info.is_cpu)
     return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
                                                         window))["grouped"])
 
@@ -369,7 +378,7 @@ def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled: bool = True) -
     if fmt not in ("f32", "f16"):
         return "OI"
     key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
-    if dev.info.is_cpu or _unmeasured(dev, key, enabled):
+    if _unmeasured(dev, key, enabled):
         return "OI"
     return _cached(key, lambda: _measure_layout(dev, fmt, o, i))["layout"]
 
