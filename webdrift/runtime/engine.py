@@ -287,12 +287,16 @@ class Engine:
     async def aevents(self, prompt, sp: SamplingParams):
         """Async generator of ("text", piece) events, then one ("done", GenerationResult)."""
         self._acquire("generate")
+        inner = self._aevents(prompt, sp)
         try:
             self._stop_requested = False
-            async for ev in self._aevents(prompt, sp):
+            async for ev in inner:
                 yield ev
         finally:
-            self._release()
+            try:   # closed here, not by the garbage collector (whose aclose needs a loop that may be gone)
+                await inner.aclose()
+            finally:
+                self._release()
 
     # -- the busy guard ---------------------------------------------------------------------
     @property
