@@ -190,7 +190,8 @@ def _name_length_offset(path) -> int:
 def test_damaged_tensor_name_length_gives_a_short_message(tiny_path, tmp_path):
     """Before: a name length of tens of MB read tens of MB as the name and quoted it: the
     ModelFileError message was as long as the damage (the CLI printed it)."""
-    data = bytearray(open(tiny_path, "rb").read())
+    with open(tiny_path, "rb") as f:
+        data = bytearray(f.read())
     off = _name_length_offset(tiny_path)
     name_len = struct.unpack_from("<Q", data, off)[0]
     assert data[off + 8: off + 8 + name_len] == b"token_embd.weight"
@@ -241,3 +242,42 @@ def test_safetensors_header_damage(tmp_path):
 
 def test_every_webdrift_error_is_one(eng):
     assert issubclass(EngineBusyError, WebdriftError)
+
+
+# -- item 10: no kernel timing on a software adapter -----------------------------------------------
+
+def test_software_adapter_takes_the_static_rules(tiny_path, monkeypatch, tmp_path):
+    """Before: a first load on lavapipe timed every GEMV candidate per shape and the attention
+    kernels (SmolLM2 on a 2-core machine: 52 timings, ~210 s of a 221 s load), and a cached
+    verdict from an earlier run decided later loads. Now a software adapter never times and
+    takes the static rules, whatever the cache holds: the same kernels every run."""
+    from webdrift.gpu.native import get_device
+    from webdrift.kernels import autotune
+
+    dev = get_device()
+    assert dev.info.is_cpu, "the test adapter is lavapipe"
+
+    def no_timing(*a, **k):
+        raise AssertionError("a kernel was timed on a software adapter")
+
+    class Poisoned(dict):        # a cache that claims a (different) verdict for every key
+        def __contains__(self, key):
+            return True
+
+        def __getitem__(self, key):
+            return {"variant": "split", "rows": 4, "wg": 64, "grouped": False, "layout": "OI4O4"}
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_time", no_timing)
+    monkeypatch.setattr(autotune, "_memory", Poisoned())
+    monkeypatch.setattr(autotune, "_load_file", lambda: Poisoned())
+    eng = webdrift.load(tiny_path, max_context=64, autotune=True)
+    out = eng.generate("the cat", max_new_tokens=4, stop_at_eos=False)
+    assert len(out.token_ids) == 4
+    static = autotune.static_choice(dev)
+    linear = [k for _, k, _ in eng.decode.kernels() if type(k).__name__ == "LinearKernel"]
+    assert linear and all((k.variant, k.rows, k.wg) == (static["variant"], static["rows"], static["wg"])
+                          for k in linear)
+    attn = [k for _, k, _ in eng.decode.kernels() if type(k).__name__ == "AttentionKernel"]
+    assert attn and all(k.grouped for k in attn)              # the rule for software adapters (GQA 4:2)
+    from webdrift.kernels.autotune import layout_name
+    assert {layout_name(w) for w in (eng.model.layers[0].wqkv, eng.model.output)} == {"OI"}
