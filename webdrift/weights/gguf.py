@@ -248,7 +248,9 @@ class _Cursor:
         self.pos += 8
         return v
 
-    def string(self, what: str, limit: int | None = None) -> str:
+    def string(self, what: str, limit: int | None = None, strict: bool = False) -> str:
+        """A string; strict: it must be UTF-8 (names), else bytes that are not UTF-8 are kept as
+        surrogate escapes (values: a few real vocabularies hold such tokens)."""
         n = self.u64(what + " (length)")
         if limit is not None and n > limit:
             raise self.gf._error(f"{what}: string length {n} exceeds the {limit}-byte limit (a damaged length field?)")
@@ -259,6 +261,11 @@ class _Cursor:
         self.need(n, what)
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
+        if strict:
+            try:
+                return str(raw, "utf-8")
+            except UnicodeDecodeError as e:
+                raise self.gf._error(f"{what} is not UTF-8 (byte {raw[e.start]:#04x} at {e.start} of {n})") from None
         return _decode(raw)
 
     def string_array(self, count: int, what: str) -> list[str]:
@@ -394,7 +401,7 @@ class GGUFFile:
         self.metadata = {}
         self.metadata_types = {}
         for i in range(n_kv):
-            key = c.string(f"metadata key #{i}", GGUF_MAX_KEY)
+            key = c.string(f"metadata key #{i}", GGUF_MAX_KEY, strict=True)
             vtype = c.u32(f"value type of metadata key {shown(key)}")
             if key in self.metadata:
                 raise self._error(f"duplicate metadata key {shown(key)}")
@@ -414,7 +421,7 @@ class GGUFFile:
         infos: list[tuple[str, tuple[int, ...], int, int]] = []  # name, ne, type, relative offset
         seen: set[str] = set()
         for i in range(n_tensors):
-            tname = c.string(f"name of tensor #{i}", GGUF_MAX_NAME)
+            tname = c.string(f"name of tensor #{i}", GGUF_MAX_NAME, strict=True)
             n_dims = c.u32(f"dimension count of tensor {shown(tname)}")
             if n_dims == 0 or n_dims > GGUF_MAX_DIMS:
                 raise self._error(f"tensor {shown(tname)} has {n_dims} dimensions (must be 1..{GGUF_MAX_DIMS})")
