@@ -146,6 +146,12 @@ class Engine:
             options = EngineOptions()
         elif not isinstance(options, EngineOptions):
             raise InvalidArgumentError(f"options must be an EngineOptions, got {type(options).__name__}")
+        if not isinstance(dev, Device):
+            raise InvalidArgumentError(f"device must be a webdrift.gpu device (e.g. gpu.native.get_device()), "
+                                       f"got {type(dev).__name__}")
+        if progress is not None and not callable(progress):
+            raise InvalidArgumentError(f"progress must be None or a function (done, total, name), "
+                                       f"got {type(progress).__name__}")
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         self.options = options
