@@ -16,7 +16,8 @@ import base64, json, struct
 from webdrift.gpu.base import UNIFORM
 from webdrift.gpu.browser import create_browser_device
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.ops import LinearKernel, RMSNormKernel
+from webdrift.kernels.linear import GemvVariant, LinearKernel
+from webdrift.kernels.norm import RMSNormKernel
 from webdrift.kernels.step import STEP_BYTES, pack_step
 from webdrift.tensor import TensorDesc
 
@@ -28,7 +29,7 @@ step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
 
 async def run(kernel, bufs, t, read, n):
     dev.write_buffer(step, pack_step(t, 0))
-    dev.submit([kernel.dispatch([step] + bufs, kernel.workgroups(t))])
+    dev.submit([kernel.dispatch({"step": step, **bufs}, kernel.workgroups(t))])
     raw = await dev.read_buffer(read, 0, 4 * n)
     return list(struct.unpack(f"<{n}f", raw))
 
@@ -42,7 +43,8 @@ T, C, CAP = args["T"], args["C"], args["CAP"]
 xd, od = TensorDesc("x", C, CAP), TensorDesc("out", C, CAP)
 xb = dev.create_buffer(xd.nbytes, label="x"); dev.write_buffer(xb, b64(args["x"]))
 ob = dev.create_buffer(od.nbytes, label="out")
-out["rms_norm"] = await run(RMSNormKernel(dev, xd, od, args["eps"]), [xb, ob, f32(b64(args["nw"]), "nw")], T, ob, T * C)
+out["rms_norm"] = await run(RMSNormKernel(dev, xd, od, args["eps"]), {"x": xb, "out": ob, "w": f32(b64(args["nw"]), "nw")},
+                           T, ob, T * C)
 
 # decode GEMV y = x W^T for T rows, W (O, I) from F32 and from Q8_0 bytes, each variant
 O, I = args["O"], args["I"]
@@ -54,10 +56,10 @@ for src, fmt in args["formats"]:
     upload_rows(dev, w, src, b64(args["w_" + src]), O)
     for cand in args["variants"] + [{"stage": "prefill"}]:
         stage = cand.pop("stage", "decode")
-        k = LinearKernel(dev, stage, xd2, yd, w, **cand)
+        k = LinearKernel(dev, stage, xd2, yd, w, variant=GemvVariant(**cand))
         name = f"{fmt}/" + ("/".join(str(v) for v in cand.values()) if cand else stage)
         try:
-            out[name] = await run(k, [xb2, yb] + w.buffers, T, yb, T * O)
+            out[name] = await run(k, {"x": xb2, "y": yb, "w": w.buffers}, T, yb, T * O)
         except Exception as e:
             out[name] = "ERROR " + str(e)[:1500]
 await dev.check_errors()
@@ -153,9 +155,9 @@ INT8_CODE = r"""
 import base64, json, struct
 from webdrift.gpu.base import UNIFORM
 from webdrift.gpu.browser import create_browser_device
-from webdrift.kernels import gemv_blk
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.ops import LinearKernel, QuantizeKernel
+from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut
+from webdrift.kernels.quantize import QuantizeKernel, xq_desc
 from webdrift.kernels.step import STEP_BYTES, pack_step
 from webdrift.tensor import TensorDesc
 
@@ -166,7 +168,7 @@ out = {"dp4a": dev.has_dp4a, "subgroups": dev.has_subgroups}
 step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
 T, O, I, CAP, eps = args["T"], args["O"], args["I"], args["CAP"], args["eps"]
 xd, yd = TensorDesc("x", I, CAP), TensorDesc("y", O, CAP)
-qd, nd = gemv_blk.xq_desc("xq", I, CAP), gemv_blk.xq_desc("n", O, CAP)
+qd, nd = xq_desc("xq", I, CAP), xq_desc("n", O, CAP)
 xb = dev.create_buffer(xd.nbytes, label="x"); dev.write_buffer(xb, b64(args["x"]))
 nwb = dev.create_buffer(4 * I, label="nw"); dev.write_buffer(nwb, b64(args["nw"]))
 nw2 = dev.create_buffer(4 * O, label="nw2"); dev.write_buffer(nw2, b64(args["nw2"]))
@@ -176,13 +178,14 @@ for src, fmt in args["formats"]:
     try:
         w = allocate_weight(dev, fmt, fmt, O, I, "OI")
         upload_rows(dev, w, src, b64(args["w_" + src]), O)
-        qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=(eps, 0.0))
-        k = LinearKernel(dev, "decode", qd, yd, w, variant="blk", rows=4, wg=64, pre_norm=(eps, 0.0))
-        dev.submit([qk.dispatch([step, xb, qb, nwb], qk.workgroups(T)), k.dispatch([step, qb, yb] + w.buffers, k.workgroups(T))])
+        qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=PreNorm(eps, 0.0))
+        k = LinearKernel(dev, "decode", qd, yd, w, variant=GemvVariant("blk", rows=4, wg=64), pre_norm=PreNorm(eps, 0.0))
+        dev.submit([qk.dispatch({"step": step, "x": xb, "xq": qb, "nw": nwb}, qk.workgroups(T)),
+                    k.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers}, k.workgroups(T))])
         out[fmt + "/blk"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
-        kq = LinearKernel(dev, "decode", qd, yd, w, variant="blk", wg=64, rps=4, pre_norm=(eps, 0.0),
-                          qout=(nd, "q8", 0.0, True))
-        dev.submit([kq.dispatch([step, qb, yb] + w.buffers + [nb, nw2], kq.workgroups(T))])
+        kq = LinearKernel(dev, "decode", qd, yd, w, variant=GemvVariant("blk", wg=64, rps=4), pre_norm=PreNorm(eps, 0.0),
+                          epilogue=Epilogue(qout=QuantOut(nd, "q8", 0.0, True)))
+        dev.submit([kq.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers, "qout": nb, "qnw": nw2}, kq.workgroups(T))])
         out[fmt + "/qout_y"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
         out[fmt + "/qout_words"] = base64.b64encode(await dev.read_buffer(nb, 0, nd.nbytes)).decode()
     except Exception as e:
@@ -293,13 +296,15 @@ def test_browser_converts_every_gguf_type(chromium, server):
 
 
 # Session-3 decode kernels in the browser: grouped-query attention (attention_gqa.wgsl) and the
-# float QKV GEMV with the RoPE epilogue (matvec.wgsl ROPE, rope_epilogue.wgsl).
+# float QKV GEMV with the RoPE epilogue (linear_subgroup / linear_wide.wgsl ROPE, rope_epilogue.wgsl).
 DECODE_CODE = r"""
 import base64, json, struct
 from webdrift.gpu.base import UNIFORM
 from webdrift.gpu.browser import create_browser_device
+from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.ops import AttentionCombineKernel, AttentionKernel, LinearKernel, RopeQKVKernel
+from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, RopeOut
+from webdrift.kernels.rope import RopeQKVKernel
 from webdrift.kernels.step import STEP_BYTES, pack_step
 from webdrift.tensor import TensorDesc
 
@@ -329,8 +334,8 @@ for grouped in (False, True):
         comb = AttentionCombineKernel(dev, od, H, KVH, DH, att.nsplit, T * G)
         pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH + 2) * 4, label="part")
         ob = dev.create_buffer(od.nbytes, label="o")
-        dev.submit([att.dispatch([step, qb, kb, vb, pb], att.workgroups(T)),
-                    comb.dispatch([step, pb, ob], comb.workgroups(T))])
+        dev.submit([att.dispatch({"step": step, "q": qb, "kc": kb, "vc": vb, "part": pb}, att.workgroups(T)),
+                    comb.dispatch({"step": step, "part": pb, "out": ob}, comb.workgroups(T))])
         out[f"attn/{grouped}"] = await read(ob, T * H * DH)
     except Exception as e:
         out[f"attn/{grouped}"] = "ERROR " + str(e)[:1500]
@@ -343,17 +348,19 @@ upload_rows(dev, w, "F32", b64(args["w"]), O)
 cache = lambda: buf(bytes(4 * KVH * CAP * DH), "cache")
 try:
     for variant in ("subgroup", "wide"):
-        kw = dict(variant=variant, rows=8, wg=64, pre_norm=(1e-5, 0.0))
+        norm = PreNorm(1e-5, 0.0)
         yb, r1, k1, v1 = dev.create_buffer(yd.nbytes, label="y"), dev.create_buffer(rel.nbytes, label="r"), cache(), cache()
-        plain = LinearKernel(dev, "decode", xd, yd, w, **kw)
+        plain = LinearKernel(dev, "decode", xd, yd, w, variant=GemvVariant(variant, rows=8, wg=64), pre_norm=norm)
         rope = RopeQKVKernel(dev, yd, rel, H, KVH, DH, CAP, True)
-        dev.submit([plain.dispatch([step, xb, yb] + w.buffers + [nwb], plain.workgroups(T)),
-                    rope.dispatch([step, yb, r1, k1, v1, fb], rope.workgroups(T))])
+        dev.submit([plain.dispatch({"step": step, "x": xb, "y": yb, "w": w.buffers, "nw": nwb}, plain.workgroups(T)),
+                    rope.dispatch({"step": step, "qkv": yb, "q": r1, "kc": k1, "vc": v1, "inv_freq": fb},
+                                  rope.workgroups(T))])
         r2, k2, v2 = dev.create_buffer(rel.nbytes, label="r2"), cache(), cache()
-        fused = LinearKernel(dev, "decode", xd, yd, w, **dict(kw, rows=16),
-                             rope={"q": rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": CAP, "rope_half": True})
+        fused = LinearKernel(dev, "decode", xd, yd, w, variant=GemvVariant(variant, rows=16, wg=64), pre_norm=norm,
+                             epilogue=Epilogue(rope=RopeOut(rel, H, KVH, DH, CAP, rope_half=True)))
         spare = dev.create_buffer(256, label="spare")
-        dev.submit([fused.dispatch([step, xb, spare] + w.buffers + [nwb, r2, k2, v2, fb], fused.workgroups(T))])
+        dev.submit([fused.dispatch({"step": step, "x": xb, "y": spare, "w": w.buffers, "nw": nwb, "q": r2, "kc": k2,
+                                    "vc": v2, "inv_freq": fb}, fused.workgroups(T))])
         for name, b in (("q", r1), ("k", k1), ("v", v1), ("q_f", r2), ("k_f", k2), ("v_f", v2)):
             out[f"{variant}/{name}"] = await read(b, b.size // 4)
 except Exception as e:

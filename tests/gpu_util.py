@@ -77,15 +77,16 @@ def write_step(n_tokens: int, pos0: int = 0, **kw) -> None:
     device().write_buffer(step_buffer(), pack_step(n_tokens, pos0, **kw))
 
 
-def run(kernel, buffers: list, t: int, **step) -> None:
-    """Write the step uniform for t tokens (pos0, seed, ... in `step`) and dispatch kernel once."""
+def run(kernel, buffers: dict, t: int, **step) -> None:
+    """Write the step uniform for t tokens (pos0, seed, ... in `step`) and dispatch kernel once
+    with buffers {binding name: buffer} (the "step" binding added here)."""
     write_step(t, **step)
-    device().submit([kernel.dispatch([step_buffer()] + list(buffers), kernel.workgroups(t))])
+    device().submit([kernel.dispatch({"step": step_buffer(), **buffers}, kernel.workgroups(t))])
 
 
-def run_steps(kernel, buffers: list, steps: list[dict], t: int = 1) -> None:
+def run_steps(kernel, buffers: dict, steps: list[dict], t: int = 1) -> None:
     """Dispatch kernel once per step uniform in `steps` (pack_step keyword dicts), all in one
-    submit: each dispatch binds its own 256-byte slot of one uniform buffer."""
+    submit: each dispatch binds its own 256-byte slot of one uniform buffer as "step"."""
     dev = device()
     slot = 256                                    # >= every adapter's uniform offset alignment
     blob = bytearray(slot * len(steps))
@@ -93,7 +94,7 @@ def run_steps(kernel, buffers: list, steps: list[dict], t: int = 1) -> None:
         blob[slot * k: slot * k + STEP_BYTES] = pack_step(**kw)
     ub = dev.create_buffer(len(blob), UNIFORM, label="steps")
     dev.write_buffer(ub, bytes(blob))
-    dev.submit([kernel.dispatch([(ub, slot * k, STEP_BYTES)] + list(buffers), kernel.workgroups(t))
+    dev.submit([kernel.dispatch({"step": (ub, slot * k, STEP_BYTES), **buffers}, kernel.workgroups(t))
                 for k in range(len(steps))])
     dev.release_buffer(ub)
 

@@ -304,11 +304,12 @@ def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypa
     applies RoPE, the Q relayout and the KV append in its epilogue (one dispatch fewer per
     layer). Forced here (lavapipe's timings pick other variants): prompts through the decode
     kernels and greedy decoding match transformers, with bias (Qwen2) and head_dim 40 (MQA)."""
+    from webdrift.kernels.linear import GemvVariant
     from webdrift.models import forward
 
     real = forward.choose_gemv
     monkeypatch.setattr(forward, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
-        real(dev, w, w2, enabled=enabled, int8=True) if int8 else {"variant": "subgroup", "rows": 8, "wg": 64}))
+        real(dev, w, w2, enabled=enabled, int8=True) if int8 else GemvVariant("subgroup", rows=8, wg=64)))
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     labels = [x.label for x in eng.decode.dispatches(1)]

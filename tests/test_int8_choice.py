@@ -17,7 +17,7 @@ def fake_model(fmt="q4", dim=2048, ffn=8192, is_cpu=False, dp4a=True, timed=Fals
     def w(o, i):
         return NS(fmt=fmt, o=o, i=i, nbytes=o * i // (2 if fmt == "q4" else 1))
     lw = NS(wqkv=w(3 * dim, dim), wo=w(dim, dim), w_gate=w(ffn, dim), w_up=w(ffn, dim), w_down=w(dim, ffn))
-    dev = NS(has_dp4a=dp4a, has_subgroups=True, has_timestamps=timed, info=NS(is_cpu=is_cpu))
+    dev = NS(has_dp4a=dp4a, has_subgroups=True, has_timestamps=timed, can_time_sync=timed, info=NS(is_cpu=is_cpu))
     return NS(dev=dev, layers=[lw], output=w(128256, dim), autotune=True,
               cfg=NS(post_norms=post_norms, dim=dim, ffn_dim=ffn, head_dim=64))
 
@@ -68,7 +68,7 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     from webdrift.kernels.autotune import choose_attention
 
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
-    gpu = NS(has_timestamps=False, info=NS(is_cpu=False, adapter="x", backend="y"))
+    gpu = NS(has_timestamps=False, can_time_sync=False, info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_attention(gpu, 8, 2, 64, 512, None, None) is False            # untimed
     dev = device()
     assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) is True   # software: the rule
@@ -100,7 +100,7 @@ def test_weight_layout_search(monkeypatch, tmp_path):
     dev = device()
     assert choose_layout(dev, "q4", 64, 128) == "OI"
     assert dev.info.is_cpu and choose_layout(dev, "f16", 64, 128) == "OI"      # software adapter
-    gpu = NS(has_timestamps=False, info=NS(is_cpu=False, adapter="x", backend="y"))
+    gpu = NS(has_timestamps=False, can_time_sync=False, info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_layout(gpu, "f16", 64, 128) == "OI"                          # untimed (browser)
     got = autotune._measure_layout(dev, "f16", 70, 136)
     assert got["layout"] in LAYOUTS and all(got[f"{n}_ns"] > 0 for n in LAYOUTS)

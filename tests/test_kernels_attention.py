@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
-from webdrift.kernels.ops import AttentionCombineKernel, AttentionKernel
+from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel
 from webdrift.tensor import TensorDesc
 
 SENTINEL = 3.25
@@ -55,8 +55,8 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
-    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], T, pos0=pos0)
-    run(comb, [part, ob], T, pos0=pos0)
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, T, pos0=pos0)
+    run(comb, {"part": part, "out": ob}, T, pos0=pos0)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
     return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap)
@@ -121,7 +121,7 @@ def test_attention_partials_layout():
     ns = att.nsplit
     part = device().create_buffer(KVH * 2 * ns * (DH + 2) * 4)
     pos0 = 299                                   # rows at positions 299, 300: splits 0-4 visible
-    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], 2, pos0=pos0)
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, 2, pos0=pos0)
     got = read_f32(part, KVH * 2 * ns * (DH + 2)).reshape(KVH, 2, ns, DH + 2)
     for kvh in range(KVH):
         for row in range(2):
@@ -144,21 +144,21 @@ def test_combine_writes_int8_blocks(fmt, DH):
     """AttentionCombineKernel(quant=fmt) writes the heads straight into QuantizeKernel's int8 row
     layout (the O projection's integer-dot input): the same words and scales as the f32 combine
     followed by QuantizeKernel, the block sums equal to float rounding."""
-    from webdrift.kernels import gemv_blk
-    from webdrift.kernels.ops import QuantizeKernel
+    from webdrift.kernels.quantize import QuantizeKernel, xq_desc
     H, KVH, cap, pos0, T = 4, 2, 256, 100, 3
     group, rows_cap = H // KVH, T * (H // KVH)
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, 4)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH)
     att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, DH ** -0.5)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
-    run(att, [upload(q_d, q), f32_buffer(kc), f32_buffer(vc), part], T, pos0=pos0)
-    out_d, xq_d = TensorDesc("out", H * DH, T), gemv_blk.xq_desc("xq", H * DH, T)
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, T, pos0=pos0)
+    out_d, xq_d = TensorDesc("out", H * DH, T), xq_desc("xq", H * DH, T)
     ob, want, got = upload(out_d), upload(xq_d), upload(xq_d)
-    run(AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap), [part, ob], T, pos0=pos0)
-    run(QuantizeKernel(device(), out_d, xq_d, fmt), [ob, want], T)
-    run(AttentionCombineKernel(device(), xq_d, H, KVH, DH, att.nsplit, rows_cap, quant=fmt), [part, got], T,
+    run(AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap), {"part": part, "out": ob}, T,
         pos0=pos0)
+    run(QuantizeKernel(device(), out_d, xq_d, fmt), {"x": ob, "xq": want}, T)
+    run(AttentionCombineKernel(device(), xq_d, H, KVH, DH, att.nsplit, rows_cap, quant=fmt), {"part": part, "out": got},
+        T, pos0=pos0)
     w = np.frombuffer(device().read_buffer_sync(want), np.uint32).reshape(T, -1)
     g = np.frombuffer(device().read_buffer_sync(got), np.uint32).reshape(T, -1)
     nb = H * DH // 32
@@ -167,4 +167,4 @@ def test_combine_writes_int8_blocks(fmt, DH):
     np.testing.assert_allclose(g[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32),
                                w[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of 32"):
-        AttentionCombineKernel(device(), gemv_blk.xq_desc("xq", H * 40, T), H, KVH, 40, 4, rows_cap, quant="q8")
+        AttentionCombineKernel(device(), xq_desc("xq", H * 40, T), H, KVH, 40, 4, rows_cap, quant="q8")

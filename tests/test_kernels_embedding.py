@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, make_weight, run, upload
-from webdrift.kernels.ops import EmbeddingKernel
+from webdrift.kernels.embedding import EmbeddingKernel
 from webdrift.tensor import TensorDesc
 
 CAP = 16
@@ -27,7 +27,7 @@ def run_embedding(fmt, V, C, ids, scale=1.0, layout="OI", out_layout="linear", s
     od = TensorDesc("out", C, CAP, layout=out_layout)
     ob = upload(od, fill=SENTINEL)
     k = EmbeddingKernel(device(), gw, od, scale)
-    run(k, [u32_buffer(ids)] + gw.buffers + [ob], len(ids))
+    run(k, {"ids": u32_buffer(ids), "w": gw.buffers, "out": ob}, len(ids))
     return eref, download(od, ob)
 
 

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, make_weight, physical_index, read_f32, run, upload
-from webdrift.kernels.ops import EmbeddingKernel, LinearKernel, RMSNormKernel
+from webdrift.kernels.embedding import EmbeddingKernel
+from webdrift.kernels.linear import Epilogue, LinearKernel
+from webdrift.kernels.norm import RMSNormKernel
 from webdrift.tensor import TensorDesc, host_index
 
 ACT = ("linear", "sliced")
@@ -47,7 +49,7 @@ def test_rms_norm_same_in_every_layout(C):
         xd, od, rd = TensorDesc("x", C, CAP, layout=lx), TensorDesc("o", C, CAP, layout=lo), \
             TensorDesc("r", C, CAP, layout=lr)
         xb, ob = upload(xd, x), upload(od)
-        run(RMSNormKernel(device(), xd, od, 1e-5, add_input=rd), [xb, ob, wb, upload(rd, r)], T)
+        run(RMSNormKernel(device(), xd, od, 1e-5, add_input=rd), {"x": xb, "out": ob, "w": wb, "r": upload(rd, r)}, T)
         results[(lx, lo, lr)] = np.concatenate([download(od, ob, T), download(xd, xb, T)], axis=1)
     _all_equal(results)
     s = x.astype(np.float64) + r
@@ -69,8 +71,8 @@ def test_linear_same_in_every_layout(stage, T, fmt):
         for lx, ly in itertools.product(ACT, ACT):
             xd, yd = TensorDesc("x", I, CAP, layout=lx), TensorDesc("y", O, CAP, layout=ly)
             yb = upload(yd, y0)
-            k = LinearKernel(device(), stage, xd, yd, gw, residual=True)
-            run(k, [upload(xd, x), yb] + gw.buffers, T)
+            k = LinearKernel(device(), stage, xd, yd, gw, epilogue=Epilogue(residual=True))
+            run(k, {"x": upload(xd, x), "y": yb, "w": gw.buffers}, T)
             results[(wl, lx, ly)] = download(yd, yb, T)
     np.testing.assert_array_equal(refs["OI"], refs["OI4O4"])
     _all_equal(results)
@@ -89,7 +91,7 @@ def test_embedding_same_in_every_layout():
         gw, _ = make_weight(E, "f32", wl)
         od = TensorDesc("o", C, CAP, layout=lo)
         ob = upload(od)
-        run(EmbeddingKernel(device(), gw, od), [idb] + gw.buffers + [ob], len(ids))
+        run(EmbeddingKernel(device(), gw, od), {"ids": idb, "w": gw.buffers, "out": ob}, len(ids))
         results[(wl, lo)] = download(od, ob, len(ids))
     _all_equal(results)
     np.testing.assert_array_equal(results[("OI", "linear")], E[ids])
@@ -103,7 +105,7 @@ def test_sliced_writes_keep_padding_channels_zero():
     xd, od = TensorDesc("x", C, 4), TensorDesc("o", C, 4, layout="sliced")
     ob = device().create_buffer(od.nbytes)
     device().write_buffer(ob, np.full(od.nbytes // 4, np.nan, np.float32))
-    run(RMSNormKernel(device(), xd, od, 1e-5), [upload(xd, x), ob, f32_buffer(np.ones(C))], T)
+    run(RMSNormKernel(device(), xd, od, 1e-5), {"x": upload(xd, x), "out": ob, "w": f32_buffer(np.ones(C))}, T)
     raw = read_f32(ob, od.nbytes // 4)
     logical = np.zeros(raw.size, bool)
     logical[physical_index(od)[0, 0, :T].ravel()] = True

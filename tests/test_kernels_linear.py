@@ -1,7 +1,7 @@
-"""LinearKernel (wgsl/matvec.wgsl for decode, wgsl/matmul.wgsl for prefill) vs numpy: every
-weight format, odd sizes, the fusions (bias, residual, DUAL gate/up + SiLU / GELU-tanh, softcap,
-x_last_row), every decode variant the autotuner may pick, and that only rows t < n_tokens are
-written."""
+"""LinearKernel (wgsl/linear_split / _row / _subgroup / _wide.wgsl for decode, wgsl/linear_gemm.wgsl
+for prefill) vs numpy: every weight format, odd sizes, the fusions (bias, residual, DUAL gate/up +
+SiLU / GELU-tanh, softcap, x_last_row), every decode variant the autotuner may pick, and that only
+rows t < n_tokens are written."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.gpu_util import device, download, f32_buffer, make_weight, run, upload
 from webdrift.kernels.autotune import CANDIDATES
-from webdrift.kernels.ops import LinearKernel
+from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm
 from webdrift.tensor import TensorDesc
 
 SENTINEL = 1234.5
@@ -29,26 +29,28 @@ def run_linear(stage, T, W, fmt, *, layout="OI", act_layout="linear", w2=None, b
                act="silu", softcap=None, x_last_row=False, cap=CAP, seed=0, tuning=None, norm_w=None,
                norm_offset=0.0):
     """Run y = linear(x) for random x (T, I); returns (x, dense W, dense W2, y rows [0, cap)).
-    norm_w: fuse RMSNorm (eps 1e-5, weight norm_w + norm_offset) of x into the kernel."""
+    tuning: the GemvVariant (default: the kernel's). norm_w: fuse RMSNorm (eps 1e-5, weight
+    norm_w + norm_offset) of x into the kernel."""
     O, I = W.shape
     x = np.random.default_rng(seed).standard_normal((T, I)).astype(np.float32)
     xd = TensorDesc("x", I, cap, layout=act_layout)
     yd = TensorDesc("y", O, cap, layout=act_layout)
     gw, wref = make_weight(W, fmt, layout)
-    bufs = [upload(xd, x), upload(yd, y0, fill=SENTINEL)] + gw.buffers
-    w2ref = None
+    bufs = {"x": upload(xd, x), "y": upload(yd, y0, fill=SENTINEL), "w": gw.buffers}
+    w2ref = gw2 = None
     if w2 is not None:
         gw2, w2ref = make_weight(w2, fmt, layout, name="w2")
-        bufs += gw2.buffers
+        bufs["w2"] = gw2.buffers
     if bias is not None:
-        bufs.append(f32_buffer(bias))
+        bufs["bias"] = f32_buffer(bias)
     if norm_w is not None:
-        bufs.append(f32_buffer(norm_w))
-    k = LinearKernel(device(), stage, xd, yd, gw, w2=gw2 if w2 is not None else None, bias=bias is not None,
-                     residual=y0 is not None, act=act, softcap=softcap, x_last_row=x_last_row,
-                     pre_norm=(1e-5, norm_offset) if norm_w is not None else None, **(tuning or {}))
+        bufs["nw"] = f32_buffer(norm_w)
+    k = LinearKernel(device(), stage, xd, yd, gw, gw2, variant=tuning or GemvVariant(),
+                     pre_norm=PreNorm(1e-5, norm_offset) if norm_w is not None else None,
+                     epilogue=Epilogue(bias=bias is not None, residual=y0 is not None, act=act, softcap=softcap),
+                     x_last_row=x_last_row)
     run(k, bufs, T)
-    return x, wref, w2ref, download(yd, bufs[1])
+    return x, wref, w2ref, download(yd, bufs["y"])
 
 
 def assert_close(got, ref, rtol=2e-5):
@@ -146,19 +148,19 @@ def test_linear_decode_x_last_row(fmt):
 
 # -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
 
-VARIANTS = [pytest.param(c, id=f"{c['variant']}{c['rows']}x{c['wg']}u{c.get('unroll', 1)}") for c in CANDIDATES] + [
-    pytest.param({"variant": "split", "rows": 1, "wg": 32}, id="split1x32")]
+VARIANTS = [pytest.param(c, id=f"{c.variant}{c.rows}x{c.wg}u{c.unroll}") for c in CANDIDATES] + [
+    pytest.param(GemvVariant("split", rows=1, wg=32), id="split1x32")]
 
 
 def _needs(tuning):
-    if tuning["variant"] == "subgroup" and not device().has_subgroups:
+    if tuning.variant == "subgroup" and not device().has_subgroups:
         pytest.fail("the test adapter (lavapipe in CI) must offer subgroups: the variant would go untested")
 
 
 def _supported(tuning, fmt, layout, I):
     """The wide GEMV reads whole blocks: q4, q8, and row-major f16 with I % 8 == 0 (the kernel
     raises UnsupportedModelError otherwise, see test_wide_refuses_unsupported_weights)."""
-    if tuning["variant"] != "wide":
+    if tuning.variant != "wide":
         return True
     return fmt in ("q4", "q8") or (fmt == "f16" and layout == "OI" and I % 8 == 0)
 
@@ -183,7 +185,7 @@ def test_linear_decode_variants(tuning, fmt, layout, O, I):
 FUSIONS = ["dual_silu", "dual_gelu", "bias_residual", "softcap", "x_last_row"]
 
 
-def fusion_case(fusion: str, tuning: dict):
+def fusion_case(fusion: str, tuning: GemvVariant):
     """(T, W, run_linear keyword arguments) of one fusion test case."""
     T, O, I = 2, 45, 576
     rng = np.random.default_rng(12)
@@ -271,7 +273,7 @@ def test_wide_refuses_unsupported_weights():
     gw, _ = make_weight(_weights(8, 67), "f16")
     xd, yd = TensorDesc("x", 67, 4), TensorDesc("y", 8, 4)
     with pytest.raises(UnsupportedModelError, match="wide GEMV"):
-        LinearKernel(device(), "decode", xd, yd, gw, variant="wide", rows=16, wg=128)
+        LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("wide", rows=16, wg=128))
 
 
 @pytest.mark.parametrize("unroll", [1, 4])
@@ -281,7 +283,7 @@ def test_wide_dual_and_residual(fmt, unroll):
     inputs so the four-chain loop (UNROLL4) runs several times before its tail."""
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the wide GEMV must be tested")
-    tuning = {"variant": "wide", "rows": 8, "wg": 256, "unroll": unroll}
+    tuning = GemvVariant("wide", rows=8, wg=256, unroll=unroll)
     I = 1536
     Wg, Wu = _weights(70, I, seed=7) * 3, _weights(70, I, seed=8)
     x, wg, wu, y = run_linear("decode", 2, Wg, fmt, w2=Wu, tuning=tuning)
@@ -316,9 +318,9 @@ def test_f16_native_and_packed_paths_agree(stage, T):
     outs = []
     for d in (dev, _WithoutF16(dev)):
         xd, yd = TensorDesc("x", 136, CAP), TensorDesc("y", 45, CAP)
-        bufs = [upload(xd, x), upload(yd, None, fill=SENTINEL)] + gw.buffers
+        bufs = {"x": upload(xd, x), "y": upload(yd, None, fill=SENTINEL), "w": gw.buffers}
         k = LinearKernel(d, stage, xd, yd, gw)
         assert ("enable f16" in k.source) == (d is dev)
         run(k, bufs, T)
-        outs.append(download(yd, bufs[1])[:T])
+        outs.append(download(yd, bufs["y"])[:T])
     np.testing.assert_array_equal(outs[0], outs[1])

@@ -1,4 +1,4 @@
-"""The integer-dot-product decode GEMV (wgsl/matvec_blk.wgsl, variant "blk") and its input
+"""The integer-dot-product decode GEMV (wgsl/linear_blk.wgsl, variant "blk") with its input
 quantization (wgsl/quantize.wgsl, QuantizeKernel, with the fused RMSNorm) vs numpy.
 
 QuantizeKernel turns each input row into int8 per 32-block (scale max|x| / 127, round half to
@@ -15,8 +15,8 @@ import pytest
 from tests.gpu_util import device, download, f32_buffer, make_weight, upload, write_step
 from tests.test_kernels_linear import FUSIONS, SENTINEL, _weights, fusion_case, gelu_tanh, rms_norm_ref, silu
 from webdrift.errors import UnsupportedModelError
-from webdrift.kernels import gemv_blk
-from webdrift.kernels.ops import LinearKernel, QuantizeKernel
+from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut, RopeOut
+from webdrift.kernels.quantize import QuantizeKernel, xq_desc
 from webdrift.tensor import TensorDesc
 
 CAP = 8
@@ -31,31 +31,33 @@ def run_linear(stage, T, W, fmt, *, w2=None, bias=None, y0=None, act="silu", sof
     O, I = W.shape
     x = np.random.default_rng(seed).standard_normal((T, I)).astype(np.float32)
     xd = TensorDesc("x", I, CAP, layout=act_layout)
-    qd = gemv_blk.xq_desc("xq", I, CAP)
+    qd = xq_desc("xq", I, CAP)
     yd = TensorDesc("y", O, CAP)
     xb, qb = upload(xd, x), upload(qd, None)
     gw, wref = make_weight(W, fmt)
-    qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=(1e-5, 0.0) if norm_w is not None else None, last_row=x_last_row)
+    norm = PreNorm(1e-5, 0.0) if norm_w is not None else None
+    qk = QuantizeKernel(dev, xd, qd, fmt, pre_norm=norm, last_row=x_last_row)
     gw2 = w2ref = None
+    bufs = {"x": qb, "y": upload(yd, y0, fill=SENTINEL), "w": gw.buffers}
     if w2 is not None:
         gw2, w2ref = make_weight(w2, fmt, name="w2")
-    bufs = [qb, upload(yd, y0, fill=SENTINEL)] + gw.buffers + (gw2.buffers if gw2 else [])
+        bufs["w2"] = gw2.buffers
     if bias is not None:
-        bufs.append(f32_buffer(bias))
-    k = LinearKernel(dev, stage, qd, yd, gw, w2=gw2, bias=bias is not None, residual=y0 is not None, act=act,
-                     softcap=softcap, x_last_row=x_last_row, pre_norm=(1e-5, 0.0) if norm_w is not None else None,
-                     **(tuning or {}))
+        bufs["bias"] = f32_buffer(bias)
+    k = LinearKernel(dev, stage, qd, yd, gw, gw2, variant=tuning or GemvVariant(), pre_norm=norm,
+                     epilogue=Epilogue(bias=bias is not None, residual=y0 is not None, act=act, softcap=softcap),
+                     x_last_row=x_last_row)
     write_step(T)
-    qbinds = [xb, qb] + ([f32_buffer(norm_w)] if norm_w is not None else [])
+    qbinds = {"x": xb, "xq": qb} | ({"nw": f32_buffer(norm_w)} if norm_w is not None else {})
     rows = 1 if x_last_row else T
     from tests.gpu_util import step_buffer
-    dev.submit([qk.dispatch([step_buffer()] + qbinds, qk.workgroups(rows)),
-                k.dispatch([step_buffer()] + bufs, k.workgroups(rows))])
-    return x, wref, w2ref, download(yd, bufs[1])
+    dev.submit([qk.dispatch({"step": step_buffer(), **qbinds}, qk.workgroups(rows)),
+                k.dispatch({"step": step_buffer(), **bufs}, k.workgroups(rows))])
+    return x, wref, w2ref, download(yd, bufs["y"])
 
-TUNINGS = [pytest.param({"variant": "blk", "rows": 4, "wg": 64}, id="blk4x64"),
-           pytest.param({"variant": "blk", "rows": 2, "wg": 128}, id="blk2x128"),
-           pytest.param({"variant": "blk", "rows": 1, "wg": 32}, id="blk1x32")]
+TUNINGS = [pytest.param(GemvVariant("blk", rows=4, wg=64), id="blk4x64"),
+           pytest.param(GemvVariant("blk", rows=2, wg=128), id="blk2x128"),
+           pytest.param(GemvVariant("blk", rows=1, wg=32), id="blk1x32")]
 
 
 def quant_x(x):
@@ -121,7 +123,7 @@ def test_blk_pre_norm(tuning, fmt):
 @pytest.mark.parametrize("fusion", FUSIONS)
 @pytest.mark.parametrize("fmt", ["q8", "q4"])
 def test_blk_fusions(fusion, fmt):
-    T, W, kw = fusion_case(fusion, {"variant": "blk", "rows": 4, "wg": 64})
+    T, W, kw = fusion_case(fusion, GemvVariant("blk", rows=4, wg=64))
     x, wref, w2ref, y = run_linear("decode", T, W, fmt, x_last_row=fusion == "x_last_row", **kw)
     if fusion == "x_last_row":
         check(y[:1], x[T - 1:], wref, fmt)
@@ -137,59 +139,12 @@ def test_blk_fusions(fusion, fmt):
 def test_blk_refuses_float_weights_and_unquantized_inputs():
     gw, _ = make_weight(_weights(4, 64), "f16")
     with pytest.raises(UnsupportedModelError, match="q8 and q4"):
-        LinearKernel(device(), "decode", gemv_blk.xq_desc("xq", 64, 1), TensorDesc("y", 4, 1), gw, variant="blk")
+        LinearKernel(device(), "decode", xq_desc("xq", 64, 1), TensorDesc("y", 4, 1), gw, variant=GemvVariant("blk"))
     gq, _ = make_weight(_weights(4, 64), "q8")
     with pytest.raises(ValueError, match="QuantizeKernel"):
-        LinearKernel(device(), "decode", TensorDesc("x", 64, 1), TensorDesc("y", 4, 1), gq, variant="blk")
+        LinearKernel(device(), "decode", TensorDesc("x", 64, 1), TensorDesc("y", 4, 1), gq, variant=GemvVariant("blk"))
     with pytest.raises(ValueError, match="cannot quantize"):
-        QuantizeKernel(device(), TensorDesc("x", 48, 1), gemv_blk.xq_desc("xq", 48, 1), "q8")
-
-
-@pytest.mark.parametrize("fmt,I", [("q8", 96), ("q4", 96), ("q4", 1120)])
-def test_quantize_layout(fmt, I):
-    """The int8 words, scales and sums QuantizeKernel writes, decoded on the host (sliced input;
-    1120 channels take five workgroups per row)."""
-    T = 3
-    x = np.random.default_rng(5).standard_normal((T, I)).astype(np.float32) * 3
-    x[1, :32] = 0.0                                   # an all-zero block: scale 0, values 0
-    xd, qd = TensorDesc("x", I, CAP, layout="sliced"), gemv_blk.xq_desc("xq", I, CAP)
-    xb, qb = upload(xd, x), upload(qd, None)
-    from tests.gpu_util import run
-    run(QuantizeKernel(device(), xd, qd, fmt), [xb, qb], T)
-    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
-    nb = I // 32
-    q = words[:, :8 * nb].copy().view(np.int8).reshape(T, nb, 32).astype(np.float64)
-    if fmt == "q4":   # per 8 values: evens then odds
-        q = q.reshape(T, nb, 4, 2, 4).transpose(0, 1, 2, 4, 3).reshape(T, nb, 32)
-    nbp = (nb + 3) // 4 * 4
-    d = words[:, 8 * nb: 8 * nb + nb].view(np.float32)
-    ssum = words[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32)
-    xb32 = x.reshape(T, nb, 32)
-    np.testing.assert_allclose(d, np.abs(xb32).max(-1) / 127, rtol=1e-6)
-    np.testing.assert_allclose(ssum, xb32.sum(-1), rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(q, np.rint(quant_x(x).reshape(T, nb, 32) / np.where(d > 0, d, 1)[..., None]))
-    assert (q[1, 0] == 0).all() and d[1, 0] == 0
-
-
-def test_quantize_norm_partials():
-    """With the norm fused, QuantizeKernel scales by the norm weight and leaves partial sums of
-    x^2 (one per workgroup) that add up to the row's."""
-    T, I = 2, 2080
-    x = np.random.default_rng(6).standard_normal((T, I)).astype(np.float32)
-    nw = np.random.default_rng(7).standard_normal(I).astype(np.float32)
-    xd, qd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP)
-    xb, qb = upload(xd, x), upload(qd, None)
-    from tests.gpu_util import run
-    k = QuantizeKernel(device(), xd, qd, "q8", pre_norm=(1e-5, 0.5))
-    run(k, [xb, qb, f32_buffer(nw)], T)
-    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
-    nb, nbp = I // 32, (I // 32 + 3) // 4 * 4
-    npart = gemv_blk.n_partials(I)
-    assert npart == 9                  # 2080 channels, 256 per workgroup
-    parts = words[:, 8 * nb + 2 * nbp: 8 * nb + 2 * nbp + npart].view(np.float32)
-    np.testing.assert_allclose(parts.sum(1), (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
-    u = (x * (nw + 0.5)).reshape(T, nb, 32)
-    np.testing.assert_allclose(words[:, 8 * nb: 8 * nb + nb].view(np.float32), np.abs(u).max(-1) / 127, rtol=1e-6)
+        QuantizeKernel(device(), TensorDesc("x", 48, 1), xq_desc("xq", 48, 1), "q8")
 
 
 @pytest.mark.parametrize("fmt,qfmt,dual,residual,qnorm,wg", [
@@ -205,31 +160,32 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
     T, O, I = 2, 96, 576
     rng = np.random.default_rng(21)
     x = rng.standard_normal((T, I)).astype(np.float32)
-    xd, qd, yd = TensorDesc("x", I, CAP), gemv_blk.xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)
-    nd = gemv_blk.xq_desc("next", O, CAP)
+    xd, qd, yd = TensorDesc("x", I, CAP), xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)
+    nd = xq_desc("next", O, CAP)
     xb, qb = upload(xd, x), upload(qd, None)
     y0 = rng.standard_normal((T, O)).astype(np.float32) if residual else None
     gw, _ = make_weight(_weights(O, I, seed=22), fmt)
     gw2 = make_weight(_weights(O, I, seed=23), fmt, name="w2")[0] if dual else None
-    wbufs = gw.buffers + (gw2.buffers if dual else [])
+    wbufs = {"w": gw.buffers} | ({"w2": gw2.buffers} if dual else {})
     nw = rng.standard_normal(O).astype(np.float32)
     write_step(T)
     from tests.gpu_util import run, step_buffer
-    run(QuantizeKernel(dev, xd, qd, fmt), [xb, qb], T)
-    kw = {"w2": gw2, "residual": residual, "variant": "blk", "wg": wg}
+    run(QuantizeKernel(dev, xd, qd, fmt), {"x": xb, "xq": qb}, T)
     # reference: plain blk GEMV, then QuantizeKernel(norm) on its output
     y_ref = upload(yd, y0)
-    plain = LinearKernel(dev, "decode", qd, yd, gw, rows=4, **kw)
-    run(plain, [qb, y_ref] + wbufs, T)
+    plain = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=GemvVariant("blk", rows=4, wg=wg),
+                         epilogue=Epilogue(residual=residual))
+    run(plain, {"x": qb, "y": y_ref, **wbufs}, T)
     want = upload(nd, None)
-    run(QuantizeKernel(dev, yd, nd, qfmt, pre_norm=(1e-5, qnorm) if qnorm is not None else None),
-        [y_ref, want] + ([f32_buffer(nw)] if qnorm is not None else []), T)
+    run(QuantizeKernel(dev, yd, nd, qfmt, pre_norm=PreNorm(1e-5, qnorm) if qnorm is not None else None),
+        {"x": y_ref, "xq": want} | ({"nw": f32_buffer(nw)} if qnorm is not None else {}), T)
     # fused
     y_got, got = upload(yd, y0), upload(nd, None)
-    k = LinearKernel(dev, "decode", qd, yd, gw, qout=(nd, qfmt, qnorm, residual), **kw)
+    k = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=GemvVariant("blk", wg=wg),
+                     epilogue=Epilogue(residual=residual, qout=QuantOut(nd, qfmt, qnorm, residual)))
     assert k.rows == 32
-    dev.submit([k.dispatch([step_buffer(), qb, y_got] + wbufs + [got] + ([f32_buffer(nw)] if qnorm is not None else []),
-                           k.workgroups(T))])
+    dev.submit([k.dispatch({"step": step_buffer(), "x": qb, "y": y_got, **wbufs, "qout": got}
+                           | ({"qnw": f32_buffer(nw)} if qnorm is not None else {}), k.workgroups(T))])
     yr, yg = download(yd, y_ref)[:T], download(yd, y_got)[:T]
     if residual:
         np.testing.assert_allclose(yg, yr, rtol=1e-5, atol=1e-5)
@@ -258,7 +214,7 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll):
     RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38). blk: the
     integer-dot GEMV on a quantized row; subgroup / wide: the float GEMVs with the RMSNorm fused."""
     from tests.gpu_util import run, step_buffer
-    from webdrift.kernels.ops import RopeQKVKernel
+    from webdrift.kernels.rope import RopeQKVKernel
     dev = device()
     if not dev.has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the epilogue must be tested")
@@ -270,32 +226,34 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll):
     xb = upload(xd, x)
     write_step(T, pos0=pos0)
     if variant == "blk":
-        src = gemv_blk.xq_desc("xq", I, CAP)
+        src = xq_desc("xq", I, CAP)
         sb = upload(src, None)
-        run(QuantizeKernel(dev, xd, src, fmt), [xb, sb], T, pos0=pos0)
-        tail, kw = [], {}
-    else:   # float input with the RMSNorm fused in: its weight binds after the bias
+        run(QuantizeKernel(dev, xd, src, fmt), {"x": xb, "xq": sb}, T, pos0=pos0)
+        tail, norm = {}, None
+    else:   # float input with the RMSNorm fused in: its weight binds as "nw"
         src, sb = xd, xb
-        tail, kw = [f32_buffer(rng.standard_normal(I).astype(np.float32))], {"pre_norm": (1e-5, 0.0), "unroll": unroll}
+        tail, norm = {"nw": f32_buffer(rng.standard_normal(I).astype(np.float32))}, PreNorm(1e-5, 0.0)
+    tuning = GemvVariant(variant, rows=rows, wg=64, unroll=unroll if variant != "blk" else 1)
     gw, _ = make_weight(_weights(O, I, seed=32), fmt)
-    bb = [f32_buffer(rng.standard_normal(O).astype(np.float32))] if bias else []
+    bb = {"bias": f32_buffer(rng.standard_normal(O).astype(np.float32))} if bias else {}
     inv_freq = f32_buffer((10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32))
     q_rel = TensorDesc("q", DH, T * (H // KVH), b=KVH)
     cache = lambda: f32_buffer(np.full(KVH * cap * DH, 7.0, np.float32))
     # reference: plain GEMV into qkv, then RopeQKVKernel
     yd = TensorDesc("qkv", O, CAP)
     yb = upload(yd, None)
-    run(LinearKernel(dev, "decode", src, yd, gw, bias=bias, variant=variant, rows=rows, wg=64, **kw),
-        [sb, yb] + gw.buffers + bb + tail, T, pos0=pos0)
+    run(LinearKernel(dev, "decode", src, yd, gw, variant=tuning, pre_norm=norm, epilogue=Epilogue(bias=bias)),
+        {"x": sb, "y": yb, "w": gw.buffers, **bb, **tail}, T, pos0=pos0)
     qr, kr, vr = upload(q_rel, None), cache(), cache()
-    run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half), [yb, qr, kr, vr, inv_freq], T, pos0=pos0)
+    run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half),
+        {"qkv": yb, "q": qr, "kc": kr, "vc": vr, "inv_freq": inv_freq}, T, pos0=pos0)
     # fused
     qf, kf, vf = upload(q_rel, None), cache(), cache()
-    k = LinearKernel(dev, "decode", src, yd, gw, bias=bias, variant=variant, rows=rows, wg=64, **kw,
-                     rope={"q": q_rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": cap, "rope_half": rope_half})
+    rope = RopeOut(q_rel, H, KVH, DH, cap, rope_half)
+    k = LinearKernel(dev, "decode", src, yd, gw, variant=tuning, pre_norm=norm, epilogue=Epilogue(bias=bias, rope=rope))
     write_step(T, pos0=pos0)
-    dev.submit([k.dispatch([step_buffer(), sb, upload(yd, None)] + gw.buffers + bb + tail + [qf, kf, vf, inv_freq],
-                           k.workgroups(T))])
+    dev.submit([k.dispatch({"step": step_buffer(), "x": sb, "y": upload(yd, None), "w": gw.buffers, **bb, **tail,
+                            "q": qf, "kc": kf, "vc": vf, "inv_freq": inv_freq}, k.workgroups(T))])
     np.testing.assert_allclose(download(q_rel, qf, squeeze=False), download(q_rel, qr, squeeze=False),
                                rtol=1e-5, atol=1e-5)
     for got, want in ((kf, kr), (vf, vr)):
@@ -303,5 +261,4 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
         assert (g != 7.0).sum() == KVH * T * DH      # exactly the two positions were appended
     with pytest.raises(ValueError, match="RoPE in the GEMV epilogue"):
-        LinearKernel(dev, "decode", src, yd, gw, variant=variant if variant != "blk" else "blk", rows=3, wg=64,
-                     rope={"q": q_rel, "n_heads": H, "n_kv": KVH, "head_dim": DH, "cap": cap, "rope_half": rope_half})
+        LinearKernel(dev, "decode", src, yd, gw, variant=GemvVariant(variant, rows=3, wg=64), epilogue=Epilogue(rope=rope))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, read_u32, run, run_steps, step_buffer, upload, write_step
-from webdrift.kernels.ops import ArgmaxKernel, SampleKernel
+from webdrift.kernels.sample import ArgmaxKernel, SampleKernel
 from webdrift.tensor import TensorDesc
 
 _kernels: dict = {}
@@ -40,12 +40,13 @@ def greedy(logits: np.ndarray, step: int = 0, span: int = 0) -> tuple[int, int, 
     out, ids = u32_zeros(step + 1), u32_zeros(4)
     lb = upload(d, logits)
     if am is None:
-        run(k, [lb, out, ids], rows, step=step, temperature=0.0)
+        run(k, {"logits": lb, "out_tokens": out, "ids": ids}, rows, step=step, temperature=0.0)
     else:
         part = u32_zeros(2 * am.n_parts)
         write_step(rows, step=step, temperature=0.0)
-        device().submit([am.dispatch([step_buffer(), lb, part], am.workgroups()),
-                         k.dispatch([step_buffer(), lb, out, ids, part], k.workgroups())])
+        device().submit([am.dispatch({"step": step_buffer(), "logits": lb, "part": part}, am.workgroups()),
+                         k.dispatch({"step": step_buffer(), "logits": lb, "out_tokens": out, "ids": ids, "part": part},
+                                    k.workgroups())])
     return int(read_u32(out)[step]), int(read_u32(ids)[0]), rows
 
 
@@ -126,7 +127,7 @@ def draw(logits, n, seed=7, step0=0, **params) -> np.ndarray:
     k, d, _ = sampler(V)
     out, ids = u32_zeros(step0 + n), u32_zeros(4)
     steps = [dict(n_tokens=1, pos0=0, step=step0 + i, seed=seed, **params) for i in range(n)]
-    run_steps(k, [upload(d, logits[None]), out, ids], steps)
+    run_steps(k, {"logits": upload(d, logits[None]), "out_tokens": out, "ids": ids}, steps)
     toks = read_u32(out)[step0: step0 + n]
     assert read_u32(ids)[0] == toks[-1]
     return toks.astype(np.int64)

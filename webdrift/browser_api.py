@@ -124,7 +124,7 @@ def result_dict(r: GenerationResult) -> dict:
 def engine_info(eng: Engine) -> dict:
     dev, cfg = eng.dev, eng.config
     return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
-            "architecture": getattr(dev, "architecture", ""), "features": sorted(dev.info.features),
+            "architecture": dev.architecture, "features": sorted(dev.info.features),
             "model": {"name": cfg.name, "arch": cfg.arch, "layers": cfg.n_layers, "dim": cfg.dim,
                       "vocab": cfg.vocab_size, "contextLength": cfg.max_position},
             "maxContext": eng.max_context, "weightBytes": eng.model.weight_bytes,

@@ -7,15 +7,13 @@
 // WG == DH, a multiple of 32.
 // Dispatch: (T * GROUP, KVH), WG threads per workgroup.
 {{STEP_DECL}}
-@group(0) @binding(1) var<storage, read_write> part: array<f32>;  // (KVH, ROWS_CAP, NSPLIT, DH + 2)
+{{PART_DECL}}
+{{OUT_DECL}}
 #if QUANT
-@group(0) @binding(2) var<storage, read_write> qout: array<u32>;
 const QNB: u32 = {{QNB}}u;
 const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
-#include quant_block
-#else
-{{OUT_DECL}}
+#include quantize_block
 #endif
 const DH: u32 = {{DH}}u;
 const GROUP: u32 = {{GROUP}}u;

@@ -2,9 +2,9 @@
 // optionally soft-capped) of phase 1 of the split-K attention.
 {{STEP_DECL}}
 {{Q_DECL}}
-@group(0) @binding(2) var<storage, read_write> kc: array<vec4<f32>>;   // (KVH, CAP, DH / 4)
-@group(0) @binding(3) var<storage, read_write> vc: array<vec4<f32>>;   // (KVH, DH, CAP / 4), CAP % 4 == 0
-@group(0) @binding(4) var<storage, read_write> part: array<f32>; // (KVH, ROWS_CAP, NSPLIT, DH + 2)
+{{KC_DECL}}
+{{VC_DECL}}
+{{PART_DECL}}
 const DH: u32 = {{DH}}u;
 const DH4: u32 = {{DH4}}u;
 const GROUP: u32 = {{GROUP}}u;

@@ -9,7 +9,7 @@
 // into f16); any other source is decoded to floats and re-quantized per 32-block like ggml's
 // quantize_row_q8_0_ref (q8) and quantize_row_q4_1_ref (q4).
 
-@group(0) @binding(0) var<storage, read> raw: array<u32>;
+{{RAW_DECL}}
 {{DST_DECL}}
 
 const ROWS: u32 = {{ROWS}}u;

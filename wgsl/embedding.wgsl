@@ -4,7 +4,7 @@
 //   E  : weight (vocab, dim) in any runtime format (dequantized by its accessor); SHARD: rows
 //        ROW0 .. ROW0+NROWS of it (a table larger than one binding runs one dispatch per shard)
 {{STEP_DECL}}
-@group(0) @binding(1) var<storage, read_write> ids: array<u32>;
+{{IDS_DECL}}
 {{W_DECL}}
 {{OUT_DECL}}
 const SCALE: f32 = {{SCALE}};

@@ -1,13 +1,11 @@
-// Shared by matvec.wgsl (decode) and matmul.wgsl (prefill): the optional bindings, the fused
-// RMSNorm of the input, the gate activation and the per-output epilogue, so both stages compute
-// exactly the same maths.
-#if BIAS
-@group(0) @binding({{BIAS_BINDING}}) var<storage, read> bias: array<f32>;
-#endif
+// Shared by every linear_*.wgsl (decode GEMVs and the prefill GEMM): the optional bindings, the
+// fused RMSNorm of the input, the gate activation and the per-output epilogue, so both stages
+// compute exactly the same maths.
+{{BIAS_DECL}}
 #if PRE_NORM
 // RMSNorm of the input fused in (norm + QKV, norm + gate/up, final norm + LM head):
 // x_in = x / sqrt(mean(x^2) + EPS) * (nw + W_OFFSET), the mean taken over the whole row
-@group(0) @binding({{NW_BINDING}}) var<storage, read> nw: array<f32>;
+{{NW_DECL}}
 const EPS: f32 = {{EPS}};
 const W_OFFSET: f32 = {{W_OFFSET}};
 #endif
@@ -15,7 +13,11 @@ const W_OFFSET: f32 = {{W_OFFSET}};
 // the norm weights of input slice s (+ W_OFFSET), zero past the channel count
 fn norm_w4(s: u32) -> vec4<f32> {
   var wv = vec4<f32>(0.0);
-#if PRE_NORM
+#if NW_ALIGNED
+  // channels a multiple of 4 (the GEMVs read slices s < C / 4 only): four loads, no branches
+  let i = 4u * s;
+  wv = vec4<f32>(nw[i], nw[i + 1u], nw[i + 2u], nw[i + 3u]) + W_OFFSET;
+#elif PRE_NORM
   for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
 #endif
   return wv;

@@ -1,8 +1,8 @@
-// Activation rows -> int8 blocks for the integer-dot GEMV (matvec_blk.wgsl). One invocation per
+// Activation rows -> int8 blocks for the integer-dot GEMV (linear_blk.wgsl). One invocation per
 // channel, QWG channels (QWG / 32 blocks) per workgroup, grid (ceil(C / QWG), rows):
 //   u = x (PRE_NORM: x * (nw + W_OFFSET), the RMSNorm without its 1/rms factor),
 //   per 32-block b: d_b = max|u| / 127, q = round(u / d_b) (half to even) as int8, s_b = sum(u)
-//   (quant_block.wgsl, shared with the kernels that write such rows in their epilogues).
+//   (quantize_block.wgsl, shared with the kernels that write such rows in their epilogues).
 // With PRE_NORM each workgroup also writes its partial sum of x^2; the GEMV adds those up and
 // scales its result by 1/rms (the int8 values do not depend on that scalar), so no pass over the
 // whole row is needed here.
@@ -14,9 +14,9 @@
 // LAST_ROW: read row step.last_row, write row 0 (the LM head's input).
 {{STEP_DECL}}
 {{X_DECL}}
-@group(0) @binding(2) var<storage, read_write> qout: array<u32>;
+{{XQ_DECL}}
+{{NW_DECL}}
 #if PRE_NORM
-@group(0) @binding(3) var<storage, read> nw: array<f32>;
 const W_OFFSET: f32 = {{W_OFFSET}};
 #endif
 const QNB: u32 = {{QNB}}u;
@@ -24,7 +24,7 @@ const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
 const QP0: u32 = {{QP0}}u;
 const QWG: u32 = {{QWG}}u;
-#include quant_block
+#include quantize_block
 
 @compute @workgroup_size({{QWG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

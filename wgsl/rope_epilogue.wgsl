@@ -1,13 +1,13 @@
-// The QKV projection's epilogue (matvec.wgsl SUBGROUP and matvec_blk.wgsl ROPE): instead of
+// The QKV projection's epilogue (linear_subgroup / linear_wide / linear_blk.wgsl ROPE): instead of
 // writing y, RoPE + the Q relayout + the in-place K/V append of rope_qkv.wgsl. The GEMV computes
 // output index i as weight row rperm(i), so rotation partners are adjacent indices (2k, 2k+1)
 // whichever pairing the model uses (ROPE_HALF: rows (k, k + DH/2); otherwise (2k, 2k+1)), and
-// calls rope_out for each with its partner's value. Bindings: Q_DECL's q_rel, then the K and V
-// caches and inv_freq at ROPE_BINDING, +1, +2.
+// calls rope_out for each with its partner's value. Bindings (rope.declare_rope_outputs): q_rel,
+// the K and V caches and inv_freq.
 {{Q_DECL}}
-@group(0) @binding({{ROPE_BINDING}}) var<storage, read_write> kc: array<f32>;   // (KVH, CAP, DH)
-@group(0) @binding({{ROPE_BINDING1}}) var<storage, read_write> vc: array<f32>;  // (KVH, DH, CAP)
-@group(0) @binding({{ROPE_BINDING2}}) var<storage, read> inv_freq: array<f32>; // (DH/2)
+{{KC_DECL}}
+{{VC_DECL}}
+{{INV_FREQ_DECL}}
 const RH: u32 = {{RH}}u;
 const RKVH: u32 = {{RKVH}}u;
 const RDH: u32 = {{RDH}}u;

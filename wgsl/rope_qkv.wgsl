@@ -11,13 +11,11 @@
 {{STEP_DECL}}
 {{QKV_DECL}}
 {{Q_DECL}}
-@group(0) @binding(3) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(4) var<storage, read_write> vc: array<f32>;
-@group(0) @binding(5) var<storage, read> inv_freq: array<f32>;   // (DH/2) per pair, scaling applied
-#if QK_NORM
-@group(0) @binding(6) var<storage, read> qn: array<f32>;   // (DH)
-@group(0) @binding(7) var<storage, read> kn: array<f32>;   // (DH)
-#endif
+{{KC_DECL}}
+{{VC_DECL}}
+{{INV_FREQ_DECL}}
+{{QN_DECL}}
+{{KN_DECL}}
 const H: u32 = {{H}}u;
 const KVH: u32 = {{KVH}}u;
 const DH: u32 = {{DH}}u;

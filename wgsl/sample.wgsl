@@ -1,6 +1,6 @@
 // Sampling on the GPU: one workgroup of 256 threads over the vocabulary of one logits row.
 //   temperature <= 0 : greedy argmax (ties -> lowest id, like torch.argmax); with NPART, from the
-//                      per-span maxima argmax.wgsl wrote (many workgroups) instead of a full scan
+//                      per-span maxima sample_argmax.wgsl wrote (many workgroups) instead of a full scan
 //   otherwise        : softmax(l / temperature), keep the top_k highest (top_k = 0: all), then
 //                      the smallest top set whose mass >= top_p, and draw with a counter-based
 //                      RNG of (seed, step). Thresholds are found exactly by bisection over
@@ -9,10 +9,10 @@
 // ids[0] (the next decode step's embedding input: the token never visits the host).
 {{STEP_DECL}}
 {{L_DECL}}
-@group(0) @binding(2) var<storage, read_write> out_tokens: array<u32>;
-@group(0) @binding(3) var<storage, read_write> ids: array<u32>;
+{{OUT_TOKENS_DECL}}
+{{IDS_DECL}}
+{{PART_DECL}}
 #if NPART
-@group(0) @binding(4) var<storage, read_write> part: array<u32>;   // argmax.wgsl's (value, id) per span
 const NPART: u32 = {{NPART}}u;
 #endif
 const V: u32 = {{V}}u;
@@ -72,7 +72,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var best = -3.4e38;
     var bi = 0xffffffffu;
 #if NPART
-    // the spans' maxima (argmax.wgsl); spans are in id order, so `>` keeps the lowest id
+    // the spans' maxima (sample_argmax.wgsl); spans are in id order, so `>` keeps the lowest id
     for (var k = lid; k < NPART; k += WG) {
       let v = bitcast<f32>(part[2u * k]);
       if (v > best) { best = v; bi = part[2u * k + 1u]; }

@@ -1,4 +1,4 @@
-"""The small device interface the core uses. Nothing outside webdrift/gpu/ talks to WebGPU.
+"""The device interface the core uses. Nothing outside webdrift/gpu/ talks to WebGPU.
 
 Two backends implement it: native.py (wgpu-native through the `wgpu` package, desktop) and
 browser.py (navigator.gpu through Pyodide's FFI). The core only ever:
@@ -6,15 +6,30 @@ browser.py (navigator.gpu through Pyodide's FFI). The core only ever:
     browser a read is the only place the core awaits the GPU);
   - compiles WGSL compute pipelines with an explicit binding list;
   - builds bind groups once and submits lists of dispatches (one compute pass per submit).
+Every optional capability and operation is declared on `Device` with a default, so the core asks
+(`dev.has_timestamps`, `dev.can_time_sync`, `await dev.check_errors()`) and never probes with
+hasattr / getattr:
+  capabilities  has_f16, has_subgroups, has_dp4a, has_timestamps, has_sync_reads,
+                can_time_sync (= timestamps read back synchronously: the tuner's timings)
+  operations    read_timestamps (async, both backends), read_timestamps_sync and
+                read_buffer_sync (only where has_sync_reads), check_errors (async, no-op by
+                default), check_dispatch
+  descriptions  adapter_info (the adapter's description dict), architecture, allocations,
+                bytes_allocated / peak_bytes (0 where the backend does not count them)
 Departures from WebGPU: buffer usages are reduced to the four roles below; pipelines are cached
 by (source, entry point); timestamps are optional and exposed as a per-dispatch list.
+Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
+
+from ..errors import GPUError, GPULimitError
 
 # Buffer roles (each backend maps them to WebGPU usage flags)
 STORAGE = "storage"      # read/write in shaders, copy src/dst, writable from the host
@@ -72,10 +87,18 @@ class DeviceInfo:
 
 
 class Device:
-    """Backend-independent device. Subclasses implement the `_`-free methods below."""
+    """Backend-independent device. Subclasses implement the interface below; the optional parts
+    have defaults here (capabilities off, operations absent or no-ops)."""
 
     info: DeviceInfo
     wgsl_subgroup_enable = False   # whether WGSL must say `enable subgroups;` (Tint yes, naga no)
+    has_sync_reads = False         # read_buffer_sync / read_timestamps_sync work (native: yes)
+    adapter_info: Mapping[str, Any] = MappingProxyType({})   # the adapter's own description
+    architecture = ""              # GPU architecture as the adapter names it ("" if unknown)
+    wgpu_version = ""              # the wgpu package's version (native backend; "" elsewhere)
+    allocations = 0                # buffers created (the decode loop must not add any)
+    bytes_allocated = 0            # bytes of live buffers (0: the backend does not count them)
+    peak_bytes = 0                 # high-water mark of bytes_allocated (reset it freely)
 
     # -- capabilities ------------------------------------------------------------------
     @property
@@ -94,6 +117,12 @@ class Device:
     @property
     def has_timestamps(self) -> bool:
         return "timestamp-query" in self.info.features
+
+    @property
+    def can_time_sync(self) -> bool:
+        """Whether kernels can be timed synchronously: GPU timestamps read back at once (the
+        native backend; the browser's reads are asynchronous). The tuner measures only here."""
+        return self.has_timestamps and self.has_sync_reads
 
     @property
     def max_binding_size(self) -> int:
@@ -117,6 +146,10 @@ class Device:
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         raise NotImplementedError
 
+    def read_buffer_sync(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
+        """read_buffer without awaiting, where has_sync_reads (the browser cannot block on a map)."""
+        raise GPUError(f"{type(self).__name__} reads buffers asynchronously only: await read_buffer")
+
     async def map_read(self, buf: Buffer, size: int, after=None) -> bytes:
         """Map a READBACK buffer (filled by a copy in the submit whose ticket is `after`) and
         return its first `size` bytes, waiting for that submission only."""
@@ -127,14 +160,33 @@ class Device:
         raise NotImplementedError
 
     def create_bind_group(self, pipeline: Pipeline, buffers: list) -> BindGroup:
-        """buffers[i] binds to @binding(i): a Buffer, or (Buffer, offset, size)."""
+        """buffers[i] binds to @binding(i): a Buffer, or (Buffer, offset, size). (Kernels build
+        this list by name: kernels/bindings.py.)"""
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
                timestamps: TimestampRecorder | None = None):
         """Encode the dispatches into one compute pass (then the buffer copies
-        [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read."""
+        [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read.
+        timestamps: a recorder to time the dispatches with (ignored without has_timestamps)."""
         raise NotImplementedError
+
+    async def read_timestamps(self, rec: TimestampRecorder) -> None:
+        """Fill rec.labels / rec.ticks_ns from the timed submit that took rec (awaits the GPU);
+        nothing to do when that submit recorded nothing (no timestamp queries)."""
+        if rec.pending is not None:
+            raise NotImplementedError
+
+    def read_timestamps_sync(self, rec: TimestampRecorder) -> None:
+        """read_timestamps without awaiting, where has_sync_reads."""
+        raise GPUError(f"{type(self).__name__} reads timestamps asynchronously only: await read_timestamps")
+
+    async def check_errors(self) -> None:
+        """Raise GPUError for anything the backend reported asynchronously since the last check
+        (the browser's validation errors and device loss); the native backend raises at once."""
+
+    def check_dispatch(self, wg: tuple[int, int, int], label: str) -> None:
+        check_workgroups(self, wg, label)
 
     def release_buffer(self, buf: Buffer) -> None:
         """Free a buffer now (e.g. a temporary upload); using it afterwards is an error."""
@@ -151,23 +203,17 @@ class Device:
 class TimestampRecorder:
     """Collects GPU timestamps around each dispatch (backend fills `ticks`); whole=True: one
     (start, end) pair around the whole submit instead (native backend; the others time each
-    dispatch)."""
+    dispatch). `pending` is the backend's handle of timestamps submitted but not read yet."""
 
     def __init__(self, capacity: int, whole: bool = False):
         self.capacity = capacity
         self.whole = whole
         self.labels: list[str] = []
         self.ticks_ns: list[tuple[int, int]] = []
-
-
-def can_time(dev) -> bool:
-    """Whether the device times kernels synchronously (GPU timestamps read back at once: the
-    native backend; the browser's reads are asynchronous)."""
-    return bool(getattr(dev, "has_timestamps", False)) and hasattr(dev, "read_timestamps")
+        self.pending: Any = None
 
 
 def check_workgroups(dev: Device, wg: tuple[int, int, int], label: str) -> None:
-    from ..errors import GPULimitError
     m = dev.max_workgroups
     if any(w > m for w in wg):
         raise GPULimitError(f"dispatch {label!r} needs workgroups {wg}; the adapter allows {m} per dimension")

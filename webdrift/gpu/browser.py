@@ -15,7 +15,8 @@ Errors: WebGPU reports validation errors asynchronously. Pipelines are created i
 scope whose result is checked at the next read (with the shader's compilation messages);
 uncaptured errors and device loss are recorded and raised as GPUError at the next read.
 Departures from the native backend: device creation is async (`await create_browser_device()`),
-and timestamps are read with `await aread_timestamps(rec)` (the browser cannot block on a map).
+and there are no synchronous reads (`has_sync_reads` is False: the browser cannot block on a
+map), so kernels are not timed at load and timestamps are read with `await read_timestamps(rec)`.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from .base import (
     Dispatch,
     Pipeline,
     TimestampRecorder,
-    check_workgroups,
 )
 
 _BIND = {READ: "read-only-storage", RW: "storage", UNI: "uniform"}
@@ -308,7 +308,7 @@ class BrowserDevice(Device):
         cps = to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
         if timestamps is None or not self.has_timestamps or not dispatches:
             if timestamps is not None:
-                timestamps._pending = None
+                timestamps.pending = None
             _js().submit(self._dev, self._js_list(dispatches), cps)
             return self._submissions
         n = len(dispatches)
@@ -317,27 +317,23 @@ class BrowserDevice(Device):
         resolve = self._dev.createBuffer(_obj({"size": 16 * n, "usage": U.QUERY_RESOLVE | U.COPY_SRC}))
         readback = self._dev.createBuffer(_obj({"size": 16 * n, "usage": U.MAP_READ | U.COPY_DST}))
         _js().submitTimed(self._dev, self._js_list(dispatches), cps, qs, resolve, readback)
-        timestamps._pending = (readback, [d.label for d in dispatches], qs, resolve)
+        timestamps.pending = (readback, [d.label for d in dispatches], qs, resolve)
         return self._submissions
 
-    async def aread_timestamps(self, rec: TimestampRecorder) -> None:
-        """Fill rec.labels / rec.ticks_ns from the last timed submit (awaits the GPU)."""
-        if getattr(rec, "_pending", None) is None:    # the adapter has no timestamp queries
+    async def read_timestamps(self, rec: TimestampRecorder) -> None:
+        if rec.pending is None:    # the adapter has no timestamp queries
             return
-        readback, labels, qs, resolve = rec._pending
+        readback, labels, qs, resolve = rec.pending
         raw = await self._map(readback, 16 * len(labels))
         vals = struct.unpack(f"<{2 * len(labels)}Q", raw)
         rec.labels.extend(labels)
         rec.ticks_ns.extend((vals[2 * i], vals[2 * i + 1]) for i in range(len(labels)))
         for h in (readback, resolve, qs):
             h.destroy()
-        rec._pending = None
+        rec.pending = None
 
     def release_buffer(self, buf: Buffer) -> None:
         buf.handle.destroy()
-
-    def check_dispatch(self, wg, label):
-        check_workgroups(self, wg, label)
 
     def destroy(self) -> None:
         self._lists.clear()
@@ -389,4 +385,6 @@ async def create_browser_device(power_preference: str = "high-performance") -> B
                       wgsl_features=set(h.wgslFeatures().to_py()))
     dev = BrowserDevice(adapter, device, info)
     dev.architecture = arch
+    dev.adapter_info = {"vendor": vendor, "architecture": arch, "device": dev_name, "description": desc,
+                        "is_fallback_adapter": bool(fallback)}
     return dev

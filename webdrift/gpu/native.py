@@ -3,6 +3,8 @@
 The only module of webdrift that imports wgpu. Reads go through staging buffers kept in a
 pool (wgpu's queue.read_buffer allocates one per call); `queue.on_submitted_work_done_sync`
 is avoided (broken in wgpu 0.32) - a read is the synchronisation point.
+Reads can also be synchronous here (`has_sync_reads`: read_buffer_sync, read_timestamps_sync),
+which the kernel tuner and the roofline probe use to time kernels at load.
 Departure from WebGPU: timestamps inside passes are not exposed by wgpu-py 0.32, so
 profiling puts each dispatch in its own pass with `timestamp_writes`.
 """
@@ -10,6 +12,7 @@ profiling puts each dispatch in its own pass with `timestamp_writes`.
 from __future__ import annotations
 
 import os
+import struct
 import weakref
 
 import wgpu
@@ -35,7 +38,6 @@ from .base import (
     Dispatch,
     Pipeline,
     TimestampRecorder,
-    check_workgroups,
 )
 
 _U = wgpu.BufferUsage
@@ -53,6 +55,8 @@ _WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-quer
 
 
 class NativeDevice(Device):
+    has_sync_reads = True
+
     def __init__(self, power_preference: str = "high-performance"):
         os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
         try:
@@ -92,6 +96,7 @@ class NativeDevice(Device):
                 status.append(st)
             self._on_mapped = _on_mapped   # kept alive with the device
         self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
+        self.architecture = info.get("architecture", "")
         self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
         self.peak_bytes = 0              # high-water mark of bytes_allocated (reset it freely)
 
@@ -233,7 +238,7 @@ class NativeDevice(Device):
             cp.end()
             resolve = self._dev.create_buffer(size=16, usage=_U.QUERY_RESOLVE | _U.COPY_SRC)
             enc.resolve_query_set(qs, 0, 2, resolve, 0)
-            timestamps._pending = (resolve, [f"step of {len(dispatches)} kernels"])
+            timestamps.pending = (resolve, [f"step of {len(dispatches)} kernels"])
         else:
             self._encode_timed(enc, dispatches, timestamps)
         for src, so, dst, do, n in copies or ():
@@ -283,24 +288,26 @@ class NativeDevice(Device):
             cp.end()
         resolve = self._dev.create_buffer(size=16 * n, usage=_U.QUERY_RESOLVE | _U.COPY_SRC)
         enc.resolve_query_set(qs, 0, 2 * n, resolve, 0)
-        rec._pending = (resolve, [d.label for d in dispatches])
+        rec.pending = (resolve, [d.label for d in dispatches])
 
-    def read_timestamps(self, rec: TimestampRecorder) -> None:
-        resolve, labels = rec._pending
-        import struct
+    def read_timestamps_sync(self, rec: TimestampRecorder) -> None:
+        if rec.pending is None:
+            return
+        resolve, labels = rec.pending
         raw = self.read_buffer_sync(Buffer(resolve, resolve.size), 0, resolve.size)
         vals = struct.unpack(f"<{len(labels) * 2}Q", raw)
         rec.labels.extend(labels)
         rec.ticks_ns.extend((vals[2 * i], vals[2 * i + 1]) for i in range(len(labels)))
+        rec.pending = None
+
+    async def read_timestamps(self, rec: TimestampRecorder) -> None:
+        self.read_timestamps_sync(rec)
 
     def release_buffer(self, buf: Buffer) -> None:
         buf.handle.destroy()
         freed = getattr(buf, "_freed", None)
         if freed is not None:
             freed()   # runs _forget once
-
-    def check_dispatch(self, wg, label):
-        check_workgroups(self, wg, label)
 
     def destroy(self) -> None:
         self._dev.destroy()

@@ -2,11 +2,13 @@
 selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the candidates are
 timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
 cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
-Without timestamp queries, and always on software adapters (lavapipe, SwiftShader: `is_cpu`),
-the static choice for the adapter kind is used: timing every candidate there took minutes of a
-first load on a 2-core machine (SmolLM2: 52 timings, ~210 s) and its verdicts flip from run to
-run on a shared CPU; the static rules below are what those timings mostly chose, and they keep
-tests deterministic.
+A GEMV choice is a linear.GemvVariant (cached as a dict of its fields, defaults left out).
+Devices that cannot time kernels synchronously (`dev.can_time_sync` False: the browser), and
+software adapters always (lavapipe, SwiftShader: `is_cpu`), take the static choice for the
+adapter kind: timing every candidate on a software adapter took minutes of a first load on a
+2-core machine (SmolLM2: 52 timings, ~210 s) and its verdicts flip from run to run on a shared
+CPU; the static rules below are what those timings mostly chose, and they keep tests
+deterministic.
 Must not: import numpy or wgpu.
 """
 
@@ -15,32 +17,44 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict, fields
 
 from ..errors import GPUError, UnsupportedModelError
-from ..gpu.base import UNIFORM, Device, TimestampRecorder, can_time
+from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
+from .attention import AttentionKernel
+from .linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut
+from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
 from .weights import wide_supported
 
 CANDIDATES = (
-    {"variant": "split", "rows": 4, "wg": 64},
-    {"variant": "subgroup", "rows": 8, "wg": 256},
-    {"variant": "subgroup", "rows": 32, "wg": 256},
-    {"variant": "subgroup", "rows": 8, "wg": 256, "unroll": 4},
-    {"variant": "subgroup", "rows": 16, "wg": 128, "unroll": 4},
-    {"variant": "row", "rows": 1, "wg": 64},
-    {"variant": "wide", "rows": 8, "wg": 256},
-    {"variant": "wide", "rows": 32, "wg": 256},
-    {"variant": "wide", "rows": 8, "wg": 256, "unroll": 4},
-    {"variant": "wide", "rows": 16, "wg": 128, "unroll": 4},
+    GemvVariant("split", rows=4, wg=64),
+    GemvVariant("subgroup", rows=8, wg=256),
+    GemvVariant("subgroup", rows=32, wg=256),
+    GemvVariant("subgroup", rows=8, wg=256, unroll=4),
+    GemvVariant("subgroup", rows=16, wg=128, unroll=4),
+    GemvVariant("row", rows=1, wg=64),
+    GemvVariant("wide", rows=8, wg=256),
+    GemvVariant("wide", rows=32, wg=256),
+    GemvVariant("wide", rows=8, wg=256, unroll=4),
+    GemvVariant("wide", rows=16, wg=128, unroll=4),
 )
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
-BLK_CANDIDATES = tuple({"variant": "blk", "rows": r, "wg": w}
+BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
                        for r, w in ((2, 32), (4, 32), (2, 64), (4, 64), (8, 64), (2, 128), (4, 128), (4, 256)))
 # the integer-dot GEMV with a quantizing epilogue (32 outputs per workgroup): RPS rows per
 # subgroup at a time; bigger workgroups give more subgroups per 32 rows
-QOUT_CANDIDATES = ({"wg": 256, "rps": 4}, {"wg": 512, "rps": 2}, {"wg": 1024, "rps": 1}, {"wg": 128, "rps": 8})
+QOUT_CANDIDATES = tuple(GemvVariant("blk", rows=32, wg=w, rps=r) for w, r in ((256, 4), (512, 2), (1024, 1), (128, 8)))
 _memory: dict[str, dict] = {}
+_DEFAULTS = asdict(GemvVariant())
+
+
+def _as_dict(v: GemvVariant) -> dict:
+    """A choice as the cache file stores it: variant, rows and wg, and the other fields that
+    are not their defaults (the format of the entries written before GemvVariant)."""
+    return {f.name: getattr(v, f.name) for f in fields(v)
+            if f.name in ("variant", "rows", "wg") or getattr(v, f.name) != _DEFAULTS[f.name]}
 
 
 def _cache_path() -> str | None:
@@ -77,11 +91,11 @@ def _busy(dev: Device, d, seconds: float) -> None:
         rec = TimestampRecorder(1, whole=True)
         dev.submit([d] * 64, timestamps=rec)
         if prev is not None:
-            dev.read_timestamps(prev)
+            dev.read_timestamps_sync(prev)
         prev = rec
         if time.perf_counter() >= end:
             break
-    dev.read_timestamps(prev)
+    dev.read_timestamps_sync(prev)
 
 
 def _time(dev: Device, d) -> int:
@@ -99,7 +113,7 @@ def _time(dev: Device, d) -> int:
     for _ in range(4):
         rec = TimestampRecorder(5)
         dev.submit([d] * 5, timestamps=rec)
-        dev.read_timestamps(rec)
+        dev.read_timestamps_sync(rec)
         med = sorted(b - a for a, b in rec.ticks_ns)[2]
         if best is not None and med > 0.97 * best:
             best = min(best, med)
@@ -117,11 +131,13 @@ def _step_buffer(dev: Device, pos0: int = 0):
 
 
 def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
-    """The caller takes its static rule: a software adapter (never timed, cached verdicts
-    ignored), or no choice cached under key and none to be measured now."""
-    if dev.info.is_cpu:
+    """Whether the caller takes its static rule: tuning is off (enabled=False: the static rule
+    always, whatever an earlier run cached, so a choice never depends on the machine's history),
+    a software adapter (never timed, cached verdicts ignored), or no choice is cached under key
+    and none can be measured now."""
+    if not enabled or dev.info.is_cpu:
         return True
-    return key not in _memory and key not in _load_file() and not (enabled and can_time(dev))
+    return key not in _memory and key not in _load_file() and not dev.can_time_sync
 
 
 def _cached(key: str, compute):
@@ -160,24 +176,28 @@ def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch
     return _cached(key, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch))
 
 
+def _weights(w, w2) -> dict:
+    """The bindings of a GEMV's weight(s)."""
+    return {"w": w.buffers} | ({"w2": w2.buffers} if w2 is not None else {})
+
+
 def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -> dict:
-    from . import gemv_blk
-    from .ops import LinearKernel, QuantizeKernel
     fc, qc = choose_gemv(dev, w, w2), choose_gemv(dev, w, w2, int8=True)
-    x, y, xq = TensorDesc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("xq", w.i, 1)
+    x, y, xq = TensorDesc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("xq", w.i, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, xq)] + [dev.create_buffer(4 * w.i, label="tune.nw")]
     sb = _step_buffer(dev)
     xb, yb, qb, nb = bufs
-    wb = w.buffers + (w2.buffers if w2 else [])
-    norm = (1e-5, 0.0) if pre_norm else None
+    wb = _weights(w, w2)
+    norm = PreNorm(1e-5, 0.0) if pre_norm else None
+    nw = {"nw": nb} if pre_norm else {}
     try:
-        kf = LinearKernel(dev, "decode", x, y, w, w2=w2, pre_norm=norm, **fc)
-        t_f = _time(dev, kf.dispatch([sb, xb, yb] + wb + ([nb] if pre_norm else []), kf.workgroups(1)))
-        kq = LinearKernel(dev, "decode", xq, y, w, w2=w2, pre_norm=norm, **qc)
+        kf = LinearKernel(dev, "decode", x, y, w, w2, variant=fc, pre_norm=norm)
+        t_f = _time(dev, kf.dispatch({"step": sb, "x": xb, "y": yb, **wb, **nw}, kf.workgroups(1)))
+        kq = LinearKernel(dev, "decode", xq, y, w, w2, variant=qc, pre_norm=norm)
         qk = QuantizeKernel(dev, x, xq, w.fmt, pre_norm=norm)
-        t_q = _time(dev, kq.dispatch([sb, qb, yb] + wb, kq.workgroups(1)))
+        t_q = _time(dev, kq.dispatch({"step": sb, "x": qb, "y": yb, **wb}, kq.workgroups(1)))
         if quantize_dispatch:
-            t_q += _time(dev, qk.dispatch([sb, xb, qb] + ([nb] if pre_norm else []), qk.workgroups(1)))
+            t_q += _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb, **nw}, qk.workgroups(1)))
     except (GPUError, UnsupportedModelError):
         return {"float_ns": None, "int8_ns": None, "int8": False}
     finally:
@@ -195,7 +215,6 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     per-head, which measured faster on an H100 for every shape but 8B's (1%); software adapters:
     grouped, which lavapipe's timings chose for all of the 20 shapes they were taken on (1.05x to
     4x faster)."""
-    from .ops import AttentionKernel
     group = n_heads // n_kv
     if group == 1 or group > AttentionKernel.MAX_GQA:
         return False
@@ -207,7 +226,6 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
 
 
 def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window) -> dict:
-    from .ops import AttentionKernel
     group = n_heads // n_kv
     q = TensorDesc("q", head_dim, group, b=n_kv)
     sb = _step_buffer(dev, min(cap, 1024) - 1)
@@ -217,7 +235,8 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
         for grouped in (False, True):
             k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, grouped=grouped)
             pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
-            times.append(_time(dev, k.dispatch([sb, qb, k_cache, v_cache, pb], k.workgroups(1))))
+            times.append(_time(dev, k.dispatch({"step": sb, "q": qb, "kc": k_cache, "vc": v_cache, "part": pb},
+                                               k.workgroups(1))))
             dev.release_buffer(pb)
     except (GPUError, UnsupportedModelError):
         return {"per_head_ns": None, "grouped_ns": None, "grouped": False}
@@ -227,17 +246,18 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
     return {"per_head_ns": times[0], "grouped_ns": times[1], "grouped": times[1] < times[0]}
 
 
-def static_choice(dev: Device, int8: bool = False) -> dict:
+def static_choice(dev: Device, int8: bool = False) -> GemvVariant:
+    """The decode GEMV variant of an adapter kind, where none is measured."""
     if int8:
-        return {"variant": "blk", "rows": 4, "wg": 64}
+        return GemvVariant("blk", rows=4, wg=64)
     if dev.info.is_cpu:
-        return {"variant": "row", "rows": 1, "wg": 64}
+        return GemvVariant("row", rows=1, wg=64)
     if dev.has_subgroups:
-        return {"variant": "subgroup", "rows": 8, "wg": 256}
-    return {"variant": "split", "rows": 4, "wg": 64}
+        return GemvVariant("subgroup", rows=8, wg=256)
+    return GemvVariant("split", rows=4, wg=64)
 
 
-def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = False) -> dict:
+def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = False) -> GemvVariant:
     """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
     int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
     lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
@@ -245,42 +265,41 @@ def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = Fals
            f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
     if _unmeasured(dev, key, enabled):
         return static_choice(dev, int8)
-    return dict(_cached(key, lambda: _search(dev, w, w2, int8)))
+    return GemvVariant(**_cached(key, lambda: _search(dev, w, w2, int8)))
 
 
-def choose_qout(dev: Device, w, w2=None, enabled: bool = True) -> dict:
-    """The fastest quantizing-epilogue configuration ({"variant": "blk", "rows": 32, "wg", "rps"})
+QOUT_STATIC = GemvVariant("blk", rows=32, wg=256, rps=4)
+
+
+def choose_qout(dev: Device, w, w2=None, enabled: bool = True) -> GemvVariant:
+    """The fastest quantizing-epilogue configuration (variant "blk", 32 rows, its wg and rps)
     for weight w, timed like choose_gemv."""
     key = f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-    static = {"variant": "blk", "rows": 32, "wg": 256, "rps": 4}
     if _unmeasured(dev, key, enabled):
-        return static
-    return dict(_cached(key, lambda: _search_qout(dev, w, w2, static)))
+        return QOUT_STATIC
+    return GemvVariant(**_cached(key, lambda: _search_qout(dev, w, w2)))
 
 
-def _search_qout(dev: Device, w, w2, static: dict) -> dict:
-    from . import gemv_blk
-    from .ops import LinearKernel
-    x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
+def _search_qout(dev: Device, w, w2) -> dict:
+    x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
     sb = _step_buffer(dev)
     best, best_ns = None, None
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
     for cand in QOUT_CANDIDATES:
-        if cand["wg"] > limit:
+        if cand.wg > limit:
             continue
         try:
-            k = LinearKernel(dev, "decode", x, y, w, w2=w2, variant="blk", wg=cand["wg"], rps=cand["rps"],
-                             qout=(q, w.fmt, 0.0, True))
+            k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand, epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True)))
         except (GPUError, UnsupportedModelError, ValueError):
             continue
-        ns = _time(dev, k.dispatch([sb, bufs[0], bufs[1]] + w.buffers + (w2.buffers if w2 else []) + [bufs[2], bufs[3]],
-                                   k.workgroups(1)))
+        ns = _time(dev, k.dispatch({"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2],
+                                    "qnw": bufs[3]}, k.workgroups(1)))
         if ns > 0 and (best_ns is None or ns < best_ns):
-            best, best_ns = dict(static, **cand), ns
+            best, best_ns = cand, ns
     for b in bufs + [sb]:
         dev.release_buffer(b)
-    return best or static
+    return _as_dict(best or QOUT_STATIC)
 
 
 def chain_pays(dev: Device, links: list) -> dict:
@@ -294,26 +313,26 @@ def chain_pays(dev: Device, links: list) -> dict:
 
 
 def _measure_chain(dev: Device, links: list) -> dict:
-    from . import gemv_blk
-    from .ops import LinearKernel, QuantizeKernel
     sep = chained = 0
     sb = _step_buffer(dev)
     try:
         for w, w2, nfmt, nnorm in links:
-            x, y, q = gemv_blk.xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), gemv_blk.xq_desc("q", w.o, 1)
+            x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
             bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o)]
             xb, yb, qb, nb = bufs
-            wb = w.buffers + (w2.buffers if w2 else [])
-            norm = (1e-5, 0.0) if nnorm else None
+            wb = _weights(w, w2)
+            norm = PreNorm(1e-5, 0.0) if nnorm else None
             try:
-                k = LinearKernel(dev, "decode", x, y, w, w2=w2, **choose_gemv(dev, w, w2, int8=True))
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=choose_gemv(dev, w, w2, int8=True))
                 qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
-                sep += (_time(dev, k.dispatch([sb, xb, yb] + wb, k.workgroups(1)))
-                        + _time(dev, qk.dispatch([sb, yb, qb] + ([nb] if nnorm else []), qk.workgroups(1)))
+                sep += (_time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1)))
+                        + _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qb} | ({"nw": nb} if nnorm else {}),
+                                                 qk.workgroups(1)))
                         + HOST_NS_PER_DISPATCH)
-                qc = {k2: v for k2, v in choose_qout(dev, w, w2).items() if k2 != "rows"}
-                kq = LinearKernel(dev, "decode", x, y, w, w2=w2, qout=(q, nfmt, 0.0 if nnorm else None, True), **qc)
-                chained += _time(dev, kq.dispatch([sb, xb, yb] + wb + [qb] + ([nb] if nnorm else []), kq.workgroups(1)))
+                kq = LinearKernel(dev, "decode", x, y, w, w2, variant=choose_qout(dev, w, w2),
+                                  epilogue=Epilogue(qout=QuantOut(q, nfmt, 0.0 if nnorm else None, True)))
+                chained += _time(dev, kq.dispatch({"step": sb, "x": xb, "y": yb, **wb, "qout": qb}
+                                                  | ({"qnw": nb} if nnorm else {}), kq.workgroups(1)))
             finally:
                 for b in bufs:
                     dev.release_buffer(b)
@@ -325,35 +344,33 @@ def _measure_chain(dev: Device, links: list) -> dict:
 
 
 def _search(dev: Device, w, w2, int8: bool) -> dict:
-    return _search_timed(dev, w, w2, int8)[0]
+    return _as_dict(_search_timed(dev, w, w2, int8)[0])
 
 
-def _search_timed(dev: Device, w, w2, int8: bool) -> tuple[dict, int | None]:
+def _search_timed(dev: Device, w, w2, int8: bool) -> tuple[GemvVariant, int | None]:
     """The fastest decode GEMV candidate for w (and w2) and its GPU ns (None: none ran)."""
-    from . import gemv_blk
-    from .ops import LinearKernel
-    x = gemv_blk.xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
+    x = xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = _step_buffer(dev)
     best, best_ns = None, None
     for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
-        if cand["variant"] in ("subgroup", "wide") and not dev.has_subgroups:
+        if cand.variant in ("subgroup", "wide") and not dev.has_subgroups:
             continue
-        if cand["variant"] == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
-                                              (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
+        if cand.variant == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
+                                           (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
             continue
         try:
-            k = LinearKernel(dev, "decode", x, y, w, w2=w2, **cand)
+            k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand)
         except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
             continue
-        d = k.dispatch([sb, xb, yb] + w.buffers + (w2.buffers if w2 else []), k.workgroups(1))
+        d = k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(1))
         ns = _time(dev, d)
         if ns > 0 and (best_ns is None or ns < best_ns):
             best, best_ns = cand, ns
     for b in (xb, yb, sb):
         dev.release_buffer(b)
-    return dict(best or static_choice(dev, int8)), best_ns
+    return best or static_choice(dev, int8), best_ns
 
 
 # ML Drift's weight-layout search for the float formats: the orders a float weight may be stored

@@ -1,12 +1,13 @@
 """Kernel base: a Python class per operator family specialises a WGSL template for a device,
-declares its bindings and computes its dispatch size. Subclasses live beside their template
-(wgsl/<name>.wgsl <-> webdrift/kernels/<name>.py).
+declares its bindings by name (kernels/bindings.py) and computes its dispatch size. Families
+live beside their templates (webdrift/kernels/linear.py <-> wgsl/linear_*.wgsl).
 Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
-from ..gpu.base import Device, Dispatch, check_workgroups
+from ..gpu.base import BindGroup, Device, Dispatch
+from .bindings import Bindings
 from .template import specialise
 
 
@@ -23,11 +24,18 @@ def ceil_div(a: int, b: int) -> int:
     return (a + b - 1) // b
 
 
+def wgsl_float(x: float) -> str:
+    """A WGSL f32 literal of x (always with a '.' or an exponent)."""
+    r = repr(float(x))
+    return r if ("e" in r or "." in r) else r + ".0"
+
+
 class Kernel:
-    """A compiled kernel instance: pipeline + bindings; `dispatch(buffers, wg)` builds a Dispatch."""
+    """A compiled kernel instance: pipeline + named bindings. `bind(dev, {name: buffer})` builds
+    its bind group (once, at build time), `dispatch` a Dispatch of it."""
     template = ""
 
-    def __init__(self, dev: Device, defines: dict, bindings: tuple[str, ...], label: str = ""):
+    def __init__(self, dev: Device, defines: dict, bindings: Bindings, label: str = ""):
         self.dev = dev
         self.defines = dict(defines)
         self.defines.setdefault("F16", dev.has_f16)
@@ -35,12 +43,24 @@ class Kernel:
         # Tint (browsers) wants `enable subgroups;`; naga (wgpu-native) rejects it
         self.defines.setdefault("SUBGROUP_ENABLE", dev.wgsl_subgroup_enable)
         self.label = label or self.template
+        self.bindings = bindings
         self.source = specialise(self.template, self.defines)
         if "f16>" in self.source:   # a generated accessor reads native f16 (adapter has shader-f16)
             self.source = "enable f16;\n" + self.source
-        self.pipeline = dev.create_pipeline(self.source, bindings, label=self.label)
+        self.pipeline = dev.create_pipeline(self.source, bindings.kinds, label=self.label)
 
-    def dispatch(self, buffers: list, workgroups: tuple[int, int, int], label: str = "") -> Dispatch:
-        check_workgroups(self.dev, workgroups, label or self.label)
-        bg = self.dev.create_bind_group(self.pipeline, buffers)
+    @property
+    def binding_names(self) -> tuple[str, ...]:
+        return self.bindings.names
+
+    def bind(self, dev: Device, buffers: dict) -> BindGroup:
+        """The bind group of {binding name: Buffer | (Buffer, offset, size) | [Buffers]} (the
+        names each kernel's docstring lists); ValueError naming missing or unknown names."""
+        return dev.create_bind_group(self.pipeline, self.bindings.buffers(buffers, self.label))
+
+    def dispatch(self, buffers: dict | BindGroup, workgroups: tuple[int, int, int], label: str = "") -> Dispatch:
+        """One dispatch over `workgroups`, binding `buffers` (a name dict, as bind takes, or a
+        bind group made by bind)."""
+        self.dev.check_dispatch(workgroups, label or self.label)
+        bg = buffers if isinstance(buffers, BindGroup) else self.bind(self.dev, buffers)
         return Dispatch(self.pipeline, bg, tuple(workgroups), label or self.label)

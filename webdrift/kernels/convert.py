@@ -12,9 +12,10 @@ Must not: import numpy or wgpu.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from ..gpu.base import READ, RW, Device
+from ..gpu.base import Device
 from ..tensor.weight_layout import WeightLayout
 from .base import Kernel, ceil_div, grid_1d
+from .bindings import Bindings
 from .weights import GPUWeight, buffer_sizes, weight_accessor_wgsl
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -26,6 +27,11 @@ BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
 class ConvertKernel(Kernel):
+    """Raw stored rows -> rows row0 .. row0 + rows of a runtime weight (wgsl/convert.wgsl).
+    Bindings:
+      raw  the rows' stored bytes as u32 words
+      dst  the GPUWeight written (dst.buffers), through its generated accessor
+    Dispatch: self.grid."""
     template = "convert"
 
     def __init__(self, dev: Device, src_type: str, dst: GPUWeight, rows: int, row0: int):
@@ -36,14 +42,17 @@ class ConvertKernel(Kernel):
             raise UnsupportedModelError(f"{src_type} rows hold whole 256-element blocks; {dst.name} has {dst.i} columns")
         units = ceil_div(dst.i, 4) if dst.fmt in ("f32", "f16") else dst.i // 32
         self.grid = grid_1d(ceil_div(rows * units, 64), dev.max_workgroups)
+        b = Bindings()
         defines = {
             "SRC": src_type, f"SRC_{src_type}": True,
-            "DST_DECL": weight_accessor_wgsl("dst", 1, dst.fmt, dst.o, dst.i, dst.layout, writable=True),
+            "RAW_DECL": b.array("raw", "array<u32>", f"({rows} rows of {dst.i} {src_type} elements) stored bytes"),
+            "DST_DECL": b.weight("dst", dst, lambda n, k: weight_accessor_wgsl(n, k, dst.fmt, dst.o, dst.i, dst.layout,
+                                                                               writable=True), writable=True),
             "DST_FLOAT": dst.fmt in ("f32", "f16"), "DST_F16": dst.fmt == "f16",
             "DST_Q8": dst.fmt == "q8", "DST_Q4": dst.fmt == "q4", "Q4_DIRECT": (src_type, dst.fmt) in DIRECT,
             "ROWS": rows, "COLS": dst.i, "ROW0": row0, "UNITS": units, "NX": self.grid[0],
         }
-        super().__init__(dev, defines, (READ,) + (RW,) * dst.n_bindings, f"convert_{src_type}_{dst.fmt}")
+        super().__init__(dev, defines, b, f"convert_{src_type}_{dst.fmt}")
 
 
 def allocate_weight(dev: Device, name: str, fmt: str, o: int, i: int, layout: str = "OI") -> GPUWeight:
@@ -72,5 +81,5 @@ def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0
         cnt = min(per, rows - r)
         dev.write_buffer(tmp, mv[r * row_bytes:(r + cnt) * row_bytes])
         k = ConvertKernel(dev, src_type, dst, cnt, row0 + r)
-        dev.submit([k.dispatch([(tmp, 0, (cnt * row_bytes + 3) // 4 * 4)] + dst.buffers, k.grid)])
+        dev.submit([k.dispatch({"raw": (tmp, 0, (cnt * row_bytes + 3) // 4 * 4), "dst": dst.buffers}, k.grid)])
     dev.release_buffer(tmp)

@@ -1,5 +1,6 @@
-"""The per-step uniform every kernel binds at @binding(0): the only thing the host writes per
-decode step (Transformer-Lite's symbolic shapes resolved once per step, not per kernel).
+"""The per-step uniform every model kernel binds first (as "step", declared by
+kernels/bindings.Bindings.step): the only thing the host writes per decode step
+(Transformer-Lite's symbolic shapes resolved once per step, not per kernel).
 Must not: import numpy or wgpu.
 """
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-STEP_DECL = """struct Step {
+STEP_STRUCT = """struct Step {
   n_tokens: u32,     // T: tokens processed by this step
   pos0: u32,         // position of the first of them
   kv_len: u32,       // pos0 + T: valid cache length after this step
@@ -21,7 +22,6 @@ STEP_DECL = """struct Step {
   pad0: f32,
   pad1: f32,
 }
-@group(0) @binding(0) var<uniform> step: Step;
 """
 STEP_BYTES = 48
 

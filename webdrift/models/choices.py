@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, UnsupportedModelError
-from ..gpu.base import can_time
-from ..kernels import gemv_blk
+from ..kernels import linear_blk
+from ..kernels.attention import AttentionCombineKernel
 from ..kernels.autotune import chain_pays, int8_pays
-from ..kernels.ops import AttentionCombineKernel
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -48,8 +47,8 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
              "down": (lw.w_down, None, False), "head": (model.output, None, True)}
     mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-    ok = dev.has_dp4a and all(gemv_blk.supported(w.fmt, w.i) for w in mats)
-    head_ok = dev.has_dp4a and gemv_blk.supported(model.output.fmt, model.output.i)
+    ok = dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+    head_ok = dev.has_dp4a and linear_blk.supported(model.output.fmt, model.output.i)
     possible = chain_possible(dev, cfg)
     if isinstance(wanted, dict):    # per role (unnamed roles: off)
         bad = sorted(set(wanted) - set(roles))
@@ -67,7 +66,7 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
                 f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                 f"adapter: {dev.has_dp4a})")
         return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)
-    timed = model.autotune and can_time(dev)
+    timed = model.autotune and dev.can_time_sync
     out = {}
     for r, (w, w2, norm) in roles.items():
         if dev.info.is_cpu or not (head_ok if r == "head" else ok):

@@ -30,14 +30,15 @@ Must not: import numpy or wgpu; allocate GPU memory (program.py binds, lower.py 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..gpu.base import Buffer
 from ..graph import Graph, T
-from ..kernels import gemv_blk
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel
 from ..kernels.autotune import choose_attention, choose_gemv, choose_qout
 from ..kernels.base import ceil_div
-from ..kernels.ops import AttentionCombineKernel, AttentionKernel
+from ..kernels.linear import GemvVariant
+from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 
 
@@ -100,7 +101,7 @@ class Linear(Op):
     w: GPUWeight
     w2: GPUWeight | None = None
     int8_input: bool = False     # x is an int8 row (integer-dot GEMV)
-    variant: dict                # decode GEMV variant (kernels/autotune.py), {} for the GEMM
+    variant: GemvVariant         # decode GEMV variant (kernels/autotune.py); the GEMM: the default
     norm: Buffer | None = None   # RMSNorm of x fused in (float input: the weight is bound here)
     pre_norm: bool = False       # x is normalised in the GEMV (float: with `norm`; int8: 1/rms only)
     x_partials: int | None = None   # int8 input from a quantizing epilogue: its partial sums of x^2
@@ -205,9 +206,9 @@ class ForwardBuilder:
             for nm, role, width in (("xqa", "qkv", cfg.dim), ("xqo", "o", cfg.q_dim), ("xqf", "gateup", cfg.dim),
                                     ("xqd", "down", cfg.ffn_dim)):
                 if self.int8[role]:
-                    g.tensor(f"{nm}{i}", gemv_blk.row_words(width), layout="linear")
+                    g.tensor(f"{nm}{i}", row_words(width), layout="linear")
         if self.int8["head"]:
-            g.tensor("xql", gemv_blk.row_words(cfg.dim), rows, layout="linear")
+            g.tensor("xql", row_words(cfg.dim), rows, layout="linear")
         if not self.all_logits:
             g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), 1, layout="linear")
 
@@ -231,7 +232,7 @@ class ForwardBuilder:
         if self.rope_epilogue:
             variant = self._variant(lw.wqkv, int8=int8)
             if not int8:   # the float GEMV's subgroups compute pairs of rows: twice the chosen rows,
-                variant = dict(variant, rows=2 * variant["rows"])   # or half its subgroups idle
+                variant = replace(variant, rows=2 * variant.rows)   # or half its subgroups idle
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
@@ -314,9 +315,9 @@ class ForwardBuilder:
         stage = "decode" if last else self.stage
         sharded = len(m.output_shards) > 1
         for w in m.output_shards:
-            variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql") if stage == "decode" else {}
-            if variant.get("rows", 4) * m.dev.max_workgroups < w.o:
-                variant = dict(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
+            variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql") if stage == "decode" else GemvVariant()
+            if variant.rows * m.dev.max_workgroups < w.o:
+                variant = replace(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
                          variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
@@ -371,17 +372,17 @@ class ForwardBuilder:
         """Whether the float decode QKV GEMV can take the RoPE epilogue: its chosen variant computes
         rows in subgroups (rotation partners as a pair per subgroup, so an even row count)."""
         c = self._variant(self.m.layers[0].wqkv)
-        return c.get("variant") in ("subgroup", "wide") and c.get("rows", 0) % 2 == 0
+        return c.variant in ("subgroup", "wide") and c.rows % 2 == 0
 
-    def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> dict:
+    def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> GemvVariant:
         """The decode GEMV variant measured fastest on this adapter (the GEMM has one)."""
         m = self.m
-        return choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8) if self.stage == "decode" else {}
+        return choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8) if self.stage == "decode" else GemvVariant()
 
-    def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> dict:
-        """The integer-dot GEMV variant with a quantizing epilogue (rows fixed at one int8 block)."""
+    def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
+        """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""
         m = self.m
-        return {k: v for k, v in choose_qout(m.dev, w, w2, enabled=m.autotune).items() if k != "rows"}
+        return choose_qout(m.dev, w, w2, enabled=m.autotune)
 
     def _chained(self, produced_by_gemv: bool) -> int | None:
         """Partial sums of x^2 per 32-block in an int8 row a quantizing epilogue wrote."""

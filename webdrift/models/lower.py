@@ -12,18 +12,14 @@ from dataclasses import dataclass
 
 from ..gpu.base import Buffer
 from ..graph import Graph
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel
 from ..kernels.base import ceil_div
-from ..kernels.ops import (
-    ArgmaxKernel,
-    AttentionCombineKernel,
-    AttentionKernel,
-    EmbeddingKernel,
-    LinearKernel,
-    QuantizeKernel,
-    RMSNormKernel,
-    RopeQKVKernel,
-    SampleKernel,
-)
+from ..kernels.embedding import EmbeddingKernel
+from ..kernels.linear import Epilogue, LinearKernel, PreNorm, QuantOut, RopeOut
+from ..kernels.norm import RMSNormKernel
+from ..kernels.quantize import QuantizeKernel
+from ..kernels.rope import RopeQKVKernel
+from ..kernels.sample import ArgmaxKernel, SampleKernel
 from . import forward as F
 
 
@@ -58,55 +54,62 @@ class LowerContext:
 
 
 def lower(op: F.Op, ctx: LowerContext) -> tuple:
-    """(kernel, bindings in @binding order) for one op."""
+    """(kernel, {binding name: buffer}) for one op (kernel.bind turns the names into a bind group)."""
     return _LOWER[type(op)](op, ctx)
 
 
 def _embed(op: F.Embed, c: LowerContext):
     k = EmbeddingKernel(c.dev, op.table, c.desc("x"), op.scale, shard=op.sharded)
-    return k, [c.step, c.ids] + op.table.buffers + [c.arena_range("x")]
+    return k, {"step": c.step, "ids": c.ids, "w": op.table.buffers, "out": c.arena_range("x")}
 
 
 def _norm(op: F.Norm, c: LowerContext):
     (x,), (out,) = op.reads, op.writes
     k = RMSNormKernel(c.dev, c.desc(x), c.desc(out), c.cfg.norm_eps, c.cfg.norm_weight_offset,
                       accumulate=op.accumulate, last_row=op.last_row)
-    return k, [c.step, c.arena_range(x), c.arena_range(out), op.weight]
+    return k, {"step": c.step, "x": c.arena_range(x), "out": c.arena_range(out), "w": op.weight}
 
 
 def _quantize(op: F.Quantize, c: LowerContext):
     (x,), (xq,) = op.reads, op.writes
-    nrm = (c.cfg.norm_eps, c.cfg.norm_weight_offset) if op.norm is not None else None
-    k = QuantizeKernel(c.dev, c.desc(x), c.desc(xq), op.fmt, pre_norm=nrm, last_row=op.last_row)
-    return k, [c.step, c.arena_range(x), c.arena_range(xq)] + ([op.norm] if op.norm is not None else [])
+    pre = PreNorm(c.cfg.norm_eps, c.cfg.norm_weight_offset) if op.norm is not None else None
+    k = QuantizeKernel(c.dev, c.desc(x), c.desc(xq), op.fmt, pre_norm=pre, last_row=op.last_row)
+    return k, {"step": c.step, "x": c.arena_range(x), "xq": c.arena_range(xq)} | ({"nw": op.norm} if pre else {})
 
 
 def _linear(op: F.Linear, c: LowerContext):
     cfg = c.cfg
     x = op.reads[0]
-    y_desc = c.desc(op.y).columns(*op.columns) if op.columns else c.desc(op.y)
-    kw = dict(op.variant)
+    y = c.desc(op.y).columns(*op.columns) if op.columns else c.desc(op.y)
+    rope = qout = None
     if op.rope is not None:
-        e = op.rope
-        kw["rope"] = {"q": c.desc(e.q), "n_heads": cfg.n_heads, "n_kv": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-                      "cap": c.cap_stride, "rope_half": cfg.rope_style == "half"}
+        rope = RopeOut(c.desc(op.rope.q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
+                       rope_half=cfg.rope_style == "half")
     if op.qout is not None:
         q = op.qout
-        kw["qout"] = (c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
-    k = LinearKernel(c.dev, op.stage, c.desc(x), y_desc, op.w, w2=op.w2, bias=op.bias is not None,
-                     residual=op.residual, act=op.act, softcap=op.softcap, x_last_row=op.last_row,
-                     pre_norm=(cfg.norm_eps, cfg.norm_weight_offset) if op.pre_norm else None,
-                     x_partials=op.x_partials, **kw)
+        qout = QuantOut(c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
+    pre = PreNorm(cfg.norm_eps, cfg.norm_weight_offset, op.x_partials) if op.pre_norm else None
+    k = LinearKernel(c.dev, op.stage, c.desc(x), y, op.w, op.w2, variant=op.variant, pre_norm=pre,
+                     epilogue=Epilogue(bias=op.bias is not None, residual=op.residual, act=op.act, softcap=op.softcap,
+                                       qout=qout, rope=rope),
+                     x_last_row=op.last_row)
     # y: the output, or a spare buffer where the epilogue writes elsewhere instead (no arena
     # range that could alias an input)
-    y_bind = c.arena_range(op.y) if op.y in op.writes else c.spare
-    binds = [c.step, c.arena_range(x), y_bind] + op.w.buffers + (op.w2.buffers if op.w2 else [])
-    binds += [op.bias] if op.bias is not None else []
-    binds += [op.norm] if op.norm is not None else []
+    binds = {"step": c.step, "x": c.arena_range(x), "y": c.arena_range(op.y) if op.y in op.writes else c.spare,
+             "w": op.w.buffers}
+    if op.w2 is not None:
+        binds["w2"] = op.w2.buffers
+    if op.bias is not None:
+        binds["bias"] = op.bias
+    if op.norm is not None:
+        binds["nw"] = op.norm
     if op.rope is not None:
-        binds += [c.arena_range(op.rope.q), op.rope.k_cache, op.rope.v_cache, op.rope.inv_freq]
+        binds |= {"q": c.arena_range(op.rope.q), "kc": op.rope.k_cache, "vc": op.rope.v_cache,
+                  "inv_freq": op.rope.inv_freq}
     if op.qout is not None:
-        binds += [c.arena_range(op.qout.row)] + ([op.qout.norm] if op.qout.norm is not None else [])
+        binds["qout"] = c.arena_range(op.qout.row)
+        if op.qout.norm is not None:
+            binds["qnw"] = op.qout.norm
     return k, binds
 
 
@@ -116,8 +119,9 @@ def _rope(op: F.RopeKV, c: LowerContext):
     k = RopeQKVKernel(c.dev, c.desc(qkv), c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
                       rope_half=cfg.rope_style == "half", qk_norm=op.q_norm is not None, eps=cfg.norm_eps,
                       w_offset=cfg.norm_weight_offset)
-    binds = [c.step, c.arena_range(qkv), c.arena_range(q), op.k_cache, op.v_cache, op.inv_freq]
-    return k, binds + ([op.q_norm, op.k_norm] if op.q_norm is not None else [])
+    binds = {"step": c.step, "qkv": c.arena_range(qkv), "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
+             "inv_freq": op.inv_freq}
+    return k, binds | ({"qn": op.q_norm, "kn": op.k_norm} if op.q_norm is not None else {})
 
 
 def _attention(op: F.Attention, c: LowerContext):
@@ -126,7 +130,7 @@ def _attention(op: F.Attention, c: LowerContext):
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
                         scale, window=op.window, grouped=op.grouped)
-    return k, [c.step, c.arena_range(q), op.k_cache, op.v_cache, c.arena_range(part)]
+    return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache, "part": c.arena_range(part)}
 
 
 def _combine(op: F.Combine, c: LowerContext):
@@ -134,17 +138,18 @@ def _combine(op: F.Combine, c: LowerContext):
     (part,), (out,) = op.reads, op.writes
     k = AttentionCombineKernel(c.dev, c.desc(out), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.nsplit, c.rows_cap,
                                quant=op.quant)
-    return k, [c.step, c.arena_range(part), c.arena_range(out)]
+    return k, {"step": c.step, "part": c.arena_range(part), "out": c.arena_range(out)}
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
     k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u")
-    return k, [c.step, c.arena_range("logits"), c.arena_range("amax")]
+    return k, {"step": c.step, "logits": c.arena_range("logits"), "part": c.arena_range("amax")}
 
 
 def _sample(op: F.Sample, c: LowerContext):
     k = SampleKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u", partials=op.partials)
-    return k, [c.step, c.arena_range("logits"), c.out_tokens, c.ids, c.arena_range("amax")]
+    return k, {"step": c.step, "logits": c.arena_range("logits"), "out_tokens": c.out_tokens, "ids": c.ids,
+               "part": c.arena_range("amax")}
 
 
 _LOWER = {F.Embed: _embed, F.Norm: _norm, F.Quantize: _quantize, F.Linear: _linear, F.RopeKV: _rope,

@@ -58,7 +58,7 @@ class Program:
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)
-                self._kernels.append((op, k, m.dev.create_bind_group(k.pipeline, binds)))
+                self._kernels.append((op, k, k.bind(m.dev, binds)))
         return self._kernels
 
     def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:

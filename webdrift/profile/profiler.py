@@ -99,8 +99,7 @@ class Profiler:
     @classmethod
     def for_device(cls, dev, kernels: bool = True, steps: bool = False) -> Profiler:
         """A profiler that times kernels (or whole steps) only where the device can (timestamp-query)."""
-        return cls(True, kernels and getattr(dev, "has_timestamps", False)
-                   and (hasattr(dev, "read_timestamps") or hasattr(dev, "aread_timestamps")), steps=steps)
+        return cls(True, kernels and dev.has_timestamps, steps=steps)
 
     def __bool__(self) -> bool:
         return self.enabled
@@ -122,28 +121,26 @@ class Profiler:
 
     # -- after a generation -----------------------------------------------------------------
     def collect(self, dev) -> None:
-        """Read back the timestamps of every timed submit not read yet (native: a sync read each)."""
+        """Read back the timestamps of every timed submit not read yet, synchronously (devices
+        with has_sync_reads: the native backend)."""
         for b in self._unread():
-            dev.read_timestamps(b.recorder)
+            dev.read_timestamps_sync(b.recorder)
             self._take(b)
 
     async def acollect(self, dev) -> None:
-        """collect() for backends whose reads are awaited (the browser's aread_timestamps)."""
+        """collect() on any backend (the browser's reads are awaited)."""
         for b in self._unread():
-            if hasattr(dev, "aread_timestamps"):
-                await dev.aread_timestamps(b.recorder)
-            else:
-                dev.read_timestamps(b.recorder)
+            await dev.read_timestamps(b.recorder)
             self._take(b)
 
     def _unread(self) -> list[GPUBatch]:
-        return [b for b in self.batches if not b.kernels and getattr(b.recorder, "_pending", None) is not None]
+        return [b for b in self.batches if not b.kernels and b.recorder.pending is not None]
 
     @staticmethod
     def _take(b: GPUBatch) -> None:
         rec = b.recorder
         b.kernels = [(lab, int(s), int(e)) for lab, (s, e) in zip(rec.labels, rec.ticks_ns)]
-        rec._pending = None
+        rec.pending = None
 
     def reset(self) -> None:
         self.spans.clear()

@@ -7,21 +7,23 @@ size) and is timed with GPU timestamps: bandwidth = bytes / kernel time (best of
 Decode is memory-bound, so a decode step cannot beat (bytes it must read) / bandwidth: that is
 each model's decode ceiling (models/footprint.py computes the bytes).
 The kernel source lives here rather than in wgsl/ because it is a measuring probe, not part of
-the model. Must not: import numpy or wgpu.
+the model; its bindings are declared through kernels/bindings.py like every kernel's.
+Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
 import time
 
-from ..gpu.base import READ, RW, TimestampRecorder, can_time
+from ..gpu.base import Dispatch, TimestampRecorder
+from ..kernels.bindings import Bindings
 
 WG = 256
 
 STREAM_READ_WGSL = """
 // Streaming read: src (N4) vec4<u32>, read once, coalesced (thread g reads g, g+stride, ...).
-@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;     // (N4)
-@group(0) @binding(1) var<storage, read_write> sink: array<u32>;    // (4) written only on a magic sum
+{SRC_DECL}
+{SINK_DECL}
 const N4: u32 = {N4}u;
 
 @compute @workgroup_size({WG})
@@ -47,7 +49,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 
 FILL_WGSL = """
 // Fill dst (N4) vec4<u32> with a hash of the index, so the read is not of untouched zero pages.
-@group(0) @binding(0) var<storage, read_write> dst: array<vec4<u32>>;   // (N4)
+{DST_DECL}
 const N4: u32 = {N4}u;
 
 @compute @workgroup_size({WG})
@@ -74,21 +76,26 @@ def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: in
     src = dev.create_buffer(cap, label="roofline.src")
     sink = dev.create_buffer(16, label="roofline.sink")
     try:
-        fill = dev.create_pipeline(FILL_WGSL.replace("{N4}", str(n4)).replace("{WG}", str(WG)), (RW,),
-                                   label="roofline_fill")
-        read = dev.create_pipeline(STREAM_READ_WGSL.replace("{N4}", str(n4)).replace("{WG}", str(WG)),
-                                   (READ, RW), label="stream_read")
-        from ..gpu.base import Dispatch
-        fd = Dispatch(fill, dev.create_bind_group(fill, [src]), (workgroups, 1, 1), "roofline_fill")
-        rd = Dispatch(read, dev.create_bind_group(read, [src, sink]), (workgroups, 1, 1), "stream_read")
+        fb, rb = Bindings(), Bindings()
+        fill_src = (FILL_WGSL.replace("{DST_DECL}", fb.array("dst", "array<vec4<u32>>", f"({n4})", writable=True))
+                    .replace("{N4}", str(n4)).replace("{WG}", str(WG)))
+        read_src = (STREAM_READ_WGSL.replace("{SRC_DECL}", rb.array("src", "array<vec4<u32>>", f"({n4})"))
+                    .replace("{SINK_DECL}", rb.array("sink", "array<u32>", "(4) written only on a magic sum",
+                                                     writable=True))
+                    .replace("{N4}", str(n4)).replace("{WG}", str(WG)))
+        fill = dev.create_pipeline(fill_src, fb.kinds, label="roofline_fill")
+        read = dev.create_pipeline(read_src, rb.kinds, label="stream_read")
+        fd = Dispatch(fill, dev.create_bind_group(fill, fb.buffers({"dst": src})), (workgroups, 1, 1), "roofline_fill")
+        rd = Dispatch(read, dev.create_bind_group(read, rb.buffers({"src": src, "sink": sink})), (workgroups, 1, 1),
+                      "stream_read")
         dev.submit([fd, rd])                       # fill, and warm the read up
         _sync(dev, sink)
         times_ns: list[float] = []
-        timed = can_time(dev)
+        timed = dev.can_time_sync
         if timed:
             rec = TimestampRecorder(reps)
             dev.submit([rd] * reps, timestamps=rec)
-            dev.read_timestamps(rec)
+            dev.read_timestamps_sync(rec)
             times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
         if not times_ns:                           # no timestamps: host time of one submit + read
             timed = False
@@ -108,7 +115,7 @@ def measure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgroups: in
 
 
 def _sync(dev, buf) -> None:
-    if hasattr(dev, "read_buffer_sync"):
+    if dev.has_sync_reads:
         dev.read_buffer_sync(buf, 0, 4)
     else:  # pragma: no cover - async-only backends
         import asyncio

@@ -26,6 +26,7 @@ from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 from ..tokenizer.tokenizer import check_text
+from .options import EngineOptions
 
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
@@ -141,7 +142,6 @@ class Engine:
         defaults); progress(done, total, name) is called per weight tensor uploaded. Build engines
         through runtime/loading.py (`webdrift.load`, the browser API), which makes the tokenizer
         and the device."""
-        from .loading import EngineOptions
         if options is None:
             options = EngineOptions()
         elif not isinstance(options, EngineOptions):

@@ -1,10 +1,10 @@
 """Tensor virtualization (ML Drift): logical tensors vs their physical GPU realizations.
 
-A *logical* tensor has axis semantics (Linear, HW, HWC, BHWC, BHWDC) and sizes; a *physical*
-storage says how its elements sit in a GPU buffer. Kernels never hand-write index math: this
-module emits WGSL accessor functions (`src_read(b, x, y, s) -> vec4<f32>`, `src_write(...)`)
-for the storage chosen, and kernel templates call those. Channels are read in 4-channel slices
-(S = ceil(C/4)); padding channels read as zero and are never written.
+A *logical* tensor has BHWC sizes (an LLM activation: B = 1, H = 1, W = tokens, C = channels);
+a *physical* storage says how its elements sit in a GPU buffer. Kernels never hand-write index
+math: this module emits WGSL accessor functions (`src_read(b, x, y, s) -> vec4<f32>`,
+`src_write(...)`) for the storage chosen, and kernel templates call those. Channels are read in
+4-channel slices (S = ceil(C/4)); padding channels read as zero and are never written.
 
 Storages for activations (f32):
   linear  - dense BHWC, channel fastest: index = ((b*H + y)*W + x)*C + c   (array<f32>)
@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
 
-AXES = {"Linear": "C", "HW": "HW", "HWC": "HWC", "BHWC": "BHWC", "BHWDC": "BHWDC"}
 LAYOUTS = ("linear", "sliced")
 
 
@@ -32,7 +31,7 @@ def slices(c: int) -> int:
 
 @dataclass(frozen=True)
 class TensorDesc:
-    """A logical activation tensor: BHWC sizes (other axis sets map onto BHWC) + physical layout.
+    """A logical activation tensor: BHWC sizes + physical layout.
 
     For LLM activations: B = 1, H = 1, W = tokens (capacity), C = channels.
     """
@@ -70,18 +69,10 @@ class TensorDesc:
         c = full if self.layout == "linear" else 4 * slices(full)
         return self.b * self.h * self.w * c * 4
 
-    @classmethod
-    def from_axes(cls, name: str, axes: str, shape: tuple[int, ...], layout: str = "linear") -> TensorDesc:
-        """Map a logical tensor with named axes onto BHWC (D folds into H for BHWDC)."""
-        if axes not in AXES.values() or len(axes) != len(shape):
-            raise InvalidArgumentError(f"tensor {name!r}: axes {axes!r} do not fit shape {shape}")
-        d = dict(zip(axes, shape))
-        h = d.get("H", 1) * d.get("D", 1)
-        return cls(name, c=d.get("C", 1), w=d.get("W", 1), h=h, b=d.get("B", 1), layout=layout)
-
 
 def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable: bool = True) -> str:
-    """WGSL declaration + accessors for tensor t bound at @binding(binding).
+    """WGSL declaration + accessors for tensor t bound at @binding(binding) (kernels declare it
+    through kernels/bindings.Bindings.tensor, which numbers it).
 
     Emits: const {n}_B/_H/_W/_C/_S; fn {n}_read(b, x, y, s) -> vec4<f32>;
     fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1.

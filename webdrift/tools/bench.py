@@ -9,7 +9,9 @@ device's live-buffer high-water mark: weights, KV cache, arena, staging uploads)
 Models: `--model NAME` (a real model, through the hub / a GGUF path), `--synthetic NAME` (random
 weights in a real model's shapes, weights/synthetic.py) with `--quant f16|q8|q4`.
 The roofline is measured in the same run (profile/roofline.py); PyTorch peers run where torch
-has a CUDA device (bench_peers.py). Output: a table, `--json`, `--markdown` (appends a section
+has a CUDA device (bench_peers.py); llama.cpp runs on the very same GGUF files with
+`--llama-bench PATH` (its llama-bench binary: pp P at depth 0, tg M at depth P, flash attention,
+every layer on the GPU; llama_cpp.py). Output: a table, `--json`, `--markdown` (appends a section
 with the machine, date and exact command) and `--plot` (matplotlib, skipped if missing).
 A desktop tool (webdrift/tools/, numpy for synthetic weights): engines come from the core's
 assembly path (runtime/loading.py), the machine's facts from the device object; the report
@@ -45,7 +47,7 @@ REPORT_FIELDS = ("webdrift_version", "date", "command", "machine", "protocol", "
                  "roofline", "peers_note", "results")
 MACHINE_FIELDS = ("adapter", "backend", "vendor", "driver", "adapter_type", "max_binding_bytes",
                   "max_buffer_bytes", "features", "host", "python", "wgpu")
-PEER_NAMES = ("hf_eager", "cuda_graph")
+PEER_NAMES = ("hf_eager", "cuda_graph", "llama_cpp")
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -122,8 +124,8 @@ def generate_ids(eng, ids: list[int], new_tokens: int):
 # -- machine -------------------------------------------------------------------------------------
 
 def machine_info(dev) -> dict:
-    ai = getattr(dev, "adapter_info", {}) or {}
-    wv = getattr(dev, "wgpu_version", "")      # the native device's; the core never imports wgpu here
+    ai = dev.adapter_info
+    wv = dev.wgpu_version      # the native device's; nothing outside gpu/ imports wgpu
     return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
             "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
             "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
@@ -136,9 +138,10 @@ def machine_info(dev) -> dict:
 
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
-                int8_activations: bool | None = None) -> list[dict]:
+                int8_activations: bool | None = None, llama_bench: str | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
-    peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant."""
+    peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
+    llama_bench: the llama-bench binary to run on the same GGUF file (a real .gguf source only)."""
     from ..models.footprint import decode_read_bytes, plan_weights
     from ..models.manifest import kv_cache_bytes
     from ..profile.roofline import decode_ceiling
@@ -162,9 +165,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
         return [row(p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
                 for p, m in protocols]
     gc.collect()
-    before = getattr(dev, "bytes_allocated", 0)
-    if hasattr(dev, "peak_bytes"):
-        dev.peak_bytes = before
+    before = dev.bytes_allocated
+    dev.peak_bytes = before
     log(f"loading {model} ({quant}) ...")
     eng = None
     try:
@@ -194,7 +196,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                             load_s=round(eng.load_s, 3)))
             log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
-        peak = getattr(dev, "peak_bytes", 0) - before
+        peak = dev.peak_bytes - before
         for r in rows:
             r["peak_gpu_bytes"] = peak
     except Exception as e:  # noqa: BLE001 - one model failing (limits, device loss) must not lose the report
@@ -203,6 +205,10 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     finally:
         del eng
         gc.collect()
+    if llama_bench:
+        from .llama_cpp import attach_llama_cpp
+        attach_llama_cpp(rows, llama_bench, src, protocols, repeats, kv_bytes=lambda kv_len: kv_cache_bytes(cfg, kv_len),
+                         log=log)
     if peers:
         from .bench_peers import run_peers
         cache_key = (model, tuple(protocols))
@@ -219,8 +225,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
             # the peers read fp16 weights and an fp16 KV cache (webdrift's is f32: halve that part)
             read16 = decode_read_bytes(cfg, plans16, kv_len) - kv_cache_bytes(cfg, kv_len) / 2
             ceil16 = decode_ceiling(bandwidth_GBps, read16)
-            r["peers"] = {}
-            for name in PEER_NAMES:
+            r["peers"] = r.get("peers") or {}
+            for name in ("hf_eager", "cuda_graph"):
                 pr = res.get(name, {})
                 if "error" in pr:
                     r["peers"][name] = {"error": pr["error"]}
@@ -286,10 +292,13 @@ def run_bench(args, dev=None, log=None) -> dict:
     for src in sources:
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
-                               int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")])
+                               int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
+                               llama_bench=getattr(args, "llama_bench", None))
     for r in results:
-        if r["peers"] is None:
-            r["peers"] = {name: {"skipped": peers_note} for name in PEER_NAMES}
+        r["peers"] = r["peers"] or {}
+        for name in ("hf_eager", "cuda_graph"):
+            r["peers"].setdefault(name, {"skipped": peers_note})
+        r["peers"].setdefault("llama_cpp", {"skipped": "not run (no --llama-bench)"})
     from .. import __version__
     report = {"webdrift_version": __version__, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
               "command": getattr(args, "command_line", None) or "webdrift bench",
@@ -301,7 +310,7 @@ def run_bench(args, dev=None, log=None) -> dict:
 
 
 def _peer_availability(dev) -> tuple[bool, str]:
-    ai = getattr(dev, "adapter_info", {}) or {}
+    ai = dev.adapter_info
     if ai.get("vendor_id") != 0x10DE and "nvidia" not in (dev.info.adapter + dev.info.vendor).lower():
         return False, f"the adapter ({dev.info.adapter}) is not an NVIDIA GPU, so CUDA peers could not share it; skipped"
     from .bench_peers import availability
@@ -342,7 +351,7 @@ def _peer_cell(p: dict | None) -> str:
     if not p:
         return "-"
     if "skipped" in p:
-        return "skipped"
+        return "not run" if p["skipped"].startswith("not run") else "skipped"
     if "error" in p:
         return "error"
     return (f"{_fmt(p.get('decode_tps'))} ({_fmt(p.get('decode_ratio'), '.2f')}x) / "
@@ -351,19 +360,19 @@ def _peer_cell(p: dict | None) -> str:
 
 def format_table(report: dict, markdown: bool = False) -> str:
     head = ["model", "quant", "prompt/new", "prefill tok/s", "decode tok/s", "% roofline", "ceiling tok/s",
-            "peak GPU mem", "load s", "HF eager decode / prefill tok/s (wd/peer)",
-            "CUDA graph decode / prefill tok/s (wd/peer)"]
+            "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
+            "HF eager decode / prefill tok/s (wd/peer)", "CUDA graph decode / prefill tok/s (wd/peer)"]
     rows = []
     for r in report["results"]:
         pr = r.get("peers") or {}
         if r.get("error"):
             rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}",
-                         "error: " + r["error"][:90], "", "", "", "", "", "", ""])
+                         "error: " + r["error"][:90], "", "", "", "", "", "", "", "", ""])
             continue
         rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}", _fmt(r["prefill_tps"]),
                      _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
-                     _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _peer_cell(pr.get("hf_eager")),
-                     _peer_cell(pr.get("cuda_graph"))])
+                     _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
+                     _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -391,8 +400,9 @@ def write_markdown(path: str, report: dict) -> None:
             f"{report['prefill_chunk']}, best of {report['repeats']}. Streaming read (the roofline): "
             f"**{roof['best_GBps']} GB/s** ({roof['bytes'] >> 20} MiB, {roof['method']}). "
             "% roofline = decode tok/s / (bandwidth / bytes read per token: weights + f32 KV cache at the "
-            "mean position). Peer cells: PyTorch fp16 on the same GPU, decode / prefill tok/s with the "
-            "ratio webdrift / peer in brackets (the peers run fp16 weights whatever webdrift's quant)."), "",
+            "mean position). Peer cells: decode / prefill tok/s with the ratio webdrift / peer in brackets; "
+            "llama.cpp (llama-bench, CUDA) on the same GGUF file: tg at depth = prompt, pp at depth 0; "
+            "PyTorch fp16 on the same GPU (fp16 weights whatever webdrift's quant)."), "",
            format_table(report, markdown=True), ""]
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     d = os.path.dirname(path)
@@ -438,11 +448,12 @@ def write_plot(path: str, report: dict) -> str:
             ax.annotate(r["model"],
                         (r["read_bytes_per_token"] / 1e9, r["decode_tps"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
-    for name, mk in (("hf_eager", "x"), ("cuda_graph", "+")):
+    for name, mk in (("llama_cpp", "*"), ("hf_eager", "x"), ("cuda_graph", "+")):
         pts = [(p["read_bytes_per_token"] / 1e9, p["decode_tps"]) for p in
                ((r.get("peers") or {}).get(name, {}) for r in rows) if p.get("decode_tps")]
         if pts:
-            ax.scatter(*zip(*pts), marker=mk, label=f"PyTorch {name} (fp16)")
+            ax.scatter(*zip(*pts), marker=mk, label="llama.cpp (same GGUF)" if name == "llama_cpp"
+                       else f"PyTorch {name} (fp16)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("GB read per decode token (weights + KV)")
@@ -476,6 +487,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--roofline-mib", type=int, default=None,
                    help="streaming-read buffer (default 1024, --quick 16; capped by the binding limit)")
     p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")
+    p.add_argument("--llama-bench", default=None, metavar="PATH",
+                   help="llama.cpp's llama-bench binary: run it on the same GGUF files (--model FILE.gguf) with "
+                        "the same protocol and report it beside webdrift (default: not run)")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
     p.add_argument("--quick", action="store_true",
@@ -507,6 +521,9 @@ def cmd_bench(args) -> int:
         print(f"section appended to {args.markdown}")
     if args.plot:
         print(write_plot(args.plot, report))
+    lc_errors = {r["peers"]["llama_cpp"]["error"] for r in report["results"] if "error" in r["peers"]["llama_cpp"]}
+    for e in sorted(lc_errors):
+        sys.stderr.write(f"webdrift: error: {e}\n")
     if args.quick:
         miss = missing_fields(report)
         if miss:
@@ -517,7 +534,7 @@ def cmd_bench(args) -> int:
             print(f"bench --quick: {len(bad)} runs failed: {bad[0]['error']}")
             return 1
         print(f"bench --quick: report complete ({len(report['results'])} rows) in {report['wall_s']} s")
-    return 0
+    return 1 if lc_errors else 0
 
 
 def _command_line() -> str:

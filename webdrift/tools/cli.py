@@ -1,9 +1,9 @@
-"""The `webdrift` command: generate | chat | pull | bench | profile | serve (a desktop tool).
+"""The `webdrift` command: generate | chat | pull | bench | profile | serve | api (a desktop tool).
 
 Entry points: the `webdrift` script (pyproject.toml) and `python -m webdrift` both call `main`.
 generate and chat assemble their engine through the core's assembly path (runtime/loading.py,
-step by step so that each wait can say what it is); bench, profile and serve register their own
-sub-commands from their modules beside this one.
+step by step so that each wait can say what it is); bench, profile, serve and api register
+their own sub-commands from their modules beside this one.
 What the user sees: errors a user can cause print one line (`webdrift: error: ...`) and exit 2
 (nothing here prints a traceback for a WebdriftError); every wait over a second shows on stderr
 what is being done and how far (a status line on a terminal, a line per phase otherwise); a
@@ -409,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_pull)
     from .serve import add_serve_parser
     add_serve_parser(sub)
+    from .api import add_api_parser
+    add_api_parser(sub)
     from .bench import add_arguments as add_bench_arguments
     add_bench_arguments(sub.add_parser("bench", help="ML Drift protocol: prefill/decode tok/s, roofline, peers"))
     from .profile import add_arguments as add_profile_arguments

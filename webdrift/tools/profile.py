@@ -50,7 +50,7 @@ def run_profile(eng, prompt_tokens: int, new_tokens: int, kernels: bool = True) 
         st, _ = profile_generation(eng, ids, new_tokens, timed)
         runs["phases+kernels"] = st.as_dict()
     stepped = None
-    if timed.kernels and hasattr(eng.dev, "read_timestamps"):   # GPU busy / idle per whole step
+    if timed.kernels and eng.dev.can_time_sync:   # GPU busy / idle per whole step
         stepped = Profiler.for_device(eng.dev, kernels=True, steps=True)
         st, _ = profile_generation(eng, ids, new_tokens, stepped)
         runs["phases+steps"] = st.as_dict()

@@ -1,4 +1,4 @@
-"""RMSNormKernel (wgsl/rms_norm.wgsl) vs numpy: plain, fused residual add (ADD_INPUT, the stream
+"""RMSNormKernel (wgsl/norm.wgsl) vs numpy: plain, fused residual add (ADD_INPUT, the stream
 written back), ACCUMULATE (Gemma's post-norms), LAST_ROW (LM-head input) and W_OFFSET."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, run, upload
-from webdrift.kernels.ops import RMSNormKernel
+from webdrift.kernels.norm import RMSNormKernel
 from webdrift.tensor import TensorDesc
 
 CAP = 72
@@ -36,7 +36,7 @@ def test_rms_norm_plain(T, C, layout):
     x, w = _data(T, C)
     xd, od = TensorDesc("x", C, CAP, layout=layout), TensorDesc("out", C, CAP, layout=layout)
     xb, ob = upload(xd, x), upload(od, fill=SENTINEL)
-    run(RMSNormKernel(device(), xd, od, EPS), [xb, ob, f32_buffer(w)], T)
+    run(RMSNormKernel(device(), xd, od, EPS), {"x": xb, "out": ob, "w": f32_buffer(w)}, T)
     out = download(od, ob)
     assert_close(out[:T], rms_norm(x, w))
     assert (out[T:] == SENTINEL).all()
@@ -53,7 +53,7 @@ def test_rms_norm_add_input_writes_back_the_stream(C, layout):
     od = TensorDesc("out", C, CAP, layout=layout)
     rd = TensorDesc("r", C, CAP, layout=layout)
     xb, ob, rb = upload(xd, x, fill=SENTINEL), upload(od, fill=SENTINEL), upload(rd, r)
-    run(RMSNormKernel(device(), xd, od, EPS, add_input=rd), [xb, ob, f32_buffer(w), rb], T)
+    run(RMSNormKernel(device(), xd, od, EPS, add_input=rd), {"x": xb, "out": ob, "w": f32_buffer(w), "r": rb}, T)
     s = x.astype(np.float64) + r
     xs = download(xd, xb)
     assert_close(xs[:T], s)
@@ -70,7 +70,7 @@ def test_rms_norm_accumulate_with_offset(layout):
     acc = _data(T, C, 4)[0]
     xd, od = TensorDesc("x", C, CAP, layout=layout), TensorDesc("out", C, CAP, layout=layout)
     xb, ob = upload(xd, x), upload(od, acc, fill=SENTINEL)
-    run(RMSNormKernel(device(), xd, od, 1e-6, w_offset=1.0, accumulate=True), [xb, ob, f32_buffer(w)], T)
+    run(RMSNormKernel(device(), xd, od, 1e-6, w_offset=1.0, accumulate=True), {"x": xb, "out": ob, "w": f32_buffer(w)}, T)
     out = download(od, ob)
     assert_close(out[:T], acc + rms_norm(x, w, 1e-6, 1.0))
     assert (out[T:] == SENTINEL).all()
@@ -82,7 +82,8 @@ def test_rms_norm_add_input_and_accumulate():
     r, acc = _data(T, C, 6)[0], _data(T, C, 7)[0]
     xd, od, rd = TensorDesc("x", C, CAP), TensorDesc("out", C, CAP, layout="sliced"), TensorDesc("r", C, CAP)
     xb, ob, rb = upload(xd, x), upload(od, acc), upload(rd, r)
-    run(RMSNormKernel(device(), xd, od, EPS, add_input=rd, accumulate=True), [xb, ob, f32_buffer(w), rb], T)
+    run(RMSNormKernel(device(), xd, od, EPS, add_input=rd, accumulate=True), {"x": xb, "out": ob, "w": f32_buffer(w), "r": rb},
+        T)
     s = x.astype(np.float64) + r
     assert_close(download(xd, xb)[:T], s)
     assert_close(download(od, ob)[:T], acc + rms_norm(s, w))
@@ -97,7 +98,7 @@ def test_rms_norm_last_row(add):
     xd, od, rd = TensorDesc("x", C, CAP), TensorDesc("out", C, 4, layout="sliced"), TensorDesc("r", C, CAP)
     xb, ob, rb = upload(xd, x), upload(od, fill=SENTINEL), upload(rd, r)
     k = RMSNormKernel(device(), xd, od, EPS, add_input=rd if add else None, last_row=True)
-    run(k, [xb, ob, f32_buffer(w)] + ([rb] if add else []), T)
+    run(k, {"x": xb, "out": ob, "w": f32_buffer(w)} | ({"r": rb} if add else {}), T)
     s = x.astype(np.float64) + (r if add else 0)
     out = download(od, ob)
     assert_close(out[0], rms_norm(s[T - 1], w))

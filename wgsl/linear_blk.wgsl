@@ -9,10 +9,10 @@
 //   q4 block: d_w * d_x * sum(q_w * q_x) + m_w * s_x      (q_w in 0..15: q4 stores w = d q + m)
 // A workgroup computes ROWS outputs (all of its invocations stride the blocks of every row, so
 // short rows still fill it), reduced with subgroupAdd where available, else through workgroup
-// memory. Fusions as in matvec.wgsl: bias, DUAL gate/up + activation, soft-cap, residual.
+// memory. Fusions as in linear_split.wgsl: bias, DUAL gate/up + activation, soft-cap, residual.
 // QOUT (ROWS = 32, subgroups): each subgroup computes RPS rows at a time (lanes stride the
 // blocks), and the workgroup writes its 32 outputs also as one int8 block of the next GEMV's
-// input row (quant_block.wgsl), optionally times that GEMV's RMSNorm weight with this
+// input row (quantize_block.wgsl), optionally times that GEMV's RMSNorm weight with this
 // workgroup's partial sum of y^2 (QNORM): the next layer needs no quantize dispatch.
 // QSKIP_Y: the int8 block is the only output.
 // ROPE (the QKV projection): instead of y, RoPE + the Q relayout + the in-place K/V append of
@@ -23,12 +23,10 @@
 {{SUBGROUP_DIRECTIVES}}
 {{STEP_DECL}}
 // x: quantized rows (quantize.wgsl's layout), read as vec4<u32>
-@group(0) @binding(1) var<storage, read_write> xq: array<vec4<u32>>;
+{{X_DECL}}
 {{Y_DECL}}
 {{W_DECL}}
-#if DUAL
 {{W2_DECL}}
-#endif
 #include linear_common
 #if ROPE
 #include rope_epilogue
@@ -53,17 +51,15 @@ fn x_block(xr: u32, b: u32) -> XBlock {
   return XBlock(xq[xr + 2u * b], xq[xr + 2u * b + 1u], bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]), s);
 }
 #if QOUT
-@group(0) @binding({{QOUT_BINDING}}) var<storage, read_write> qout: array<u32>;
-#if QNORM
-@group(0) @binding({{QNW_BINDING}}) var<storage, read> qnw: array<f32>;
-#endif
+{{QOUT_DECL}}
+{{QNW_DECL}}
 const QNB: u32 = {{QNB}}u;
 const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
 const QP0: u32 = {{QP0}}u;
 const RPS: u32 = {{RPS}}u;
 var<workgroup> res: array<f32, 64>;
-#include quant_block
+#include quantize_block
 #endif
 
 @compute @workgroup_size({{WG}})

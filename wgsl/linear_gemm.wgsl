@@ -1,5 +1,5 @@
-// Prefill-stage linear layer (GEMM-like "convolution" kernel), same maths and fusions as
-// matvec.wgsl: y[t, o] = x[t, :] . W[o, :] (+bias) (DUAL: act(x.Wg) * x.Wu) (+residual).
+// Prefill-stage linear layer (GEMM-like "convolution" kernel), same maths and fusions as the
+// decode GEMVs (linear_split.wgsl): y[t, o] = x[t, :] . W[o, :] (+bias) (DUAL: act(x.Wg) * x.Wu) (+residual).
 // A workgroup of 256 threads computes a 64-token x 64-output tile; each thread a 4 x 4 block.
 // K advances 16 inputs (4 slices) at a time through workgroup-memory tiles of vec4.
 // Dispatch: (ceil(O / 64), ceil(tokens / 64)).
@@ -7,9 +7,7 @@
 {{X_DECL}}
 {{Y_DECL}}
 {{W_DECL}}
-#if DUAL
 {{W2_DECL}}
-#endif
 #include linear_common
 #if PRE_NORM
 var<workgroup> nss: array<f32, 256>;     // per-invocation partial sums of squares of the tile's rows

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
-from webdrift.kernels.ops import RopeQKVKernel
+from webdrift.kernels.rope import RopeQKVKernel
 from webdrift.tensor import TensorDesc
 
 THETA = 10000.0
@@ -64,9 +64,9 @@ def test_rope_qkv(T, pos0, cap, H, KVH, DH, style, qk_norm):
     vc0 = rng.standard_normal((KVH, DH, cap)).astype(np.float32)     # (KVH, DH, CAP)
     qb = upload(q_d, fill=CACHE_FILL)
     kcb, vcb = f32_buffer(kc0), f32_buffer(vc0)
-    bufs = [upload(qkv_d, qkv), qb, kcb, vcb, f32_buffer(inv_freq(DH))]
+    bufs = {"qkv": upload(qkv_d, qkv), "q": qb, "kc": kcb, "vc": vcb, "inv_freq": f32_buffer(inv_freq(DH))}
     if qk_norm:
-        bufs += [f32_buffer(qn), f32_buffer(kn)]
+        bufs |= {"qn": f32_buffer(qn), "kn": f32_buffer(kn)}
     k = RopeQKVKernel(device(), qkv_d, q_d, H, KVH, DH, cap, style == "half", qk_norm, eps, w_offset)
     run(k, bufs, T, pos0=pos0)
 
@@ -104,7 +104,7 @@ def test_rope_qkv_large_position():
     q_d = TensorDesc("q", DH, T_CAP * 2, b=KVH)
     qb, kcb, vcb = upload(q_d), device().create_buffer(KVH * cap * DH * 4), device().create_buffer(KVH * cap * DH * 4)
     k = RopeQKVKernel(device(), qkv_d, q_d, H, KVH, DH, cap, True)
-    run(k, [upload(qkv_d, qkv), qb, kcb, vcb, f32_buffer(inv_freq(DH))], T, pos0=pos0)
+    run(k, {"qkv": upload(qkv_d, qkv), "q": qb, "kc": kcb, "vc": vcb, "inv_freq": f32_buffer(inv_freq(DH))}, T, pos0=pos0)
     pos = pos0 + np.arange(T)
     q = rope_ref(qkv[:, : H * DH].reshape(T, H, DH).astype(np.float64), pos, "half", DH)
     np.testing.assert_allclose(download(q_d, qb, squeeze=False)[0, :T * 2], q.reshape(T * 2, DH), rtol=1e-3, atol=1e-3)

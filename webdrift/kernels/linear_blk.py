@@ -1,7 +1,8 @@
-"""Code generation for the integer-dot-product decode GEMV (wgsl/matvec_blk.wgsl, variant "blk").
+"""Code generation for the integer-dot-product decode GEMV (wgsl/linear_blk.wgsl, LinearKernel's
+variant "blk"; its input rows come from quantize.py).
 
 The templates hold the structure (quantize.wgsl: RMSNorm + int8 quantization of activation rows;
-matvec_blk.wgsl: block loop and reduction); this module writes the unrolled parts: per-row bodies
+linear_blk.wgsl: block loop and reduction); this module writes the unrolled parts: per-row bodies
 with named accumulators (arrays indexed in loops can end up in local memory) and the input
 quantization whose int8 packing matches each weight format's byte order for dot4I8Packed:
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
@@ -13,8 +14,7 @@ Must not: import numpy or wgpu.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-
-FORMATS = ("q8", "q4")
+from .quantize import FORMATS, ceil4, n_partials, row_words
 
 
 def supported(fmt: str, i: int) -> bool:
@@ -22,6 +22,7 @@ def supported(fmt: str, i: int) -> bool:
 
 
 def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
+    """The weight's buffers (bindings binding, binding + 1) read one whole 32-block per load."""
     nb = i // 32
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
     if fmt == "q8":
@@ -31,38 +32,6 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
-
-
-QWG = 256          # quantize.wgsl's workgroup: one invocation per channel, 8 blocks
-
-
-def row_words(i: int) -> int:
-    """u32 words per row of a quantized activation (wgsl/quantize.wgsl's layout); the partial
-    sums of x^2 have room for one per 32-block (what a quantizing GEMV epilogue writes)."""
-    nb = i // 32
-    return 8 * nb + 3 * _ceil4(nb)
-
-
-def n_partials(i: int) -> int:
-    """Workgroups quantize.wgsl runs per row (each writes one partial sum of x^2)."""
-    return -(-i // QWG)
-
-
-def _ceil4(n: int) -> int:
-    return (n + 3) // 4 * 4
-
-
-def xq_desc(name: str, i: int, rows: int):
-    """The arena tensor holding `rows` quantized activation rows of i channels."""
-    from ..tensor import TensorDesc
-    return TensorDesc(name, row_words(i), rows)
-
-
-def qout_defines(fmt: str, i: int, wg: int) -> dict:
-    """Defines of wgsl/quant_block.wgsl for a kernel writing rows of i channels for fmt weights."""
-    nb = i // 32
-    return {"QNB": nb, "QNBP": _ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * _ceil4(nb),
-            "QWG": wg, "QPACK_Q4": fmt == "q4"}
 
 
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
@@ -153,8 +122,8 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
     epilogue (rows == 32; each subgroup accumulates RPS rows at a time)."""
     nb = i // 32
     acc_rows = rps if qout else rows
-    return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + _ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * _ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt == "q4",
+    return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt == "q4",
             "RED": wg if qout else max(wg, rows * (2 if dual else 1) * wg), "RPS": rps,
             "SG_STORE": sg_store(rps, dual) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual),

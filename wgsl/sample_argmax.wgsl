@@ -5,7 +5,7 @@
 // invocation); 32 workgroups take a few us. Dispatch: (NPART, 1, 1).
 {{STEP_DECL}}
 {{L_DECL}}
-@group(0) @binding(2) var<storage, read_write> part: array<u32>;
+{{PART_DECL}}
 const V: u32 = {{V}}u;
 const SPAN: u32 = {{SPAN}}u;
 const WG: u32 = 256u;

@@ -7,10 +7,8 @@
 {{STEP_DECL}}
 {{X_DECL}}
 {{OUT_DECL}}
-@group(0) @binding({{W_BINDING}}) var<storage, read> w: array<f32>;
-#if ADD_INPUT
+{{W_DECL}}
 {{R_DECL}}
-#endif
 const EPS: f32 = {{EPS}};
 const W_OFFSET: f32 = {{W_OFFSET}};
 const WG: u32 = 128u;

@@ -1,0 +1,188 @@
+"""LinearKernel: y = x W^T with its fusions, stage-aware, one template per algorithm:
+  prefill  wgsl/linear_gemm.wgsl       64x64 tiles, 4x4 register blocks per invocation
+  decode   wgsl/linear_split.wgsl      a workgroup splits the inputs of ROWS outputs
+           wgsl/linear_row.wgsl        one output per invocation, no barriers (CPU adapters)
+           wgsl/linear_subgroup.wgsl   one subgroup per output, 4-channel slices
+           wgsl/linear_wide.wgsl       one subgroup per output, whole quant blocks per lane
+           wgsl/linear_blk.wgsl        integer dot products on int8 input rows (linear_blk.py)
+All of them include linear_common.wgsl (bias, fused RMSNorm, activation, epilogue), so every
+variant computes the same maths. The options are typed: GemvVariant (which decode kernel;
+kernels/autotune.py measures it), PreNorm (RMSNorm of x fused in) and Epilogue (what happens to
+each output: bias, gate/up activation, soft-cap, residual; the blk GEMV's QuantOut, the QKV
+GEMV's RopeOut).
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..errors import UnsupportedModelError
+from ..gpu.base import Device
+from ..tensor import TensorDesc
+from . import linear_blk
+from .base import Kernel, ceil_div, wgsl_float
+from .bindings import Bindings
+from .norm import PreNorm
+from .quantize import block_defines, declare_rows, row_words
+from .rope import declare_rope_outputs
+from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
+
+DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "linear_subgroup",
+                    "wide": "linear_wide", "blk": "linear_blk"}
+
+
+@dataclass(frozen=True)
+class GemvVariant:
+    """A decode GEMV variant (autotune's choice or the static rule; prefill ignores it)."""
+    variant: str = "split"   # "split" | "row" | "subgroup" | "wide" | "blk"
+    rows: int = 4            # outputs per workgroup (row: unused, WG outputs per workgroup)
+    wg: int = 64             # invocations per workgroup
+    unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
+    rps: int = 4             # blk with QuantOut: rows per subgroup at a time
+
+
+@dataclass(frozen=True)
+class QuantOut:
+    """blk epilogue: also write the outputs as the next GEMV's int8 row (binding "qout"), times
+    that GEMV's norm weight (binding "qnw") + norm_offset when norm_offset is not None; write_y
+    False: the int8 row is the only output."""
+    row: TensorDesc
+    fmt: str
+    norm_offset: float | None
+    write_y: bool
+
+
+@dataclass(frozen=True)
+class RopeOut:
+    """QKV epilogue: RoPE + Q relayout + KV append instead of writing y (bindings "q", "kc",
+    "vc", "inv_freq"; see rope.py)."""
+    q: TensorDesc
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    cap: int
+    rope_half: bool
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to each output: + bias[o] ("bias"), act(gate) * up when there is a second
+    weight ("silu" or "gelu_tanh"), softcap * tanh(y / softcap), + y (residual); and qout / rope."""
+    bias: bool = False
+    residual: bool = False
+    act: str = "silu"
+    softcap: float | None = None
+    qout: QuantOut | None = None
+    rope: RopeOut | None = None
+
+
+def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) -> str:
+    if variant == "wide":
+        return wide_accessor_wgsl(n, binding, w.fmt, w.o, w.i)
+    if variant == "blk":
+        return linear_blk.weight_decl(n, binding, w.fmt, w.o, w.i)
+    return w.wgsl(n, binding, native_f16=dev.has_f16)
+
+
+class LinearKernel(Kernel):
+    """y = x W^T (+ the epilogue), stage "decode" (a GemvVariant) or "prefill" (the GEMM).
+    Bindings, in this order (those of absent options are not declared):
+      step      the Step uniform
+      x         (T_cap, I) activation; blk: (T_cap, row_words(I)) u32 int8 rows from QuantizeKernel
+      y         (T_cap, O) activation (x_last_row: row 0 only); bound even where never written
+                (rope, QuantOut(write_y=False))
+      w         the (O, I) weight (w.buffers); w2: the second weight (gate/up: the up projection)
+      bias      (O) f32, with epilogue.bias
+      nw        (I) f32 norm weight, with pre_norm on float GEMVs
+      q, kc, vc, inv_freq   with epilogue.rope (RopeOut)
+      qout      (T_cap, row_words(O)) u32 int8 rows, with epilogue.qout; qnw: (O) f32 the next
+                GEMV's norm weight, with qout.norm_offset
+    Dispatch: workgroups(t)."""
+
+    def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
+                 w2: GPUWeight | None = None, *, variant: GemvVariant = GemvVariant(),
+                 pre_norm: PreNorm | None = None, epilogue: Epilogue = Epilogue(), x_last_row: bool = False):
+        """x_last_row (decode): read x's row step.last_row, write y's row 0 (the LM head)."""
+        if stage not in ("decode", "prefill"):
+            raise ValueError(f"a linear layer's stage is 'decode' or 'prefill', not {stage!r}")
+        ep, qout, rope = epilogue, epilogue.qout, epilogue.rope
+        v = variant.variant if stage == "decode" else "gemm"
+        if v not in DECODE_TEMPLATES and v != "gemm":
+            raise ValueError(f"unknown decode GEMV variant {v!r}; the variants are {sorted(DECODE_TEMPLATES)}")
+        self.template = DECODE_TEMPLATES.get(v, "linear_gemm")
+        blk = v == "blk"
+        if blk:
+            for u in (w, w2):
+                if u is not None and not linear_blk.supported(u.fmt, u.i):
+                    raise UnsupportedModelError(f"the integer-dot GEMV reads q8 and q4 weights; {u.name} is {u.fmt}")
+            if not dev.has_dp4a:
+                raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
+            if x.c != row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
+                raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
+            if qout is not None:
+                variant = replace(variant, rows=32)
+                if not dev.has_subgroups or w.o % 32 or qout.row.c != row_words(w.o):
+                    raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
+                                     f"{row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
+        rows, wg = variant.rows, variant.wg
+        if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope.head_dim % 2
+                                 or v not in ("blk", "subgroup", "wide")
+                                 or w.o != (rope.n_heads + 2 * rope.n_kv) * rope.head_dim):
+            raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
+                             f"count and the QKV weight; {w.name} ({variant.variant}, {rows} rows)")
+        if v == "wide" and not all(wide_supported(u.fmt, u.i, u.layout) for u in (w, w2) if u is not None):
+            raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
+                                        f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
+        if x_last_row and stage != "decode":
+            raise ValueError("x_last_row is a decode-kernel option")
+        self.stage, self.w, self.variant = stage, w, variant
+        b = Bindings()   # declared in binding order
+
+        def weight(name: str, u: GPUWeight) -> str:
+            return b.weight(name, u, lambda n, k: _weight_decl(n, k, u, v, dev))
+        d = {"STEP_DECL": b.step(),
+             "X_DECL": (b.array("x", "array<vec4<u32>>", f"({x.w}, {x.c // 4}) int8 rows, four words per vec4",
+                                writable=True, var="xq") if blk else b.tensor("x", x)),
+             "Y_DECL": b.tensor("y", y),
+             "W_DECL": weight("w", w),
+             "W2_DECL": weight("w2", w2) if w2 is not None else "",
+             "BIAS_DECL": b.array("bias", "array<f32>", f"({w.o})") if ep.bias else "",
+             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else "",
+             "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
+        if rope is not None:   # rope_epilogue.wgsl
+            d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
+                     RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
+                     RCAP=rope.cap, ROPE_HALF=rope.rope_half)
+        if qout is not None:
+            d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
+                     QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")
+                               if qout.norm_offset is not None else ""))
+        d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
+                 UNROLL4=variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
+                 SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
+                 ROWS=rows, WG=wg, RED=max(2 * rows * wg, wg),
+                 NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
+                 PRE_NORM=pre_norm is not None and not blk)
+        if pre_norm is not None and not blk:
+            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
+        if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
+            d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
+                                        dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,
+                                        qout=qout is not None, rps=variant.rps, rope=rope is not None),
+                     XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
+                     QOUT=qout is not None)
+            if qout is not None:
+                d.update(block_defines(qout.fmt, w.o, wg), QNORM=qout.norm_offset is not None,
+                         QW_OFFSET=wgsl_float(qout.norm_offset or 0.0), QSKIP_Y=not qout.write_y)
+        super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")
+
+    @property
+    def rows(self) -> int:
+        return self.variant.rows
+
+    def workgroups(self, t: int):
+        if self.stage == "decode":
+            per_wg = self.variant.wg if self.variant.variant == "row" else self.variant.rows
+            return (ceil_div(self.w.o, per_wg), t, 1)
+        return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)

@@ -1,0 +1,85 @@
+"""Int8 activation rows for the integer-dot GEMV (linear.py's "blk" variant): their layout, the
+defines of wgsl/quantize_block.wgsl that writes them (shared by every producer), and
+QuantizeKernel (wgsl/quantize.wgsl), which turns activation rows (optionally RMS-normalised)
+into them. A row of i channels for weights of format fmt ("q8" / "q4": it fixes the int8 order),
+u32 words, NB = i / 32 blocks, NBP = NB rounded up to 4:
+  [8 NB: four int8 per word][NBP: f32 block scales][NBP: f32 block sums][NBP: partial sums of x^2]
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..gpu.base import Device
+from ..tensor import TensorDesc
+from .base import Kernel, wgsl_float
+from .bindings import Bindings
+
+if TYPE_CHECKING:
+    from .norm import PreNorm
+
+FORMATS = ("q8", "q4")   # weight formats the int8 rows are packed for
+QWG = 256                # quantize.wgsl's workgroup: one invocation per channel, 8 blocks
+
+
+def row_words(i: int) -> int:
+    """u32 words per row of a quantized activation of i channels; the partial sums of x^2 have
+    room for one per 32-block (what a quantizing GEMV epilogue writes)."""
+    nb = i // 32
+    return 8 * nb + 3 * ceil4(nb)
+
+
+def n_partials(i: int) -> int:
+    """Workgroups quantize.wgsl runs per row (each writes one partial sum of x^2)."""
+    return -(-i // QWG)
+
+
+def ceil4(n: int) -> int:
+    """n rounded up to a multiple of 4 (the row's per-block sections are vec4-aligned)."""
+    return (n + 3) // 4 * 4
+
+
+def xq_desc(name: str, i: int, rows: int) -> TensorDesc:
+    """The arena tensor holding `rows` quantized activation rows of i channels."""
+    return TensorDesc(name, row_words(i), rows)
+
+
+def block_defines(fmt: str, i: int, wg: int) -> dict:
+    """Defines of wgsl/quantize_block.wgsl for a kernel writing rows of i channels for fmt
+    weights with workgroups of wg invocations."""
+    nb = i // 32
+    return {"QNB": nb, "QNBP": ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * ceil4(nb),
+            "QWG": wg, "QPACK_Q4": fmt == "q4"}
+
+
+def declare_rows(b: Bindings, name: str, rows: TensorDesc) -> str:
+    """The int8 rows a producer writes, WGSL `qout: array<u32>` (quantize_block.wgsl's output)."""
+    return b.array(name, "array<u32>", f"({rows.w}, {rows.c}) int8 rows, u32 words", writable=True, var="qout")
+
+
+class QuantizeKernel(Kernel):
+    """Activation rows -> int8 rows of the integer-dot GEMV's input. Bindings:
+      step  the Step uniform
+      x     (T_cap, C) activation
+      xq    (T_cap, row_words(C)) u32 int8 rows (the layout above)
+      nw    (C) f32 norm weight, only with pre_norm (the norm weight applied here; the GEMV
+            applies 1/rms from the partial sums of x^2 written here)
+    Dispatch: (n_partials(C), T)."""
+    template = "quantize"
+
+    def __init__(self, dev: Device, x: TensorDesc, xq: TensorDesc, fmt: str, pre_norm: PreNorm | None = None,
+                 last_row: bool = False):
+        """fmt: the consuming weight's format; last_row: read row step.last_row, write row 0."""
+        if x.c % 32 or xq.c != row_words(x.c) or fmt not in FORMATS:
+            raise ValueError(f"cannot quantize {x.name} ({x.c} channels) into {xq.name} ({xq.c} words) for {fmt}")
+        b = Bindings()
+        d = {"STEP_DECL": b.step(), "X_DECL": b.tensor("x", x), "XQ_DECL": declare_rows(b, "xq", xq),
+             "NW_DECL": b.array("nw", "array<f32>", f"({x.c}) norm weight") if pre_norm is not None else "",
+             "PRE_NORM": pre_norm is not None, "W_OFFSET": wgsl_float(pre_norm.w_offset if pre_norm else 0.0),
+             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **block_defines(fmt, x.c, QWG)}
+        self.n_groups = n_partials(x.c)
+        super().__init__(dev, d, b, f"quantize_{fmt}")
+
+    def workgroups(self, t: int):
+        return (self.n_groups, t, 1)

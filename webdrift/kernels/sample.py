@@ -1,0 +1,58 @@
+"""Sampling on the GPU: SampleKernel (wgsl/sample.wgsl: greedy, or temperature + top-k + top-p
+with a counter-based RNG) and ArgmaxKernel (wgsl/sample_argmax.wgsl: greedy's first phase, the
+maximum of each span of the vocabulary in its own workgroup).
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from ..gpu.base import Device
+from ..tensor import TensorDesc
+from .base import Kernel, ceil_div
+from .bindings import Bindings
+
+
+class SampleKernel(Kernel):
+    """One token from one logits row, written to out_tokens[step.step] and ids[0]. Bindings:
+      step        the Step uniform (temperature, top_k, top_p, seed, step)
+      logits      (rows, V) activation; row `row` (a WGSL expression) is sampled
+      out_tokens  (steps) u32 generated tokens, read back by the host
+      ids         (T_cap) u32 the next step's token ids (the embedding's input)
+      part        (partials, 2) u32 ArgmaxKernel's (value bits, id) per span, only with partials
+    Dispatch: (1, 1, 1)."""
+    template = "sample"
+
+    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", partials: int = 0):
+        """partials: the number of ArgmaxKernel spans greedy sampling reduces; 0: scan the row."""
+        b = Bindings()
+        d = {"STEP_DECL": b.step(), "L_DECL": b.tensor("logits", logits, var="l"),
+             "OUT_TOKENS_DECL": b.array("out_tokens", "array<u32>", "(steps) sampled tokens", writable=True),
+             "IDS_DECL": b.array("ids", "array<u32>", "(T_cap) next step's token ids", writable=True),
+             "PART_DECL": (b.array("part", "array<u32>", f"({partials}, 2) argmax (value bits, id) per span",
+                                   writable=True) if partials else ""),
+             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row, "NPART": partials}
+        super().__init__(dev, d, b, "sample")
+
+    def workgroups(self, t: int = 1):
+        return (1, 1, 1)
+
+
+class ArgmaxKernel(Kernel):
+    """Greedy sampling's first phase: the maximum of each SPAN of logits (ties: lowest id).
+    Bindings:
+      step    the Step uniform
+      logits  (rows, V) activation; row `row` (a WGSL expression) is read
+      part    (n_parts, 2) u32 (value bits, id) per span
+    Dispatch: (n_parts, 1, 1)."""
+    template = "sample_argmax"
+
+    def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", span: int = 4096):
+        self.n_parts = ceil_div(vocab, span)
+        b = Bindings()
+        d = {"STEP_DECL": b.step(), "L_DECL": b.tensor("logits", logits, var="l"),
+             "PART_DECL": b.array("part", "array<u32>", f"({self.n_parts}, 2) (value bits, id) per span", writable=True),
+             "V": vocab, "SPAN": span, "LROW": row}
+        super().__init__(dev, d, b, "argmax")
+
+    def workgroups(self, t: int = 1):
+        return (self.n_parts, 1, 1)
