@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -160,6 +161,18 @@ class _Hook:
     def __exit__(self, *exc):
         self.owner._exit(self.name, self.args)
         return False
+
+
+def _progress_printer(label: str):
+    """progress(done, total, name) printing "label: d/t tensors (p%)" on stderr (a terminal: in
+    place; otherwise only the last): for commands that load through webdrift.load (api)."""
+    def cb(done, total, name):
+        if sys.stderr.isatty() or done == total:
+            sys.stderr.write(f"\r{label}: {done}/{total} tensors ({100 * done // max(total, 1)}%)")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    return cb
 
 
 def _load(args, status: Status):
@@ -340,6 +353,7 @@ def cmd_chat(args) -> int:
         except KeyboardInterrupt:
             out = None
             sys.stderr.write("\nwebdrift: reply stopped (Ctrl-C)\n")
+            ctrl_c.handled()
         finally:
             status.close()
         _write("\n")
@@ -418,9 +432,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+class CtrlC:
+    """The commands' SIGINT handler: the first Ctrl-C raises KeyboardInterrupt (the command stops
+    what it is doing and exits 130; chat stops the reply); another one while that unwinds exits
+    at once with 130, so a second Ctrl-C never interrupts the clean-up half-way (which would end
+    in a traceback) and still lets an impatient user out."""
+
+    def __init__(self):
+        self.unwinding = False
+
+    def __call__(self, signum, frame):
+        if self.unwinding:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write("\nwebdrift: interrupted\n")
+                sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
+        self.unwinding = True
+        raise KeyboardInterrupt
+
+    def handled(self) -> None:
+        self.unwinding = False
+
+
+ctrl_c = CtrlC()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    # our SIGINT handler while a command runs (only where Python's own is in place: main thread)
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if ours:
+        ctrl_c.handled()
+        signal.signal(signal.SIGINT, ctrl_c)
     try:
         return args.func(args)
     except WebdriftError as e:
@@ -436,3 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
+    finally:
+        # restored; unless the command was interrupted: the process is on its way out with 130,
+        # and a late Ctrl-C must not turn that into a death by SIGINT (ignored, not a Python
+        # handler: the interpreter resets those to the default at exit)
+        if ours:
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ctrl_c.unwinding else signal.default_int_handler)
