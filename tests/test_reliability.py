@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import threading
 
+import numpy as np
 import pytest
 
 import webdrift
@@ -285,3 +286,39 @@ def test_software_adapter_takes_the_static_rules(tiny_path, monkeypatch, tmp_pat
     assert attn and all(k.grouped for k in attn)              # the rule for software adapters (GQA 4:2)
     from webdrift.kernels.autotune import layout_name
     assert {layout_name(w) for w in (eng.model.layers[0].wqkv, eng.model.output)} == {"OI"}
+
+
+# -- item 6: non-finite logits ------------------------------------------------------------------------
+
+def test_nan_logits_raise_numerical_error(tmp_path, eng):
+    """A model whose logits are NaN (its final norm weight NaN, as a tensor of the wrong type
+    gives): before, the sampler returned 0xFFFFFFFF, fed back as the next token id, and the
+    caller got a misleading InvalidArgumentError from the detokenizer. Now NumericalError naming
+    the step, for greedy and sampled generation, and the engine is free afterwards."""
+    from webdrift.errors import NumericalError
+    bad = webdrift.load(write_tiny_gguf(tmp_path / "nan.gguf", nan_tensor="output_norm.weight"), max_context=64)
+    for kw in ({}, {"temperature": 0.8, "seed": 1}, {"temperature": 1.0, "top_k": 5, "top_p": 0.9}):
+        with pytest.raises(NumericalError, match=r"generation step 0 \(the logits after the 3-token prompt\).*NaN"):
+            bad.generate("abc", max_new_tokens=5, **kw)
+        assert not bad.busy
+    with pytest.raises(NumericalError):
+        list(bad.stream("abc", max_new_tokens=5))
+    logits = bad.logits([5, 6, 7])                  # the independent check: teacher-forced logits are NaN
+    assert np.isnan(logits).all()
+    assert len(eng.generate("abc", max_new_tokens=5, stop_at_eos=False).token_ids) == 5
+
+
+def test_one_nan_logit_is_enough(tmp_path):
+    """One NaN logit among finite ones (the row of token "Q" in the tied embedding / LM head):
+    greedy argmax skipped it (NaN compares false) and went on; now it is reported. The prompt
+    does not use that token, so every other logit is finite."""
+    from webdrift.errors import NumericalError
+    q = 3 + ord("Q")                                   # 3 special tokens, then the 256 bytes
+    bad = webdrift.load(write_tiny_gguf(tmp_path / "nanrow.gguf", nan_row=("token_embd.weight", q)), max_context=64)
+    assert bad.tokenizer.id_to_piece(q) == "Q"
+    ids = bad.tokenizer.encode("the cat")
+    assert q not in ids
+    lg = bad.logits(ids)
+    assert np.isnan(lg[:, q]).all() and np.isfinite(np.delete(lg, q, axis=1)).all()
+    with pytest.raises(NumericalError, match="generation step 0"):
+        bad.generate(ids, max_new_tokens=3)

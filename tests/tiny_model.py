@@ -28,10 +28,11 @@ def tiny_tokens() -> list[str]:
     return SPECIALS + [BYTE_TO_CHAR[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
 
 
-def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, eos: bool = True,
-                    tokens: list[str] | None = None) -> str:
+def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, nan_row: tuple[str, int] | None = None,
+                    eos: bool = True, tokens: list[str] | None = None) -> str:
     """Write the tiny model to `path` (returned as a str). eos=False: no eos id in the metadata
-    (and no end-of-generation control tokens: generation always runs to max_new_tokens)."""
+    (and no end-of-generation control tokens: generation always runs to max_new_tokens).
+    nan_tensor: that tensor all NaN; nan_row (name, r): row r of that matrix NaN."""
     tokens = tokens or tiny_tokens()
     vocab = len(tokens)
     hd = DIM // HEADS
@@ -69,6 +70,8 @@ def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, eos: 
         a = np.ones(shape, np.float32) if len(shape) == 1 else rng.normal(0, 0.5, shape).astype(np.float32)
         if name == nan_tensor:
             a[:] = np.nan
+        if nan_row is not None and name == nan_row[0]:
+            a[nan_row[1]] = np.nan
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()

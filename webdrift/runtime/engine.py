@@ -19,8 +19,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ContextLengthError, EngineBusyError, InvalidArgumentError, shown
+from ..errors import (
+    ContextLengthError,
+    EngineBusyError,
+    GPUError,
+    InvalidArgumentError,
+    NumericalError,
+    shown,
+)
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
+from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
 from ..models.loader import GPUModel
 from ..models.program import Program
@@ -367,6 +375,8 @@ class Engine:
             with prof.phase("readback", token=read):
                 raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
             tok = struct.unpack("<I", raw)[0]
+            if tok >= self.config.vocab_size:
+                raise self._bad_token(tok, read, len(ids))
             read += 1
             if read == 1:
                 st.prefill_s = time.perf_counter() - t_pf
@@ -401,6 +411,17 @@ class Engine:
         st.total_s = time.perf_counter() - t0
         st.finish_reason = finish
         yield "done", GenerationResult("".join(pieces), out, st)
+
+    def _bad_token(self, tok: int, step: int, prompt_tokens: int) -> Exception:
+        """The error for a sampled id outside the vocabulary: NumericalError for the sampler's
+        non-finite-logits token, a GPUError (a kernel fault) for anything else."""
+        where = (f"generation step {step} (the logits after the {prompt_tokens}-token prompt"
+                 f"{'' if step == 0 else f' and {step} generated tokens'})")
+        if tok == NONFINITE_TOKEN:
+            return NumericalError(f"{where}: the model's logits hold NaN or infinite values; the weights "
+                                  f"of {self.path} are damaged or a tensor's type is mislabelled")
+        return GPUError(f"{where}: the sampler returned token id {tok}, outside the vocabulary of "
+                        f"{self.config.vocab_size}")
 
     # -- teacher-forced logits ---------------------------------------------------------------
     def logits(self, ids: list[int]):
