@@ -180,8 +180,7 @@ def _load(args, status: Status):
     webdrift.load does), each step a visible wait."""
     from ..runtime.loading import EngineOptions, assemble, make_tokenizer, open_source
     options = EngineOptions(max_context=args.max_context, weight_format=args.weight_format)
-    status.set("opening the model", args.model)
-    source = open_source(args.model)
+    source = open_source(args.model)       # a known model not in the cache yet: hub.pull shows its own progress
     tokenizer = make_tokenizer(source)
     status.set("starting the GPU device")
     from ..gpu.native import get_device
