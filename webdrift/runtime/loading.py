@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidArgumentError, TokenizerError
+from ..errors import InvalidArgumentError, TokenizerError, shown
 from .options import EngineOptions
 
 if TYPE_CHECKING:   # for annotations only: importing the Engine loads the whole GPU model stack
@@ -49,6 +49,10 @@ def open_source(model, *, name: str | None = None, auto_pull: bool = True) -> Mo
     auto_pull), a .gguf path or an HF folder, or a GGUF file's bytes (`name` labels them in
     messages, e.g. the URL they were fetched from). A ModelSource is returned as it is."""
     from ..weights.source import ModelSource, open_model_source
+    if not isinstance(auto_pull, bool):
+        raise InvalidArgumentError(f"auto_pull={shown(auto_pull)}: must be True or False")
+    if name is not None and not isinstance(name, str):
+        raise InvalidArgumentError(f"name={shown(name)}: must be None or a str")
     if isinstance(model, ModelSource):
         return model
     if isinstance(model, (bytes, bytearray, memoryview)):
