@@ -15,23 +15,29 @@ from webdrift.tensor import TensorDesc
 SENTINEL = 3.25
 
 
-def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None):
-    """q_rel (KVH, T*G, DH), kc (KVH, CAP, DH), vc (KVH, DH, CAP) -> out (T, H*DH), float64."""
+def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None, streams=None):
+    """q_rel (KVH, T*G, DH), kc (KVH, CAP, DH), vc (KVH, DH, CAP) -> out (T, H*DH), float64.
+    streams=(F, N): the T rows are streams at position pos0; row t's keys are cache rows [0, F)
+    (positions 0 .. F-1) and its segment's rows F + t N .. (positions F ..)."""
     kvh_n, rows, dh = q_rel.shape
     T = rows // group
     out = np.zeros((T, kvh_n * group * dh))
     for kvh in range(kvh_n):
         for row in range(rows):
             t, g = divmod(row, group)
-            p = pos0 + t
+            p = pos0 if streams else pos0 + t
             lo = max(0, p + 1 - window) if window else 0
-            s = kc[kvh, lo: p + 1].astype(np.float64) @ q_rel[kvh, row].astype(np.float64) * scale
+            cache_rows = np.arange(lo, p + 1)                  # a key's cache row, by position
+            if streams:
+                F, N = streams
+                cache_rows = np.where(cache_rows < F, cache_rows, cache_rows + t * N)
+            s = kc[kvh, cache_rows].astype(np.float64) @ q_rel[kvh, row].astype(np.float64) * scale
             if softcap:
                 s = softcap * np.tanh(s / softcap)
             w = np.exp(s - s.max())
             w /= w.sum()
             h = kvh * group + g
-            out[t, h * dh:(h + 1) * dh] = vc[kvh, :, lo: p + 1].astype(np.float64) @ w
+            out[t, h * dh:(h + 1) * dh] = vc[kvh, :, cache_rows].astype(np.float64).T @ w
     return out
 
 
@@ -43,7 +49,7 @@ def random_inputs(kvh, rows, dh, cap, seed):
 
 
 def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, out_layout="linear",
-                  q_layout="linear", t_cap=None, seed=0, grouped=False):
+                  q_layout="linear", t_cap=None, seed=0, grouped=False, streams=None):
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
@@ -55,11 +61,12 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
-    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, T, pos0=pos0)
-    run(comb, {"part": part, "out": ob}, T, pos0=pos0)
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, T, pos0=pos0,
+        streams=streams)
+    run(comb, {"part": part, "out": ob}, T, pos0=pos0, streams=streams)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
-    return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap)
+    return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap, streams)
 
 
 def assert_close(got, ref):
@@ -168,3 +175,15 @@ def test_combine_writes_int8_blocks(fmt, DH):
                                w[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32), rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="multiple of 32"):
         AttentionCombineKernel(device(), xq_desc("xq", H * 40, T), H, KVH, 40, 4, rows_cap, quant="q8")
+
+
+@pytest.mark.parametrize("pos0,F,N,T,window", [(70, 64, 128, 3, 0), (64, 64, 64, 4, 0), (5, 0, 64, 2, 0),
+                                                (200, 128, 192, 3, 0), (150, 128, 128, 2, 40), (300, 256, 128, 1, 0)])
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_attention_streams(pos0, F, N, T, window, grouped):
+    """The streams' cache layout (runtime/streams.py): T rows at one position, row t seeing the
+    shared rows [0, F) and its own segment at F + t N (not the other streams'), with and without
+    a sliding window; chunks of 64 keys (DH 64) so F and N are chunk multiples."""
+    cap = F + T * N
+    got, ref = run_attention(4, 2, 64, cap, pos0, T, window=window, grouped=grouped, streams=(F, N), seed=pos0)
+    assert_close(got, ref)

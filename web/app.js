@@ -82,7 +82,25 @@ function options() {
     topK: Math.max(0, Math.round(num("top-k", 40))) || null,
     topP: num("top-p", 0.95),
     maxNewTokens: Math.max(1, Math.round(num("max-tokens", 128))),
+    numResponses: Math.min(4, Math.max(1, Math.round(num("responses", 1)))),
   };
+}
+
+// K assistant bubbles side by side for one turn; clicking one keeps it as the conversation's reply
+function addAlternatives(k) {
+  $("hint")?.remove();
+  const row = document.createElement("div");
+  row.className = "alternatives";
+  const bubbles = [];
+  for (let i = 0; i < k; i++) {
+    const el = document.createElement("div");
+    el.className = "msg assistant";
+    row.appendChild(el);
+    bubbles.push(el);
+  }
+  $("messages").appendChild(row);
+  row.scrollIntoView({ block: "end" });
+  return bubbles;
 }
 
 function setBusy(busy) {
@@ -101,37 +119,56 @@ async function send(text) {
   demo.messages.push({ role: "user", content: text });
   messages.push(...demo.messages);
   addMessage("user", text);
-  const bubble = addMessage("assistant", "");
-  bubble.classList.add("streaming");
+  const opts = options();
+  const k = opts.numResponses;
+  const bubbles = k > 1 ? addAlternatives(k) : [addMessage("assistant", "")];
+  const bubble = bubbles[0];
+  const replies = bubbles.map(() => "");
+  for (const b of bubbles) b.classList.add("streaming");
   setBusy(true);
   $("stats").textContent = "Reading the prompt…";
   const t0 = performance.now();
   let first = null, reply = "";
   try {
-    const out = await engine.chat(messages, {
-      ...options(),
-      onToken: (piece) => {
+    let out = await engine.chat(messages, {
+      ...opts,
+      onToken: (piece, stream = 0) => {
         if (first === null) {
           first = performance.now();
           demo.metrics.firstTokenMs = first - t0;
           if (demo.metrics.pageToFirstTokenMs === undefined) demo.metrics.pageToFirstTokenMs = first;
           $("stats").textContent = "Generating…";
         }
-        reply += piece;
-        bubble.textContent = reply;
-        bubble.scrollIntoView({ block: "end" });
+        replies[stream] += piece;
+        bubbles[stream].textContent = replies[stream];
+        bubbles[stream].scrollIntoView({ block: "end" });
       },
     });
+    const outs = Array.isArray(out) ? out : [out];
+    outs.forEach((o, i) => { bubbles[i].textContent = o.text || "(no text)"; });
+    out = outs[0];
     reply = out.text;
-    bubble.textContent = reply;
     demo.messages.push({ role: "assistant", content: reply });
     demo.replies.push(out);
+    if (outs.length > 1) {   // the first response is kept unless another is clicked (latest turn only)
+      const turn = demo.messages.length - 1;
+      bubbles[0].classList.add("chosen");
+      bubbles.forEach((b, i) => b.addEventListener("click", () => {
+        if (demo.messages.length - 1 !== turn) return;
+        demo.messages[turn] = { role: "assistant", content: outs[i].text };
+        bubbles.forEach((o) => o.classList.toggle("chosen", o === b));
+      }));
+    }
     const s = out.stats;
     const parts = [
       `prefill ${s.prefillTokensPerS.toFixed(1)} tok/s (${s.promptTokens} tokens)`,
       `decode ${s.decodeTokensPerS.toFixed(2)} tok/s (${s.newTokens} tokens)`,
       `${s.totalS.toFixed(1)} s`,
     ];
+    if (outs.length > 1 && s.decodeS > 0) {
+      const together = outs.reduce((a, o) => a + Math.max(0, o.stats.newTokens - 1), 0) / s.decodeS;
+      parts.splice(2, 0, `${outs.length} responses: ${together.toFixed(2)} tok/s together`);
+    }
     if (s.finishReason === "stopped") parts.push("stopped");
     else if (s.finishReason === "length") parts.push("max tokens reached");
     else if (s.finishReason === "context") parts.push("context full");
@@ -146,7 +183,7 @@ async function send(text) {
     note.textContent = `${e.name}: ${e.message}`;
     bubble.appendChild(note);
   } finally {
-    bubble.classList.remove("streaming");
+    for (const b of bubbles) b.classList.remove("streaming");
     setBusy(false);
     $("prompt").focus();
   }

@@ -92,7 +92,7 @@ class WorkerClient {
     const p = this.pending.get(m.id);
     if (!p) return;
     if (m.type === "progress") { if (p.onProgress) try { p.onProgress(m.progress); } catch (e) { console.error(e); } return; }
-    if (m.type === "token") { if (p.onToken) try { p.onToken(m.piece); } catch (e) { console.error(e); } return; }
+    if (m.type === "token") { if (p.onToken) try { p.onToken(m.piece, m.stream); } catch (e) { console.error(e); } return; }
     this.pending.delete(m.id);
     if (m.type === "result") p.resolve(m.value);
     else p.reject(new WebdriftError(m.error.message, m.error.name));
@@ -166,8 +166,11 @@ export class Engine {
   /**
    * Generate a continuation of `prompt` (a string, or an array of token ids).
    * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
-   * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`).
-   * Resolves to {text, tokenIds, stats}; engine.stop() ends it early with stats.finishReason "stopped".
+   * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`),
+   * numResponses (1; K > 1: K responses decoded together from one prompt, onToken(piece, stream)),
+   * firstTokens ("distinct": the K most likely first tokens, or "sampled").
+   * Resolves to {text, tokenIds, stats} (an array of them for numResponses > 1); engine.stop()
+   * ends it early with stats.finishReason "stopped".
    */
   generate(prompt, options = {}) {
     const { onToken, signal, ...opts } = options || {};

@@ -270,11 +270,11 @@ const handlers = {
     return await loadModel(m.id, m.opts);
   },
   async generate(m) {
-    const onToken = (piece) => post({ type: "token", id: m.id, piece });
+    const onToken = (piece, stream) => post({ type: "token", id: m.id, piece, stream });
     return (await callApi("api_generate", JSON.stringify(m.prompt), JSON.stringify(m.opts || {}), onToken)).result;
   },
   async chat(m) {
-    const onToken = (piece) => post({ type: "token", id: m.id, piece });
+    const onToken = (piece, stream) => post({ type: "token", id: m.id, piece, stream });
     return (await callApi("api_chat", JSON.stringify(m.messages), JSON.stringify(m.opts || {}), onToken)).result;
   },
   async tokenize(m) {

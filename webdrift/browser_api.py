@@ -82,9 +82,10 @@ ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_form
                        "maxBindingBytes": "max_binding_bytes"}
 # generate()'s options: the Engine's SamplingParams.
 SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
-                         "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos"}
+                         "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos", "numResponses": "n",
+                         "firstTokens": "first_tokens"}
 # JS has one number type: whole numbers of these arrive as floats when computed in JS
-_INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed"}
+_INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed", "n"}
 
 
 def _from_js(opts: dict | None, names: dict[str, str]) -> dict:
@@ -209,12 +210,26 @@ def _prompt(p):
     return p
 
 
+def _results(result) -> dict:
+    """{"result": {text, tokenIds, stats}}, or a list of them for numResponses > 1."""
+    if isinstance(result, list):
+        return {"result": [result_dict(r) for r in result]}
+    return {"result": result_dict(result)}
+
+
+def _on_text(on_token, sp: SamplingParams):
+    """The engine's text callback for JS's onToken(piece) (numResponses > 1: onToken(piece, stream))."""
+    if on_token is None or sp.n == 1:
+        return on_token
+    return lambda ev: on_token(ev[1], ev[0])
+
+
 @_json_api
 async def api_generate(prompt_json, opts_json, on_token=None) -> dict:
     eng = _engine()
     prompt = _prompt(_loads(prompt_json))
-    result = await eng.agenerate(prompt, sampling_from_options(_loads(opts_json)), on_text=on_token)
-    return {"result": result_dict(result)}
+    sp = sampling_from_options(_loads(opts_json))
+    return _results(await eng.agenerate(prompt, sp, on_text=_on_text(on_token, sp)))
 
 
 @_json_api
@@ -223,8 +238,8 @@ async def api_chat(messages_json, opts_json, on_token=None) -> dict:
     messages = _loads(messages_json)
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise InvalidArgumentError("chat(messages): messages must be an array of {role, content} objects")
-    result = await eng.achat(messages, sampling_from_options(_loads(opts_json)), on_text=on_token)
-    return {"result": result_dict(result)}
+    sp = sampling_from_options(_loads(opts_json))
+    return _results(await eng.achat(messages, sp, on_text=_on_text(on_token, sp)))
 
 
 @_json_api

@@ -4,8 +4,11 @@
 // weights" view. Each workgroup handles one query row (a query head of one token), one KV head
 // and one CHUNK of key positions; it writes an unnormalised partial result:
 //   part[(kvh, row, split)] = (acc[0..DH), running max m, sum l)
-// Causal: key k is visible to the token at position p iff k <= p (and k > p - WINDOW when
-// sliding). Splits past the last visible key write m = -inf and are skipped by the combine.
+// Causal: the key at position kp is visible to the query at position p iff kp <= p (and
+// kp > p - WINDOW when sliding). Cache row k holds position key_pos(t, k) (= k for one sequence;
+// streams: the shared prompt, then each stream's own chunk-aligned segment, other streams' keys
+// are NO_KEY; kernels/step.py). Chunks with no visible key write m = -inf and are skipped by the
+// combine, so a stream's partial sums are exactly a single sequence's.
 // Dispatch: (NSPLIT, T * GROUP, KVH).
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
@@ -18,20 +21,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let row = wid.y;
   let kvh = wid.z;
   if (row >= step.n_tokens * GROUP) { return; }
-  let p = step.pos0 + row / GROUP;                 // this query's position
+  let t = row / GROUP;
+  let p = row_pos(t);                              // this query's position
   let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
   var lo = 0u;
   if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
   let k0 = split * CHUNK;
-  if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
+  let kp0 = key_pos(t, k0);                        // the chunk's keys: positions kp0 .. kp0 + CHUNK - 1
+  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
     if (lid == 0u) { part[out + DH] = -3.0e38; part[out + DH + 1u] = 0.0; }
     return;
   }
   for (var d = lid; d < DH / 4u; d += CHUNK) { qs[d] = q_read(kvh, row, 0u, d); }
   workgroupBarrier();
   let k = k0 + lid;
+  let kp = kp0 + lid;
+  let vis = kp <= p && kp >= lo;
   var s = -3.0e38;
-  if (k <= p && k >= lo) {
+  if (vis) {
     let kb = (kvh * CAP + k) * (DH / 4u);
     var acc = 0.0;
     for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
@@ -46,7 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let m = red[0];
   workgroupBarrier();
   var e = 0.0;
-  if (k <= p && k >= lo) { e = exp(s - m); }
+  if (vis) { e = exp(s - m); }
   sc[lid / 4u][lid % 4u] = e;
   red[lid] = e;
   workgroupBarrier();
@@ -55,7 +62,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   let lsum = red[0];
-  let nvis = min(p + 1u - k0, CHUNK);              // keys k0 .. k0 + nvis - 1 may be visible
+  let nvis = min(p + 1u - kp0, CHUNK);             // cache rows k0 .. k0 + nvis - 1 may be visible
   // out[d] = sum_j e_j V[d][k0 + j]: invocation (d, g) sums its group's keys (each streams its own
   // contiguous run of V row d, four keys per load, in four independent chains), then the NJ group
   // sums are added through workgroup memory. Keys past nvis have e = 0 (JL and CAP are multiples

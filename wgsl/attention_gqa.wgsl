@@ -35,20 +35,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = wid.y;
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
-  let p = step.pos0 + t;                           // this token's position
+  let p = row_pos(t);                              // this token's position
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
   var lo = 0u;
   if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
   let k0 = split * CHUNK;
-  if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
+  let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
+  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
     if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
     return;
   }
   for (var i = lid; i < GROUP * DH4; i += CHUNK) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
   workgroupBarrier();
   let k = k0 + lid;
-  let vis = k <= p && k >= lo;
+  let kp = kp0 + lid;
+  let vis = kp <= p && kp >= lo;
 {{S_DECL}}
   if (vis) {
     let kb = (kvh * CAP + k) * DH4;
@@ -65,7 +67,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   reduce_heads(lid, false, GROUP);
   // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) streams its run of V row d four
   // keys per load, each load serving every head (see attention.wgsl for the run bounds)
-  let nvis = min(p + 1u - k0, CHUNK);
+  let nvis = min(p + 1u - kp0, CHUNK);
   let d = lid % DH;
   let g = lid / DH;
 {{O_DECL}}

@@ -28,11 +28,12 @@ fn rperm(idx: u32) -> u32 {
 
 // output index idx of token t with its value vs and its rotation partner's vp
 fn rope_out(t: u32, idx: u32, vs: f32, vp: f32) {
-  let p = step.pos0 + t;
+  let p = row_pos(t);
+  let cr = row_cache(t);       // its cache row
   let slot = idx / RDH;        // [0, H) q heads, [H, H + KVH) k heads, then v heads
   let m = idx % RDH;
   if (slot >= RH + RKVH) {
-    vc[((slot - RH - RKVH) * RDH + m) * RCAP + p] = vs;
+    vc[((slot - RH - RKVH) * RDH + m) * RCAP + cr] = vs;
     return;
   }
   let k = m / 2u;
@@ -51,6 +52,6 @@ fn rope_out(t: u32, idx: u32, vs: f32, vp: f32) {
   if (slot < RH) {
     q_write1(slot / RGROUP, t * RGROUP + slot % RGROUP, 0u, c, r);
   } else {
-    kc[((slot - RH) * RCAP + p) * RDH + c] = r;
+    kc[((slot - RH) * RCAP + cr) * RDH + c] = r;
   }
 }

@@ -4,7 +4,8 @@
 //           become consecutive rows, so attention reads K/V once per group.
 //   kc    : (KVH, CAP, DH)  K cache as conv weights OHWI, O = cache position, I = DH
 //   vc    : (KVH, DH, CAP)  V cache as conv weights OHWI, O = DH, I = cache position
-// Token t sits at position p = pos0 + t and is written at cache position p (no copies ever).
+// Row t sits at position p = row_pos(t) and is written at cache row row_cache(t) (= p for one
+// sequence; streams: in the row's own segment, kernels/step.py); no copies ever.
 // ROPE_HALF rotates pairs (i, i + DH/2) (HF); otherwise pairs (2i, 2i+1) (llama.cpp GGUF order).
 // QK_NORM applies RMSNorm over DH to q and k heads before rotation (Gemma 3).
 // One workgroup per (head slot, token), DH/2 threads, one rotation pair each.
@@ -31,7 +32,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let j = wid.x;     // head slot: [0, H) q, [H, H+KVH) k, [H+KVH, H+2KVH) v
   let t = wid.y;
   if (t >= step.n_tokens) { return; }
-  let p = step.pos0 + t;
+  let p = row_pos(t);
+  let cr = row_cache(t);   // its cache row
 #if ROPE_HALF
   let c0 = i;
   let c1 = i + HALF;
@@ -44,8 +46,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var b = qkv_read1(0u, t, 0u, base + c1);
   if (j >= H + KVH) {   // value head: straight into the V cache, transposed
     let kvh = j - H - KVH;
-    vc[(kvh * DH + c0) * CAP + p] = a;
-    vc[(kvh * DH + c1) * CAP + p] = b;
+    vc[(kvh * DH + c0) * CAP + cr] = a;
+    vc[(kvh * DH + c1) * CAP + cr] = b;
     return;
   }
 #if QK_NORM
@@ -74,7 +76,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     q_write1(kvh, row, 0u, c1, rb);
   } else {
     let kvh = j - H;
-    kc[(kvh * CAP + p) * DH + c0] = ra;
-    kc[(kvh * CAP + p) * DH + c1] = rb;
+    kc[(kvh * CAP + cr) * DH + c0] = ra;
+    kc[(kvh * CAP + cr) * DH + c1] = rb;
   }
 }

@@ -5,8 +5,10 @@
 //                      the smallest top set whose mass >= top_p, and draw with a counter-based
 //                      RNG of (seed, step). Thresholds are found exactly by bisection over
 //                      order-preserving u32 images of the floats (32 passes, no sort).
-// Writes the token to out_tokens[step.step] (read back by the host, asynchronously) and to
-// ids[0] (the next decode step's embedding input: the token never visits the host). If a logit
+// One workgroup per sampled row r = workgroup_id.y: it reads logits row LROW (the row r itself
+// for the streams, or the one last row, sampled n_out times with independent draws) and writes
+// the token to out_tokens[step.step * step.n_out + r] (read back by the host, asynchronously) and
+// to ids[r] (the next decode step's embedding input: the token never visits the host). If a logit
 // of the row is NaN or infinite (bits tested: compilers may assume floats are finite; greedy
 // with NPART: a span's NONFINITE id) the token is NONFINITE, which the host reports as an error
 // instead of feeding a garbage id on (issue 15: NaN logits from a mislabelled tensor).
@@ -31,7 +33,8 @@ const LOWEST: f32 = -3.4028235e38;    // the lowest finite f32
 
 fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
 
-fn logit(i: u32) -> f32 { return l_read1(0u, {{LROW}}, 0u, i); }
+var<private> lrow: u32;      // the logits row read
+fn logit(i: u32) -> f32 { return l_read1(0u, lrow, 0u, i); }
 fn key(f: f32) -> u32 {       // order-preserving map f32 -> u32
   let u = bitcast<u32>(f);
   return select(u | 0x80000000u, ~u, (u & 0x80000000u) != 0u);
@@ -73,7 +76,9 @@ fn max_f(lid: u32, v: f32) -> f32 {
 }
 
 @compute @workgroup_size(256)
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let r = wid.y;                       // the sampled row
+  lrow = {{LROW}};
   if (lid == 0u) { atomicStore(&bad, 0u); }
   workgroupBarrier();
   let i0 = lid * CH;
@@ -84,9 +89,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     var bi = NONFINITE - 1u;           // no id yet: loses every tie (ids are lower)
 #if NPART
     // the spans' maxima (sample_argmax.wgsl); spans are in id order, ties keep the lowest id
+    let p0 = 2u * NPART * ({{PART_ROW}});   // this row's spans
     for (var k = lid; k < NPART; k += WG) {
-      let v = bitcast<f32>(part[2u * k]);
-      let id = part[2u * k + 1u];
+      let v = bitcast<f32>(part[p0 + 2u * k]);
+      let id = part[p0 + 2u * k + 1u];
       if (id == NONFINITE) { atomicOr(&bad, 1u); }
       if (v > best || (v == best && id < bi)) { best = v; bi = id; }
     }
@@ -166,7 +172,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     if (lid == 0u) {   // exclusive prefix of the chunk masses; the draw
       var acc = 0.0;
       for (var k = 0u; k < WG; k++) { let v = rf[k]; rf[k] = acc; acc += v; }
-      let u = f32(pcg(step.seed ^ pcg(step.step + 0x9e3779b9u)) >> 8u) * (1.0 / 16777216.0);
+      let u = f32(pcg((step.seed + r * 0x632be5abu) ^ pcg(step.step + 0x9e3779b9u)) >> 8u) * (1.0 / 16777216.0);
       ru[0] = bitcast<u32>(u * acc);
       atomicStore(&sel, 0u);
     }
@@ -198,7 +204,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   workgroupBarrier();
   if (lid == 0u) {
     let t = select(tok, NONFINITE, atomicLoad(&bad) != 0u);
-    out_tokens[step.step] = t;
-    ids[0] = t;
+    out_tokens[step.step * step.n_out + r] = t;
+    ids[r] = t;
   }
 }

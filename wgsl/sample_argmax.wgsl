@@ -4,12 +4,14 @@
 // holding a NaN or an infinity (tested on the bits: compilers may assume floats are finite)
 // writes the id NONFINITE instead, which sample.wgsl turns into the NONFINITE token. One
 // workgroup over a 128k vocabulary took ~170 us on an H100 (latency of ~500 dependent loads per
-// invocation); 32 workgroups take a few us. Dispatch: (NPART, 1, 1).
+// invocation); 32 workgroups take a few us. Dispatch: (NPART, rows, 1): workgroup_id.y = r is
+// the row (the streams: one per row; otherwise 1), its spans at part[2 NPART r ..].
 {{STEP_DECL}}
 {{L_DECL}}
 {{PART_DECL}}
 const V: u32 = {{V}}u;
 const SPAN: u32 = {{SPAN}}u;
+const NPART: u32 = {{NPART}}u;
 const WG: u32 = 256u;
 const NONFINITE: u32 = 0xffffffffu;   // id of a span with a non-finite logit (never a token id)
 const LOWEST: f32 = -3.4028235e38;    // the lowest finite f32: an invocation with no ids yet
@@ -24,6 +26,7 @@ fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   if (lid == 0u) { atomicStore(&bad, 0u); }
   workgroupBarrier();
+  let r = wid.y;
   let i0 = wid.x * SPAN;
   let i1 = min(i0 + SPAN, V);
   var best = LOWEST;
@@ -45,7 +48,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   if (lid == 0u) {
-    part[2u * wid.x] = bitcast<u32>(rv[0]);
-    part[2u * wid.x + 1u] = select(ri[0], NONFINITE, atomicLoad(&bad) != 0u);
+    let o = 2u * (r * NPART + wid.x);
+    part[o] = bitcast<u32>(rv[0]);
+    part[o + 1u] = select(ri[0], NONFINITE, atomicLoad(&bad) != 0u);
   }
 }

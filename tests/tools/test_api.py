@@ -247,7 +247,7 @@ OK_MSG = [{"role": "user", "content": "hi"}]
     ({"messages": OK_MSG, "stop": [""]}, "stop", "invalid_value"),
     ({"messages": OK_MSG, "stop": ["x"] * 17}, "stop", "invalid_value"),
     ({"messages": OK_MSG, "stream": "yes"}, "stream", "invalid_type"),
-    ({"messages": OK_MSG, "n": 2}, "n", "invalid_value"),
+    ({"messages": OK_MSG, "n": 17}, "n", "invalid_value"),
     ({"messages": OK_MSG, "n": 0}, "n", "invalid_value"),
     ({"messages": OK_MSG, "logprobs": True}, "logprobs", "unsupported_value"),
     ({"messages": OK_MSG, "frequency_penalty": 0.5}, "frequency_penalty", "unsupported_value"),
@@ -259,9 +259,30 @@ def test_bad_chat_requests_answer_400(api, body, param, code):
     assert err["type"] == "invalid_request_error"
 
 
-def test_n_above_one_says_why(api):
-    err = assert_error(request(api, "POST", CHAT, {"messages": OK_MSG, "n": 3}), 400, "invalid_value", "n")
-    assert "one choice per request" in err["message"] and "n=1" in err["message"]
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_are_streams_decoded_together(api, engine, client, stream):
+    """n=3: three choices from one request, equal to the engine's n=3 generation (independently
+    sampled first tokens, runtime/streams.py); streamed chunks carry each choice's index."""
+    ids = chat_ids(MESSAGES)
+    r = client.chat.completions.create(model=MODEL_ID, messages=MESSAGES, max_tokens=5, temperature=1.1, seed=3, n=3,
+                                       stream=stream)
+    ref = reference(api, engine, ids, max_new_tokens=5, temperature=1.1, seed=3, n=3, first_tokens="sampled")
+    if stream:
+        chunks = list(r)
+        texts = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                 for i in range(3)]
+        finals = sorted(c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason)
+        assert finals == [0, 1, 2]
+    else:
+        texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
+        assert [c.finish_reason for c in r.choices] == ["length"] * 3
+        assert r.usage.completion_tokens == 15
+    assert texts == [x.text for x in ref]
+
+
+def test_n_above_the_stream_limit_says_why(api):
+    err = assert_error(request(api, "POST", CHAT, {"messages": OK_MSG, "n": 17}), 400, "invalid_value", "n")
+    assert "at most 16 choices" in err["message"]
 
 
 @pytest.mark.parametrize("raw", [b"{bad", b"", b"\xff\xfe{}", b"[1, 2]", b"null", b'"text"'])

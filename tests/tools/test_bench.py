@@ -169,3 +169,19 @@ def test_device_counts_live_bytes():
     import gc
     gc.collect()
     assert dev.bytes_allocated == before
+
+
+def test_bench_streams_rows(tmp_path):
+    """--streams 2: each row reports the aggregate decode tok/s of 2 streams and its ratio to the
+    row's single-stream decode tok/s (numbers, consistent with each other); bad counts refused."""
+    js = tmp_path / "s.json"
+    assert main(["bench", "--quick", "--quant", "q4", "--no-peers", "--streams", "2", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())["results"]
+    assert rows and all(r["error"] is None for r in rows)
+    for r in rows:
+        s = r["streams"]["2"]
+        assert s["decode_tps_total"] > 0
+        assert s["vs_single"] == pytest.approx(s["decode_tps_total"] / r["decode_tps"], rel=0.01, abs=0.002)
+    with pytest.raises(InvalidArgumentError, match="--streams"):
+        from webdrift.tools.bench import parse_streams
+        parse_streams("1,x")

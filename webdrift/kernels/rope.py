@@ -53,3 +53,26 @@ class RopeQKVKernel(Kernel):
 
     def workgroups(self, t: int):
         return (self.n_slots, t, 1)
+
+
+class KVSegmentCopyKernel(Kernel):
+    """The streams' copies of the prompt's last, partial attention chunk (runtime/streams.py):
+    cache rows [seg_base, pos0) -> [seg_base + s * seg_stride, pos0 + s * seg_stride) for streams
+    s = 1 .. n_tokens - 1, in the K and V caches of one layer (at most `chunk` - 1 rows each).
+    Bindings:
+      step  the Step uniform (n_tokens = streams, pos0 = prompt length, seg_base, seg_stride)
+      kc    (KVH, CAP, DH) K cache;  vc (KVH, DH, CAP) V cache
+    Dispatch: (ceil(KVH * chunk * DH / 256), streams - 1)."""
+    template = "kv_segment_copy"
+
+    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int, chunk: int):
+        self.n = n_kv * chunk * head_dim
+        b = Bindings()
+        d = {"STEP_DECL": b.step(),
+             "KC_DECL": b.array("kc", "array<f32>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
+             "VC_DECL": b.array("vc", "array<f32>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
+             "KVH": n_kv, "DH": head_dim, "CAP": cap, "CHUNK": chunk}
+        super().__init__(dev, d, b, "kv_segment_copy")
+
+    def workgroups(self, streams: int):
+        return (-(-self.n // 256), streams - 1, 1)

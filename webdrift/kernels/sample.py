@@ -17,14 +17,15 @@ NONFINITE_TOKEN = 0xFFFFFFFF
 
 
 class SampleKernel(Kernel):
-    """One token from one logits row, written to out_tokens[step.step] and ids[0] (NONFINITE_TOKEN
-    if a logit of the row is NaN or infinite). Bindings:
-      step        the Step uniform (temperature, top_k, top_p, seed, step)
-      logits      (rows, V) activation; row `row` (a WGSL expression) is sampled
+    """Tokens sampled from logits rows, one per workgroup r (NONFINITE_TOKEN if a logit of the row
+    is NaN or infinite), written to out_tokens[step.step * step.n_out + r] and ids[r]. Bindings:
+      step        the Step uniform (temperature, top_k, top_p, seed, step, n_out)
+      logits      (rows, V) activation; row `row` is sampled (a WGSL expression of r: "r" for the
+                  streams, one row each; "0u": the one row, drawn n_out times)
       out_tokens  (steps) u32 generated tokens, read back by the host
       ids         (T_cap) u32 the next step's token ids (the embedding's input)
-      part        (partials, 2) u32 ArgmaxKernel's (value bits, id) per span, only with partials
-    Dispatch: (1, 1, 1)."""
+      part        (rows, partials, 2) u32 ArgmaxKernel's (value bits, id) per span, only with partials
+    Dispatch: (1, rows sampled, 1)."""
     template = "sample"
 
     def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", partials: int = 0):
@@ -35,11 +36,12 @@ class SampleKernel(Kernel):
              "IDS_DECL": b.array("ids", "array<u32>", "(T_cap) next step's token ids", writable=True),
              "PART_DECL": (b.array("part", "array<u32>", f"({partials}, 2) argmax (value bits, id) per span",
                                    writable=True) if partials else ""),
-             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row, "NPART": partials}
+             "V": vocab, "CH": ceil_div(vocab, 256), "LROW": row,
+             "PART_ROW": "r" if row == "r" else "0u", "NPART": partials}   # per-row spans only per row
         super().__init__(dev, d, b, "sample")
 
     def workgroups(self, t: int = 1):
-        return (1, 1, 1)
+        return (1, t, 1)
 
 
 class ArgmaxKernel(Kernel):
@@ -47,9 +49,9 @@ class ArgmaxKernel(Kernel):
     NONFINITE_TOKEN for a span holding a NaN or an infinity).
     Bindings:
       step    the Step uniform
-      logits  (rows, V) activation; row `row` (a WGSL expression) is read
-      part    (n_parts, 2) u32 (value bits, id) per span
-    Dispatch: (n_parts, 1, 1)."""
+      logits  (rows, V) activation; row `row` is read (a WGSL expression of the workgroup's row r)
+      part    (rows, n_parts, 2) u32 (value bits, id) per span
+    Dispatch: (n_parts, rows, 1)."""
     template = "sample_argmax"
 
     def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", span: int = 4096):
@@ -57,8 +59,8 @@ class ArgmaxKernel(Kernel):
         b = Bindings()
         d = {"STEP_DECL": b.step(), "L_DECL": b.tensor("logits", logits, var="l"),
              "PART_DECL": b.array("part", "array<u32>", f"({self.n_parts}, 2) (value bits, id) per span", writable=True),
-             "V": vocab, "SPAN": span, "LROW": row}
+             "V": vocab, "SPAN": span, "LROW": row, "NPART": self.n_parts}
         super().__init__(dev, d, b, "argmax")
 
     def workgroups(self, t: int = 1):
-        return (self.n_parts, 1, 1)
+        return (self.n_parts, t, 1)

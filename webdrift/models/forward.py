@@ -139,12 +139,13 @@ class Combine(Op):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Argmax(Op):
-    pass
+    per_row: bool = False        # every logits row (the streams), else the one row
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Sample(Op):
     partials: int                # Argmax's spans
+    per_row: bool = False        # one token per logits row (the streams); else draws from the one row
 
 
 # -- the builder ---------------------------------------------------------------------------------
@@ -153,12 +154,16 @@ class ForwardBuilder:
 
     stage: "decode" (GEMV kernels; also a prefill run over the decode kernels) or "prefill" (GEMM);
     all_logits: logits of every row (scoring) instead of sampling from the last one;
+    streams: every row is a stream of its own (runtime/streams.py): logits and a sampled token per
+    row (the head runs on every row);
     fuse: fold each RMSNorm into the GEMV that consumes it.
     """
 
-    def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str, fuse: bool = True):
+    def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str, fuse: bool = True,
+                 streams: bool = False):
         m, cfg = model, model.cfg
         self.m, self.cfg, self.stage, self.all_logits, self.fuse = m, cfg, stage, all_logits, fuse
+        self.streams = streams
         # int8 activations per GEMV role (decode kernels only; the model's choice)
         self.int8 = {r: stage == "decode" and v for r, v in m.int8_roles.items()}
         self.int8["head"] = self.int8["head"] and not all_logits
@@ -199,7 +204,7 @@ class ForwardBuilder:
             if cfg.post_norms:
                 g.tensor(f"proj{i}", cfg.dim)
                 g.tensor(f"ffo{i}", cfg.dim)
-        rows = T if self.all_logits else 1
+        rows = T if self.all_logits or self.streams else 1
         g.tensor("xl", cfg.dim, rows)
         g.tensor("logits", cfg.vocab_size, rows)
         for i in range(cfg.n_layers):   # int8 activation rows for the integer-dot GEMVs, per role
@@ -210,7 +215,7 @@ class ForwardBuilder:
         if self.int8["head"]:
             g.tensor("xql", row_words(cfg.dim), rows, layout="linear")
         if not self.all_logits:
-            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), 1, layout="linear")
+            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), T if self.streams else 1, layout="linear")
 
     # -- one decoder layer ---------------------------------------------------------------------
     def layer(self, i: int, lw) -> None:
@@ -299,7 +304,7 @@ class ForwardBuilder:
     # -- the head --------------------------------------------------------------------------------
     def lm_head(self) -> None:
         cfg, g, m = self.cfg, self.g, self.m
-        last = not self.all_logits
+        last = not (self.all_logits or self.streams)   # only the last row's logits
         head = {"head": True, "last_row": last}
         if self.int8["head"]:
             g.add(Quantize(label="norm+quant_head", reads=("x",), writes=("xql",), fmt=m.output.fmt,
@@ -321,10 +326,11 @@ class ForwardBuilder:
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
                          variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
-        if last:
-            g.add(Argmax(label="argmax", reads=("logits",), writes=("amax",), **head))
+        if not self.all_logits:
+            per_row = {"per_row": self.streams, **head}
+            g.add(Argmax(label="argmax", reads=("logits",), writes=("amax",), **per_row))
             g.add(Sample(label="sample", reads=("logits", "amax"), writes=(), partials=ceil_div(cfg.vocab_size, 4096),
-                         **head))
+                         **per_row))
 
     # -- decisions shared by the layer ops ----------------------------------------------------------
     def _normed_input(self, i: int, role: str, x: str, norm: Buffer, xq: str, h: str, norm_label: str,

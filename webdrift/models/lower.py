@@ -142,12 +142,13 @@ def _combine(op: F.Combine, c: LowerContext):
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
-    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u")
+    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="r" if op.per_row else "0u")
     return k, {"step": c.step, "logits": c.arena_range("logits"), "part": c.arena_range("amax")}
 
 
 def _sample(op: F.Sample, c: LowerContext):
-    k = SampleKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u", partials=op.partials)
+    k = SampleKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="r" if op.per_row else "0u",
+                     partials=op.partials)
     return k, {"step": c.step, "logits": c.arena_range("logits"), "out_tokens": c.out_tokens, "ids": c.ids,
                "part": c.arena_range("amax")}
 

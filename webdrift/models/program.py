@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..gpu.base import STORAGE, Buffer, Dispatch
 from ..kernels.base import ceil_div
-from .forward import ForwardBuilder
+from .forward import ForwardBuilder, Sample
 from .lower import LowerContext, lower
 
 
@@ -23,14 +23,16 @@ class Program:
 
     `dispatches(t, head)` returns the prebuilt list for t tokens (workgroup counts padded to a
     bucket so the list changes rarely); head=False leaves out final norm / LM head / sampling.
+    streams: the rows are streams (forward.py), each sampled.
     """
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str,
                  step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
-                 fuse: bool = True):
+                 fuse: bool = True, streams: bool = False):
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
+        self.streams = streams
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
-        self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse)   # its decisions
+        self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse, streams)   # its decisions
         self.graph = self.forward.build()
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
             "min-storage-buffer-offset-alignment", 256))))
@@ -47,7 +49,9 @@ class Program:
         return self.forward.chain
 
     def bind(self, arena: Buffer) -> None:
-        self.arena = arena
+        if arena is not self.arena:
+            self.arena = arena
+            self._kernels, self._cache = None, {}   # bind groups name the arena: rebuilt on next use
 
     def kernels(self) -> list:
         """[(op, kernel, bind group)] for every op, in order (built once, on first use)."""
@@ -61,17 +65,22 @@ class Program:
                 self._kernels.append((op, k, k.bind(m.dev, binds)))
         return self._kernels
 
-    def dispatches(self, t: int, head: bool = True) -> list[Dispatch]:
-        """The dispatch list for t tokens (t <= capacity); cached per (bucket, head)."""
+    def dispatches(self, t: int, head: bool = True, draws: int = 1) -> list[Dispatch]:
+        """The dispatch list for t tokens (t <= capacity); cached per (bucket, head, draws).
+        draws: tokens the sampler draws from the last row (independent draws, written to
+        out_tokens[step * draws ..] and ids[0 .. draws): the streams' first tokens)."""
         bucket = t if self.stage == "decode" else min(self.capacity, ceil_div(t, 64) * 64)
-        key = (bucket, head)
+        key = (bucket, head, draws)
         lst = self._cache.get(key)
         if lst is None:
             lst = []
             for op, k, bg in self.kernels():
                 if op.head and not head:
                     continue
-                rows = 1 if (op.head and not self.all_logits) else bucket
+                if not op.head or self.all_logits or self.streams:
+                    rows = bucket
+                else:
+                    rows = draws if isinstance(op, Sample) else 1
                 lst.append(Dispatch(k.pipeline, bg, k.workgroups(rows), op.label))
             self._cache[key] = lst
         return lst

@@ -1,6 +1,6 @@
 """Engine: a loaded model + tokenizer, and generation (the host loop).
 
-The host loop does almost nothing per token: a decode step is one 48-byte uniform write and a
+The host loop does almost nothing per token: a decode step is one 64-byte uniform write and a
 prebuilt dispatch list; the sampled token stays on the GPU as the next step's embedding input;
 step t+1 is submitted before step t's token is read back (through a ring of staging buffers),
 and stop conditions are handled with that one-step lag (the extra step's output is discarded).
@@ -34,7 +34,9 @@ from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 from ..tokenizer.tokenizer import check_text
+from . import streams
 from .options import EngineOptions
+from .streams import FIRST_TOKENS, MAX_STREAMS
 
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
@@ -82,9 +84,12 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop_at_eos: bool = True
+    n: int = 1                        # streams decoded together (runtime/streams.py)
+    first_tokens: str = "distinct"    # how the streams' first tokens differ: "distinct" or "sampled"
 
     @classmethod
-    def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True):
+    def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True,
+             n=1, first_tokens="distinct"):
         """Checked parameters: every value is one the Step uniform holds (kernels/step.py: top_k a
         u32, temperature and top_p f32 that stay normal numbers), else an InvalidArgumentError
         naming the argument."""
@@ -118,7 +123,12 @@ class SamplingParams:
             bad("seed", seed, "must be None or an integer (used modulo 2**32)")
         if not isinstance(stop_at_eos, bool):
             bad("stop_at_eos", stop_at_eos, "must be True or False")
-        return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos)
+        if not _is_int(n) or not 1 <= n <= MAX_STREAMS:
+            bad("n", n, f"must be an integer in [1, {MAX_STREAMS}] (streams decoded together)")
+        if first_tokens not in FIRST_TOKENS:
+            bad("first_tokens", first_tokens, f"must be one of {', '.join(FIRST_TOKENS)}")
+        return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos, int(n),
+                   first_tokens)
 
 
 U32_MAX = 0xFFFFFFFF
@@ -182,12 +192,14 @@ class Engine:
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
-        self.out_tokens = dev.create_buffer(4 * (max_context + 1), STORAGE, "out_tokens")      # (steps) u32
-        self.ring = [dev.create_buffer(16, READBACK, f"token_ring{i}") for i in range(RING)]
+        # (steps) u32 sampled tokens; the streams: (steps, n) within the cache's rows
+        self.out_tokens = dev.create_buffer(4 * (self.model.cap_stride + MAX_STREAMS), STORAGE, "out_tokens")
+        self.ring = [dev.create_buffer(4 * MAX_STREAMS, READBACK, f"token_ring{i}") for i in range(RING)]
         self._layout, self._fuse = options.layout, options.fuse
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         self._score: Program | None = None
+        self._streams: streams.StreamRunner | None = None   # built on the first n > 1
         self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
         self.decode.bind(self.arena)
         self.prefill.bind(self.arena)
@@ -199,23 +211,38 @@ class Engine:
         self._busy_with = ""          # what holds the lock, for the message
         self._stop_requested = False
 
-    def _program(self, stage: str, capacity: int, all_logits: bool) -> Program:
+    def _program(self, stage: str, capacity: int, all_logits: bool, streams: bool = False) -> Program:
         return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
-                       self.out_tokens, fuse=self._fuse)
+                       self.out_tokens, fuse=self._fuse, streams=streams)
+
+    def _fit_arena(self, program: Program) -> None:
+        """Bind a program built after load (scoring, the streams) to the arena, first growing the
+        arena (every program is bound to the new one) if it needs more."""
+        if program.arena_bytes > self.arena.size:
+            self.dev.release_buffer(self.arena)
+            self.arena = self.dev.create_buffer(program.arena_bytes, STORAGE, "arena")
+            for other in (self.decode, self.prefill, self._score, self._streams and self._streams.program):
+                if other is not None:
+                    other.bind(self.arena)
+        program.bind(self.arena)
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop_at_eos: bool = True) -> GenerationResult:
-        """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids)."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+                 stop_at_eos: bool = True, n: int = 1,
+                 first_tokens: str = "distinct") -> GenerationResult | list[GenerationResult]:
+        """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids).
+        n > 1: n continuations decoded together from one prefill (runtime/streams.py), returned as
+        a list; first_tokens: "distinct" (the n most likely first tokens) or "sampled"."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens)
         return _run(self.agenerate(prompt, sp))
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop_at_eos: bool = True):
-        """Yield text pieces as tokens are produced (the pieces concatenate to the full text)."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+               stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct"):
+        """Yield text pieces as tokens are produced (the pieces concatenate to the full text);
+        n > 1: (stream index, piece) pairs, each stream's pieces concatenating to its text."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens)
         loop = asyncio.new_event_loop()
         agen = self.aevents(prompt, sp)
         try:
@@ -272,10 +299,12 @@ class Engine:
             raise ContextLengthError(f"the prompt has {n} tokens; this engine's context is {self.max_context} "
                                      f"(load with a larger max_context, up to {self.config.max_position})")
 
-    def _submit_prompt(self, ids: list[int], sp: SamplingParams, program=None, head_every_chunk: bool = False):
+    def _submit_prompt(self, ids: list[int], sp: SamplingParams, program=None, head_every_chunk: bool = False,
+                       draws: int = 1):
         """Prefill in chunks of the program's capacity; yields (pos, chunk, dispatches) after writing
         the chunk's ids and Step. Only the last chunk runs the head (LM head + sampling) unless
-        head_every_chunk (teacher-forced logits need every row)."""
+        head_every_chunk (teacher-forced logits need every row); draws: tokens sampled from the
+        last row (the streams' first tokens, out_tokens[0 .. draws))."""
         program = program or self.prefill
         chunk = program.capacity
         pos = 0
@@ -284,12 +313,13 @@ class Engine:
             last = pos + len(part) == len(ids)
             self.dev.write_buffer(self.ids_buf, struct.pack(f"<{len(part)}I", *part))
             self.dev.write_buffer(self.step_buf, pack_step(len(part), pos, 0, sp.seed, sp.temperature,
-                                                           sp.top_k, sp.top_p))
-            yield pos, part, program.dispatches(len(part), head=last or head_every_chunk)
+                                                           sp.top_k, sp.top_p, n_out=draws))
+            yield pos, part, program.dispatches(len(part), head=last or head_every_chunk, draws=draws)
             pos += len(part)
 
-    async def agenerate(self, prompt, sp: SamplingParams, on_text=None) -> GenerationResult:
-        """Generate to completion; on_text(piece) is called for each text piece."""
+    async def agenerate(self, prompt, sp: SamplingParams, on_text=None) -> GenerationResult | list[GenerationResult]:
+        """Generate to completion; on_text(piece) is called for each text piece (sp.n > 1: with
+        (stream index, piece), and the result is a list, one per stream)."""
         result = None
         async for kind, value in self.aevents(prompt, sp):
             if kind == "text" and on_text:
@@ -299,7 +329,8 @@ class Engine:
         return result
 
     async def aevents(self, prompt, sp: SamplingParams):
-        """Async generator of ("text", piece) events, then one ("done", GenerationResult)."""
+        """Async generator of ("text", piece) events, then one ("done", GenerationResult); with
+        sp.n > 1, ("text", (stream index, piece)) and ("done", [GenerationResult per stream])."""
         self._acquire("generate")
         inner = self._aevents(prompt, sp)
         try:
@@ -337,6 +368,10 @@ class Engine:
         st.tokenize_s = time.perf_counter() - t0
         self._check_fits(len(ids))
         st.prompt_tokens = len(ids)
+        if sp.n > 1:
+            async for ev in streams.events(self, ids, sp, st):
+                yield ev
+            return
         budget = min(sp.max_new_tokens, self.max_context - len(ids))
         eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids) if sp.stop_at_eos else set()
         dec = self.tokenizer.stream_decoder()
@@ -440,14 +475,7 @@ class Engine:
         self._check_fits(len(ids))
         if self._score is None:
             self._score = self._program(self._prefill_stage, min(64, self.prefill_chunk), True)
-            if self._score.arena_bytes > self.arena.size:   # rebind everything to a larger arena
-                self.dev.release_buffer(self.arena)
-                self.arena = self.dev.create_buffer(self._score.arena_bytes, STORAGE, "arena")
-                self.decode = self._program("decode", 1, False)
-                self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
-                self.decode.bind(self.arena)
-                self.prefill.bind(self.arena)
-            self._score.bind(self.arena)
+            self._fit_arena(self._score)
         V = self.config.vocab_size
         out = np.empty((len(ids), V), np.float32)
         sp = SamplingParams()

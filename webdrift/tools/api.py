@@ -222,8 +222,8 @@ class GenerationService:
         sp = SamplingParams.make(**r.sampling(max_new, eng.config.vocab_size))
         rec.prompt_tokens = n
         job.events.put(("start", n))
-        stops = StopStrings(r.stops)
-        result = None
+        stops = [StopStrings(r.stops) for _ in range(r.n)]   # per choice; a choice past its stop string
+        results = None                                      # is cut (the others go on)
         if job.cancelled.is_set():
             rec.outcome = "cancelled"
             job.events.put(("error", ApiError(503, "the request was cancelled", type="server_error",
@@ -231,27 +231,30 @@ class GenerationService:
             return
         async for kind, value in eng.aevents(ids, sp):
             if kind == "text":
-                out = stops.push(value)
+                i, piece = value if r.n > 1 else (0, value)
+                out = stops[i].push(piece)
                 if out:
-                    job.events.put(("text", out))
-                if stops.hit:
+                    job.events.put(("text", (i, out)))
+                if all(s.hit for s in stops):
                     eng.stop()
             elif kind == "done":
-                result = value
+                results = value if r.n > 1 else [value]
             if job.cancelled.is_set():
                 eng.stop()
-        tail = stops.flush()
-        if tail:
-            job.events.put(("text", tail))
-        st = result.stats
-        rec.completion_tokens = st.new_tokens
+        for i, s in enumerate(stops):
+            tail = s.flush()
+            if tail:
+                job.events.put(("text", (i, tail)))
+        rec.completion_tokens = sum(res.stats.new_tokens for res in results)
         if job.cancelled.is_set():       # the client is gone, or the server is closing (someone may listen)
             rec.outcome = "cancelled"
             job.events.put(("error", ApiError(503, "the generation was stopped: the server is shutting down",
                                               type="server_error", code="shutting_down")))
             return
-        rec.outcome = "stop" if stops.hit or st.finish_reason == "eos" else "length"
-        job.events.put(("done", (st.new_tokens, rec.outcome)))
+        finishes = ["stop" if s.hit or res.stats.finish_reason == "eos" else "length"
+                    for s, res in zip(stops, results)]
+        rec.outcome = finishes[0] if len(set(finishes)) == 1 else ",".join(finishes)
+        job.events.put(("done", (rec.completion_tokens, finishes)))
 
 
 # -- HTTP ------------------------------------------------------------------------------------------
@@ -476,19 +479,19 @@ class ApiHandler(BaseHTTPRequestHandler):
             raise
 
     def _complete(self, job: Job, r: GenerationRequest, prompt_tokens: int) -> None:
-        pieces = []
+        pieces: list[list[str]] = [[] for _ in range(r.n)]
         while True:
             kind, value = self._next_event(job)
             if kind == "text":
-                pieces.append(value)
+                pieces[value[0]].append(value[1])
             elif kind == "error":
                 raise value
             else:
                 break
-        completion_tokens, finish = value
+        completion_tokens, finishes = value
         self._answered = True
-        self._send_json(200, job.envelope(self.server.model_id).completion("".join(pieces), finish, prompt_tokens,
-                                                                           completion_tokens))
+        self._send_json(200, job.envelope(self.server.model_id).completion(["".join(p) for p in pieces], finishes,
+                                                                           prompt_tokens, completion_tokens))
 
     def _write(self, data: bytes) -> None:
         """Part of a streamed body: an HTTP/1.1 chunk, or (HTTP/1.0 clients) the bytes as they are."""
@@ -517,17 +520,19 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.end_headers()
         env = job.envelope(self.server.model_id)
         if r.kind == "chat":
-            self._event(env.chunk(first=True, with_usage=r.include_usage))
+            for i in range(r.n):
+                self._event(env.chunk(first=True, with_usage=r.include_usage, index=i))
         while True:
             kind, value = self._next_event(job)
             if kind == "text":
-                self._event(env.chunk(value, with_usage=r.include_usage))
+                self._event(env.chunk(value[1], with_usage=r.include_usage, index=value[0]))
             elif kind == "error":
                 self._event(value.body())
                 break
             else:
-                completion_tokens, finish = value
-                self._event(env.chunk(finish=finish, with_usage=r.include_usage))
+                completion_tokens, finishes = value
+                for i, finish in enumerate(finishes):
+                    self._event(env.chunk(finish=finish, with_usage=r.include_usage, index=i))
                 if r.include_usage:
                     self._event(env.usage_chunk(prompt_tokens, completion_tokens))
                 break

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..errors import ContextLengthError, InvalidArgumentError, TokenizerError, WebdriftError
+from ..runtime.streams import MAX_STREAMS
 
 MAX_STOP = 16                 # stop strings per request
 MIN_TEMPERATURE = 1e-3        # lower is taken as greedy: the same spike at the top token, and 1/T stays
@@ -79,6 +80,7 @@ class GenerationRequest:
     stops: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    n: int = 1                                  # choices, decoded together (runtime/streams.py)
 
     @property
     def param(self) -> str:
@@ -91,7 +93,7 @@ class GenerationRequest:
         greedy = self.temperature < MIN_TEMPERATURE or self.top_p == 0.0
         return {"max_new_tokens": max_new_tokens, "temperature": 0.0 if greedy else self.temperature,
                 "top_k": self.top_k if self.top_k < vocab_size else 0, "top_p": 1.0 if greedy else self.top_p,
-                "seed": self.seed}
+                "seed": self.seed, "n": self.n, "first_tokens": "sampled"}
 
 
 def _is_int(v) -> bool:
@@ -229,9 +231,8 @@ def parse_request(kind: str, body, model_id: str) -> GenerationRequest:
         raise ApiError(404, f"The model '{short(model, 80)}' does not exist: this server runs '{model_id}'",
                        param="model", code="model_not_found")
     n = _integer(body, "n", 1, lo=1)
-    if n != 1:
-        raise _bad("n", f"{n}: webdrift answers one choice per request (several response streams are not "
-                        "implemented yet); send n=1, or several requests")
+    if n > MAX_STREAMS:
+        raise _bad("n", f"{n}: webdrift decodes at most {MAX_STREAMS} choices together; send several requests")
     if kind == "chat":
         if "messages" not in body:
             raise _bad("messages", "is required", "missing_required_parameter")
@@ -256,7 +257,7 @@ def parse_request(kind: str, body, model_id: str) -> GenerationRequest:
         kind=kind, prompt=prompt, max_tokens=max_tokens,
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
         top_k=_integer(body, "top_k", 0, lo=0), seed=seed, stops=_stops(body), stream=_bool(body, "stream", False),
-        include_usage=_bool(opts or {}, "include_usage", False))
+        include_usage=_bool(opts or {}, "include_usage", False), n=n)
 
 
 # -- stop strings ----------------------------------------------------------------------------------
@@ -323,23 +324,26 @@ class Envelope:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": FINGERPRINT}
 
-    def completion(self, text: str, finish: str, prompt_tokens: int, completion_tokens: int) -> dict:
-        """The whole answer (stream: false)."""
-        if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        return {**self._head(False), "choices": [choice], "usage": usage(prompt_tokens, completion_tokens)}
+    def completion(self, texts: list[str], finishes: list[str], prompt_tokens: int, completion_tokens: int) -> dict:
+        """The whole answer (stream: false): one choice per text."""
+        choices = []
+        for i, (text, finish) in enumerate(zip(texts, finishes)):
+            if self.kind == "chat":
+                choices.append({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                                "finish_reason": finish})
+            else:
+                choices.append({"index": i, "text": text, "logprobs": None, "finish_reason": finish})
+        return {**self._head(False), "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
 
     def chunk(self, text: str | None = None, finish: str | None = None, first: bool = False,
-              with_usage: bool = False) -> dict:
-        """One stream event: the chat's opening role delta (first), a text piece, or the finish."""
+              with_usage: bool = False, index: int = 0) -> dict:
+        """One stream event of choice `index`: the chat's opening role delta (first), a text
+        piece, or the finish."""
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
         return {**self._head(True), "choices": [choice], **({"usage": None} if with_usage else {})}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:

@@ -68,6 +68,19 @@ def parse_list(values, what: str, choices=None) -> list[str]:
     return out
 
 
+def parse_streams(text: str | None) -> list[int] | None:
+    """--streams K[,K...]: stream counts in [2, MAX_STREAMS]."""
+    from ..runtime.streams import MAX_STREAMS
+    if not text:
+        return None
+    ks = []
+    for item in parse_list([text], "streams"):
+        if not item.isdigit() or not 2 <= int(item) <= MAX_STREAMS:
+            raise InvalidArgumentError(f"--streams {item!r}: stream counts are integers in [2, {MAX_STREAMS}]")
+        ks.append(int(item))
+    return ks
+
+
 def parse_protocol(text: str) -> list[tuple[int, int]]:
     """'1024/256,128/128' -> [(1024, 256), (128, 128)]."""
     out = []
@@ -115,10 +128,30 @@ def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(n)]
 
 
-def generate_ids(eng, ids: list[int], new_tokens: int):
+def generate_ids(eng, ids: list[int], new_tokens: int, n: int = 1):
     from ..runtime.engine import SamplingParams, _run
-    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False)
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, n=n)
     return _run(eng.agenerate(ids, sp))
+
+
+def streams_needed_context(p: int, m: int, k: int) -> int:
+    """A context that holds k streams of m tokens after a p-token prompt (runtime/streams.py: each
+    stream's segment is whole attention chunks, at most 256 rows each)."""
+    return p + k * (m + 256) + 256
+
+
+def bench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log) -> dict:
+    """Aggregate decode tokens/s of k streams decoded together (k = each of ks), and its ratio to
+    the single stream's decode tokens/s."""
+    out = {}
+    for k in ks:
+        rs = generate_ids(eng, ids, m, n=k)
+        dec = rs[0].stats.decode_s
+        total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+        out[str(k)] = {"decode_tps_total": round(total, 2),
+                       "vs_single": round(total / single_tps, 3) if single_tps else None}
+        log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")
+    return out
 
 
 # -- machine -------------------------------------------------------------------------------------
@@ -138,8 +171,10 @@ def machine_info(dev) -> dict:
 
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
-                int8_activations: bool | None = None, llama_bench: str | None = None) -> list[dict]:
+                int8_activations: bool | None = None, llama_bench: str | None = None,
+                streams: list[int] | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
     llama_bench: the llama-bench binary to run on the same GGUF file (a real .gguf source only)."""
     from ..models.footprint import decode_read_bytes, plan_weights
@@ -160,7 +195,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
         r.update(kw)
         return r
 
-    max_ctx = max(p + m for p, m in protocols)
+    max_ctx = max(max([p + m] + [streams_needed_context(p, m, k) for k in streams or []]) for p, m in protocols)
     if cfg.max_position and max_ctx > cfg.max_position:
         return [row(p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
                 for p, m in protocols]
@@ -196,6 +231,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                             load_s=round(eng.load_s, 3)))
             log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
+            if streams:
+                rows[-1]["streams"] = bench_streams(eng, ids[:p], m, dtps, streams, log)
         peak = dev.peak_bytes - before
         for r in rows:
             r["peak_gpu_bytes"] = peak
@@ -293,7 +330,8 @@ def run_bench(args, dev=None, log=None) -> dict:
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
-                               llama_bench=getattr(args, "llama_bench", None))
+                               llama_bench=getattr(args, "llama_bench", None),
+                               streams=parse_streams(getattr(args, "streams", None)))
     for r in results:
         r["peers"] = r["peers"] or {}
         for name in ("hf_eager", "cuda_graph"):
@@ -490,6 +528,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llama-bench", default=None, metavar="PATH",
                    help="llama.cpp's llama-bench binary: run it on the same GGUF files (--model FILE.gguf) with "
                         "the same protocol and report it beside webdrift (default: not run)")
+    p.add_argument("--streams", default=None, metavar="K[,K...]",
+                   help="also decode K streams together per protocol (generate n=K): aggregate decode tok/s and "
+                        "its ratio to one stream")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
     p.add_argument("--quick", action="store_true",

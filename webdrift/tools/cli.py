@@ -27,6 +27,7 @@ import time
 
 from ..errors import ContextLengthError, InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..runtime.streams import FIRST_TOKENS, MAX_STREAMS
 
 EXIT_USAGE = 2           # a bad argument, model file or prompt (argparse's own code too)
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE: the reader of stdout went away
@@ -271,14 +272,19 @@ def cmd_generate(args) -> int:
         text_prompt = prompt
         if args.chat:   # wrap the prompt as a user turn in the model's chat template
             prompt = eng.chat_prompt([{"role": "user", "content": prompt}])
+        sampling = _sampling(args)
+        if args.n > 1:
+            return _generate_streams(args, eng, prompt, text_prompt, sampling | {"n": args.n,
+                                                                                 "first_tokens": args.first_tokens},
+                                     status)
         if args.json:
-            out = _run_generation(eng, prompt, _sampling(args), status)
+            out = _run_generation(eng, prompt, sampling, status)
             print(json.dumps({"model": args.model, "adapter": eng.dev.info.adapter, "prompt": text_prompt,
                               "chat": args.chat,
                               "prompt_token_ids": eng.encode_prompt(prompt), "token_ids": out.token_ids,
                               "text": out.text, "stats": out.stats.as_dict(), "load_s": round(eng.load_s, 3)}))
             return 0
-        out = _run_generation(eng, prompt, _sampling(args), status, on_text=_write)
+        out = _run_generation(eng, prompt, sampling, status, on_text=_write)
         _write("\n")
     finally:
         status.close()
@@ -287,6 +293,29 @@ def cmd_generate(args) -> int:
         if not out.text and out.stats.finish_reason == "eos" and not args.chat:
             sys.stderr.write("webdrift: the model ended its text at once (end-of-sequence token); for an instruct "
                              "model add --chat to send the prompt as a chat turn, or use `webdrift chat`\n")
+    return 0
+
+
+def _generate_streams(args, eng, prompt, text_prompt, sampling: dict, status: Status) -> int:
+    """generate -n K: the K responses (decoded together) one after another, each under a header;
+    --json: a "responses" list."""
+    outs = _run_generation(eng, prompt, sampling, status)
+    if args.json:
+        print(json.dumps({"model": args.model, "adapter": eng.dev.info.adapter, "prompt": text_prompt,
+                          "chat": args.chat, "prompt_token_ids": eng.encode_prompt(prompt),
+                          "responses": [{"token_ids": o.token_ids, "text": o.text, "stats": o.stats.as_dict()}
+                                        for o in outs], "load_s": round(eng.load_s, 3)}))
+        return 0
+    for i, o in enumerate(outs):
+        _write(f"--- response {i + 1} of {len(outs)} ({FINISH.get(o.stats.finish_reason, o.stats.finish_reason)}) "
+               f"---\n{o.text}\n")
+    if not args.quiet:
+        st = outs[0].stats
+        total = sum(o.stats.new_tokens for o in outs)
+        gen_s = st.prefill_s + st.decode_s
+        sys.stderr.write(f"webdrift: {len(outs)} responses, {total} tokens in {gen_s:.2f} s "
+                         f"({total / gen_s if gen_s > 0 else 0.0:.2f} tokens/s together); prompt "
+                         f"{st.prompt_tokens} tokens in {st.prefill_s:.2f} s\n")
     return 0
 
 
@@ -407,6 +436,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", default=None, help="the prompt (instead of giving it as arguments)")
     g.add_argument("--json", action="store_true",
                    help="print token ids, text and timings as JSON (no summary line)")
+    g.add_argument("-n", "--num-responses", dest="n", type=int, default=1,
+                   help=f"responses decoded together from one prompt, 1 to {MAX_STREAMS} (default %(default)s)")
+    g.add_argument("--first-tokens", choices=FIRST_TOKENS, default="distinct",
+                   help="with -n: the responses start with the n most likely distinct tokens, or with "
+                        "independently sampled ones (default %(default)s)")
     g.add_argument("--chat", action="store_true",
                    help="send the prompt as a user turn through the model's chat template (instruct models)")
     _add_model_args(g)
