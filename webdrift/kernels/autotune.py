@@ -213,6 +213,11 @@ def export_choices(new_only: bool = False) -> dict:
     return out
 
 
+def cached_keys() -> list[str]:
+    """Keys of the choices known in memory (measured, loaded from the file or imported)."""
+    return list(_memory)
+
+
 def import_choices(choices: dict) -> int:
     """Seed the in-memory cache (the browser's stored choices); returns how many were new."""
     n = 0
