@@ -23,7 +23,13 @@ import time
 import pytest
 from e2e_util import REPO, make_handler
 
-from webdrift.profile.benchmark import BROWSER_ROUTE, MACHINE_FIELDS, REPORT_FIELDS, ROW_FIELDS, missing_fields
+from webdrift.profile.benchmark import (
+    BROWSER_ROUTE,
+    MACHINE_FIELDS,
+    REPORT_FIELDS,
+    ROW_FIELDS,
+    missing_fields,
+)
 
 PROMPT = [5, 40, 77, 120, 33, 260, 9, 18]      # token ids (the tiny model's tokenizer is bytes + a few merges)
 NEW = 8
