@@ -2,7 +2,8 @@
 has timestamp queries but reads them only by awaiting gets the static choice at first use and a
 queued measurement; `await tune_pending` measures it (one timing per await), the fastest
 candidate by the fake clock below wins, also when timestamps are quantized to 100 us (timed in
-growing batches), and the result is cached, exported and reused by a fresh process.
+growing batches), a candidate whose compile error arrives late is skipped, and the result is
+cached, exported and reused by a fresh process.
 
 The fake device wraps the real (lavapipe) one for compiling kernels; its timed submits run
 nothing and its `read_timestamps` (async) reports the cost the test assigns to each dispatch."""
@@ -15,11 +16,13 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from webdrift.errors import GPUError
 from webdrift.kernels import autotune
 from webdrift.kernels.linear import GemvVariant, LinearKernel
 
 FAST = GemvVariant("row", rows=1, wg=64)      # every adapter can run it
-FAST_NS, SLOW_NS = 3_000, 10_000
+NEXT = GemvVariant("split", rows=4, wg=64)     # likewise
+FAST_NS, NEXT_NS, SLOW_NS = 3_000, 5_000, 10_000
 
 
 def tag(v: GemvVariant) -> str:
@@ -44,11 +47,23 @@ class AsyncTimedDevice:
     can_time_sync = False
     has_sync_reads = False
 
-    def __init__(self, real, quantum_ns: int = 1, is_cpu: bool = False):
+    def __init__(self, real, quantum_ns: int = 1, is_cpu: bool = False, reject: str = ""):
         self._real = real
-        self.info = replace(real.info, is_cpu=is_cpu, adapter=f"fake-async-gpu-{quantum_ns}-{is_cpu}")
+        self.info = replace(real.info, is_cpu=is_cpu, adapter=f"fake-async-gpu-{quantum_ns}-{is_cpu}-{reject}")
         self.quantum = quantum_ns
         self.reads = 0
+        self.reject = reject          # pipelines whose label starts with this "fail to compile" (reported late)
+        self.failed: list[str] = []
+
+    def create_pipeline(self, wgsl, bindings, entry="main", label=""):
+        if self.reject and label.startswith(self.reject):
+            self.failed.append(label)
+        return self._real.create_pipeline(wgsl, bindings, entry, label)
+
+    async def check_errors(self):
+        if self.failed:
+            label, self.failed = self.failed[0], []
+            raise GPUError(f"kernel {label!r} failed to compile: workgroup storage over the limit")
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -73,7 +88,9 @@ class AsyncTimedDevice:
     async def read_timestamps(self, rec):
         await asyncio.sleep(0)
         self.reads += 1
-        cost = [FAST_NS if d.label == tag(FAST) else SLOW_NS for d in rec.pending]
+        cost = [FAST_NS if d.label == tag(FAST) else NEXT_NS if d.label == tag(NEXT) else SLOW_NS for d in rec.pending]
+        assert not any(self.reject and d.pipeline.label.startswith(self.reject) for d in rec.pending), \
+            "a candidate that failed to compile was timed"
         spans = [sum(cost)] if rec.whole else cost
         rec.ticks_ns.extend((1_000_000, 1_000_000 + s // self.quantum * self.quantum) for s in spans)
         rec.pending = None
@@ -144,3 +161,14 @@ def test_pause_and_cancel(tuner):
     assert len(done) == 1 and len(autotune.pending(dev)) == 1     # stopped before the second: still queued
     autotune.forget(dev)
     assert autotune.pending(dev) == []
+
+
+def test_candidate_failing_to_compile_late_is_skipped(tuner):
+    """The browser reports a pipeline's compile error asynchronously (e.g. a variant over the
+    adapter's workgroup-memory limit): the async tuner awaits the device's errors after compiling
+    each candidate and never times or chooses one that failed."""
+    real, w = tuner
+    dev = AsyncTimedDevice(real, reject="linear_row")
+    autotune.choose_gemv(dev, w)
+    got = asyncio.run(autotune.tune_pending(dev))
+    assert [GemvVariant(**v) for v in got.values()] == [NEXT]

@@ -72,8 +72,9 @@ function boot(id) {
 async function bootPython(id) {
   progress(id, "runtime", { message: "starting Python (Pyodide)" });
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL("manifest.json", BASE), "the bundle's manifest")));
+  const index = new URL("pyodide/", BASE);
   const pyodide = await loadPyodide({
-    indexURL: new URL("pyodide/", BASE).href,
+    indexURL: index.protocol === "file:" ? decodeURIComponent(index.pathname) : index.href,   // Node: a path
     stdout: (s) => console.log("[webdrift py]", s),
     stderr: (s) => console.warn("[webdrift py]", s),
   });
@@ -237,7 +238,9 @@ function openTuneDB() {
   });
 }
 
+// Another host (the Node entry, node_bench.mjs) may provide its own store: {load(), store(choices)}.
 async function loadChoices() {
+  if (self.webdriftChoiceStore) return await self.webdriftChoiceStore.load();
   const db = await openTuneDB();
   if (!db) return {};
   try {
@@ -257,6 +260,7 @@ async function loadChoices() {
 async function storeChoices(choices) {
   const entries = Object.entries(choices || {});
   if (!entries.length) return 0;
+  if (self.webdriftChoiceStore) return await self.webdriftChoiceStore.store(choices);
   const db = await openTuneDB();
   if (!db) return 0;
   try {

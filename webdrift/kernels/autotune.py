@@ -94,12 +94,17 @@ _last_busy: dict = {}    # id(device) -> perf_counter() when it was last kept bu
 
 # -- the two drivers of a measurement generator ------------------------------------------------
 
+CHECK = object()   # yielded after compiling a candidate: the driver raises its compile error into the generator
+
+
 def _drive_sync(dev: Device, gen):
-    """Run a measurement generator, reading each timestamp recorder it yields at once."""
+    """Run a measurement generator, reading each timestamp recorder it yields at once (the
+    native backend raises compile errors at once, so CHECK has nothing to do)."""
     try:
         rec = next(gen)
         while True:
-            dev.read_timestamps_sync(rec)
+            if rec is not CHECK:
+                dev.read_timestamps_sync(rec)
             rec = gen.send(None)
     except StopIteration as stop:
         return stop.value
@@ -107,11 +112,20 @@ def _drive_sync(dev: Device, gen):
 
 async def _drive_async(dev: Device, gen):
     """Run a measurement generator, awaiting each timestamp read (the browser's event loop runs
-    between them: one timing per await)."""
+    between them: one timing per await). At CHECK the device's pending errors are awaited and a
+    GPUError (a candidate the adapter cannot compile, e.g. over its workgroup-memory limit: the
+    browser reports it asynchronously) is thrown into the generator, which skips that candidate."""
     try:
         rec = next(gen)
         while True:
-            await dev.read_timestamps(rec)
+            if rec is CHECK:
+                try:
+                    await dev.check_errors()
+                except GPUError as e:
+                    rec = gen.throw(e)
+                    continue
+            else:
+                await dev.read_timestamps(rec)
             rec = gen.send(None)
     except StopIteration as stop:
         return stop.value
@@ -359,9 +373,11 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool):
     nw = {"nw": nb} if pre_norm else {}
     try:
         kf = LinearKernel(dev, "decode", x, y, w, w2, variant=fc, pre_norm=norm)
+        yield CHECK
         t_f = yield from _time(dev, kf.dispatch({"step": sb, "x": xb, "y": yb, **wb, **nw}, kf.workgroups(1)))
         kq = LinearKernel(dev, "decode", xq, y, w, w2, variant=qc, pre_norm=norm)
         qk = QuantizeKernel(dev, x, xq, w.fmt, pre_norm=norm)
+        yield CHECK
         t_q = yield from _time(dev, kq.dispatch({"step": sb, "x": qb, "y": yb, **wb}, kq.workgroups(1)))
         if quantize_dispatch:
             t_q += yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb, **nw}, qk.workgroups(1)))
@@ -400,6 +416,7 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
     try:
         for grouped in (False, True):
             k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, grouped=grouped)
+            yield CHECK
             pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
             try:
                 times.append((yield from _time(dev, k.dispatch(
@@ -455,6 +472,7 @@ def _search_qout(dev: Device, w, w2):
             try:
                 k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
                                  epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True)))
+                yield CHECK
             except (GPUError, UnsupportedModelError, ValueError):
                 continue
             ns = yield from _time(dev, k.dispatch({"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2),
@@ -493,6 +511,7 @@ def _measure_chain(dev: Device, links: list):
                 gv = yield from _gemv_choice(dev, w, w2, True)
                 k = LinearKernel(dev, "decode", x, y, w, w2, variant=gv)
                 qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
+                yield CHECK
                 sep += ((yield from _time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1))))
                         + (yield from _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qb}
                                                              | ({"nw": nb} if nnorm else {}), qk.workgroups(1))))
@@ -500,6 +519,7 @@ def _measure_chain(dev: Device, links: list):
                 qv = GemvVariant(**(yield from _sub(_qout_key(dev, w, w2), lambda w=w, w2=w2: _search_qout(dev, w, w2))))
                 kq = LinearKernel(dev, "decode", x, y, w, w2, variant=qv,
                                   epilogue=Epilogue(qout=QuantOut(q, nfmt, 0.0 if nnorm else None, True)))
+                yield CHECK
                 chained += yield from _time(dev, kq.dispatch({"step": sb, "x": xb, "y": yb, **wb, "qout": qb}
                                                              | ({"qnw": nb} if nnorm else {}), kq.workgroups(1)))
             finally:
@@ -533,6 +553,7 @@ def _search_timed(dev: Device, w, w2, int8: bool):
                 continue
             try:
                 k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand)
+                yield CHECK
             except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
                 continue
             d = k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(1))
