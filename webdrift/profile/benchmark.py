@@ -144,7 +144,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             await tuner.tune_pending(dev, progress=lambda d, t, k: progress("tune", d, t))
             eng = None
             gc.collect()
-            dev.peak_bytes = dev.bytes_allocated
+            before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
             eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune)
             await dev.check_errors()
         progress("load", 1, 1)

@@ -55,7 +55,7 @@ from ..weights.synthetic import PRESETS, QUANTS, check_choice
 BIG_SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
 # the schema and helpers come from the core (profile/benchmark.py) and are re-exported for scripts
 __all__ = ["MACHINE_FIELDS", "PEER_NAMES", "PROTOCOL", "QUICK_PROTOCOL", "REPORT_FIELDS", "ROW_FIELDS", "bench_model",
-           "build_engine", "cmd_bench", "format_table", "machine_info", "main", "missing_fields", "run_bench",
+           "build_engine", "cmd_bench", "compare_table", "format_table", "machine_info", "main", "missing_fields", "run_bench",
            "write_markdown", "write_plot"]
 
 
@@ -390,12 +390,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--compare", nargs="+", default=None, metavar="REPORT",
+                   help="print the rows of saved reports side by side (e.g. desktop and browser / node_bench.mjs "
+                        "on the same GPU: ratios to the first) instead of running")
     p.add_argument("--markdown", default=None, metavar="PATH", help="append a section to a markdown file")
     p.add_argument("--plot", default=None, metavar="PATH", help="decode tok/s vs size beside the roofline (png)")
     p.set_defaults(func=cmd_bench)
 
 
+def compare_table(reports: list[dict]) -> str:
+    """Rows of several reports side by side (markdown): per (model, quant, prompt/new), each
+    report's route, adapter, decode / prefill tok/s, ttft, load s and peak GPU memory, with decode
+    and prefill as a ratio of the first report's (e.g. browser / desktop on the same GPU)."""
+    def key(r):
+        return (r["model"], r["quant"], r["prompt_tokens"], r["new_tokens"])
+
+    first = {key(r): r for r in reports[0]["results"]}
+    order = list(dict.fromkeys(key(r) for rep in reports for r in rep["results"]))
+    head = ["model", "quant", "prompt/new", "route", "adapter", "decode tok/s", "prefill tok/s", "ttft s", "load s",
+            "peak GPU mem", "decode / first", "prefill / first"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for k in order:
+        for rep in reports:
+            m = rep.get("machine", {})
+            for r in (r for r in rep["results"] if key(r) == k):
+                base = first.get(k) or {}
+
+                def ratio(f, r=r, base=base):
+                    a, b = r.get(f), base.get(f)
+                    return f"{a / b:.2f}" if a and b else "-"
+                cells = [k[0], k[1], f"{k[2]}/{k[3]}", m.get("route", "desktop (wgpu-native)"), m.get("adapter", "?")]
+                cells += (["error: " + r["error"][:60], "", "", "", "", "", ""] if r.get("error") else
+                          [_fmt(r["decode_tps"]), _fmt(r["prefill_tps"]), _fmt(r["ttft_s"], ".3f"), _fmt(r["load_s"], ".2f"),
+                           _gib(r["peak_gpu_bytes"]), ratio("decode_tps"), ratio("prefill_tps")])
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def cmd_compare(paths: list[str]) -> int:
+    reports = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                rep = json.load(f)
+        except (OSError, ValueError) as e:
+            raise InvalidArgumentError(f"--compare {p}: cannot read a report ({type(e).__name__}: {e})") from None
+        miss = missing_fields(rep)
+        if miss:
+            raise InvalidArgumentError(f"--compare {p}: not a complete bench report (missing {', '.join(miss[:5])})")
+        reports.append(rep)
+    print(compare_table(reports))
+    return 0
+
+
 def cmd_bench(args) -> int:
+    if getattr(args, "compare", None):
+        return cmd_compare(args.compare)
     if args.repeats < 1:
         raise InvalidArgumentError(f"--repeats {args.repeats}: must be >= 1")
     if not hasattr(args, "command_line"):
