@@ -338,13 +338,15 @@ def _qout_key(dev: Device, w, w2) -> str:
 
 
 def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True,
-              enabled=True, static: bool = False) -> dict:
+              enabled=FORCE, static: bool = False) -> dict:
     """Time one layer's decode GEMV both ways on this adapter: the best float-activation variant
     (with the RMSNorm fused in when pre_norm) against QuantizeKernel + the best integer-dot
     variant. Returns {"float_ns", "int8_ns", "int8": whether the int8 path is faster, counting
     the extra dispatch's host cost}. quantize_dispatch=False: the producer writes the int8 rows
     itself (the attention combine for the O projection): only the GEMVs are compared. Cached
-    like the kernel choices; `static` is the verdict while unmeasured (asynchronous timing)."""
+    like the kernel choices; `static` is the verdict while unmeasured (asynchronous timing).
+    Measured whenever called (enabled=FORCE, software adapters too): choices.py calls it only
+    where the adapter is tuned."""
     key = (f"{dev.info.adapter}|{dev.info.backend}|int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
            f"|{int(pre_norm)}{'' if quantize_dispatch else '|fused'}")
     return _decide(dev, key, enabled, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch),
@@ -485,12 +487,13 @@ def _search_qout(dev: Device, w, w2):
     return _as_dict(best or QOUT_STATIC)
 
 
-def chain_pays(dev: Device, links: list, enabled=True, static: bool = True) -> dict:
+def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> dict:
     """Whether quantizing epilogues beat separate quantize dispatches for one layer. links: per
     producing GEMV (w, w2, next_fmt, next_norm: bool) -- O projection, gate/up, down. Compares
     sum(best integer-dot GEMV + QuantizeKernel of its output + host cost of that dispatch) with
     sum(best quantizing-epilogue GEMV). Returns {"separate_ns", "chained_ns", "chain": bool};
-    `static` is the verdict while unmeasured (asynchronous timing)."""
+    `static` is the verdict while unmeasured (asynchronous timing); measured whenever called,
+    like int8_pays."""
     key = f"{dev.info.adapter}|{dev.info.backend}|chain|" + ";".join(
         f"{w.fmt},{w.o},{w.i},{int(w2 is not None)},{nf},{int(nn)}" for w, w2, nf, nn in links)
     return _decide(dev, key, enabled, lambda: _measure_chain(dev, links),
