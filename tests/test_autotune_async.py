@@ -159,6 +159,7 @@ def test_pause_and_cancel(tuner):
 
     done = asyncio.run(autotune.tune_pending(dev, pause=pause, cancelled=lambda: len(paused) > 1))
     assert len(done) == 1 and len(autotune.pending(dev)) == 1     # stopped before the second: still queued
+    assert len(paused) > dev.reads > 1          # paused before the first and after every timing
     autotune.forget(dev)
     assert autotune.pending(dev) == []
 

@@ -110,11 +110,12 @@ def _drive_sync(dev: Device, gen):
         return stop.value
 
 
-async def _drive_async(dev: Device, gen):
+async def _drive_async(dev: Device, gen, pause=None):
     """Run a measurement generator, awaiting each timestamp read (the browser's event loop runs
     between them: one timing per await). At CHECK the device's pending errors are awaited and a
     GPUError (a candidate the adapter cannot compile, e.g. over its workgroup-memory limit: the
-    browser reports it asynchronously) is thrown into the generator, which skips that candidate."""
+    browser reports it asynchronously) is thrown into the generator, which skips that candidate.
+    `await pause()` before each next submit (the engine's requests go first)."""
     try:
         rec = next(gen)
         while True:
@@ -126,6 +127,8 @@ async def _drive_async(dev: Device, gen):
                     continue
             else:
                 await dev.read_timestamps(rec)
+            if pause is not None:
+                await pause()
             rec = gen.send(None)
     except StopIteration as stop:
         return stop.value
@@ -198,8 +201,9 @@ def pending(dev: Device) -> list[str]:
 async def tune_pending(dev: Device, progress=None, pause=None, cancelled=None) -> dict:
     """Measure every queued choice of dev, one after another; returns {key: choice} of what was
     measured (also kept in memory for the next load: export_choices). progress(done, total, key)
-    after each; `await pause()` before each (e.g. while the engine generates) and cancelled()
-    (True: stop, leaving the rest queued) let the caller run this in the background."""
+    after each; `await pause()` before each and between a measurement's timings (e.g. while the
+    engine generates: a request waits for one timing at most) and cancelled() (True: stop,
+    leaving the rest queued) let the caller run this in the background."""
     keys = pending(dev)
     out = {}
     for n, key in enumerate(keys):
@@ -211,7 +215,7 @@ async def tune_pending(dev: Device, progress=None, pause=None, cancelled=None) -
             break
         _, measure = _pending.pop(key)
         if key not in _memory:
-            val = await _drive_async(dev, measure())
+            val = await _drive_async(dev, measure(), pause)
             _store(key, val)
             _new[key] = val
         out[key] = _memory[key]
