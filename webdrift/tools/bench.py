@@ -176,13 +176,6 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     return rows
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 def run_bench(args, dev=None, log=None) -> dict:
