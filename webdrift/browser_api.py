@@ -253,7 +253,6 @@ async def api_bench(opts_json, progress=None) -> dict:
     from . import __version__
     from .gpu.browser import create_browser_device
     from .profile import benchmark as bm
-    from .profile.roofline import ameasure_bandwidth
     from .weights.synthetic import PRESETS, QUANTS, check_choice, synthetic_source
     o = _loads(opts_json) or {}
     autotune.import_choices(_choice_dict(o.get("kernelChoices")))
@@ -295,8 +294,8 @@ async def api_bench(opts_json, progress=None) -> dict:
     dev = await create_browser_device()
     try:
         mib = int(o.get("rooflineMiB") or (16 if quick else 1024))
-        report("roofline", message=f"streaming read over {mib} MiB")
-        roof = await ameasure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
+        report("roofline", message=f"streaming read over {mib} MiB, compute peaks")
+        roof = await bm.ameasure_rooflines(dev, mib, quick)
         log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read {roof['best_GBps']} GB/s "
             f"({roof['bytes'] >> 20} MiB, {roof['method']})")
         sources = ([src] if src is not None else []) + [synthetic_source(n, q) for n in synthetic for q in quants]
@@ -305,6 +304,7 @@ async def api_bench(opts_json, progress=None) -> dict:
             label = "/".join(bm.model_label(s))
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
+                peak_tflops=roof["compute"]["f32"]["tflops"],
                 progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
                                                                      models=len(sources)))
         note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"

@@ -96,6 +96,24 @@ async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1):
     return await eng.agenerate(ids, sp)
 
 
+async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
+    """The memory roofline (streaming read over `mib` MiB, profile/roofline.py) with the compute
+    peaks under "compute" (profile/compute.py: f32, f16 where the adapter has it, int8 dot)."""
+    from .compute import ameasure_peaks
+    from .roofline import ameasure_bandwidth
+    roof = await ameasure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
+    roof["compute"] = await ameasure_peaks(dev, reps=3 if quick else 5, workgroups=16 if quick else 2048,
+                                           iters=64 if quick else 1024)
+    return roof
+
+
+def prefill_pct_compute(prefill_tps: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
+    """A prefill's share (%) of a compute peak: tokens/s x FLOPs per token / peak."""
+    if not peak_tflops or not prefill_tps:
+        return None
+    return round(100.0 * prefill_tps * flops_per_token / (peak_tflops * 1e12), 2)
+
+
 def streams_needed_context(p: int, m: int, k: int) -> int:
     """A context that holds k streams of m tokens after a p-token prompt (runtime/streams.py: each
     stream's segment is whole attention chunks, at most 256 rows each)."""
@@ -126,20 +144,23 @@ def _numel(shape) -> int:
 def empty_row(base: dict, p: int, m: int, **kw) -> dict:
     r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
              read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
-             load_s=None, peers=None, error=None)
+             load_s=None, peers=None, error=None, prefill_pct_compute=None)
     r.update(kw)
     return r
 
 
 async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
-                       streams: list[int] | None = None) -> list[dict]:
+                       streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     progress(phase, done, total): "load", "tune" (queued kernel measurements) and "run".
-    streams: also decode k streams together per protocol (row["streams"])."""
+    streams: also decode k streams together per protocol (row["streams"]);
+    peak_tflops: the compute peak the prefill GEMM's arithmetic runs at (f32 today), for each row's
+    prefill_pct_compute (weights' FLOPs per token, profile/compute.py)."""
     from ..kernels import autotune as tuner
     from ..models.footprint import decode_read_bytes, plan_weights
     from ..profile.roofline import decode_ceiling
+    from .compute import prefill_flops_per_token
     log = log or (lambda s: None)
     progress = progress or (lambda phase, done, total: None)
     model, quant = model_label(src)
@@ -195,7 +216,9 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                                   ttft_s=round(best.prefill_s, 5), read_bytes_per_token=int(read),
                                   roofline_decode_tps=round(ceil, 2),
                                   pct_roofline=round(100.0 * dtps / ceil, 2) if ceil else None,
-                                  load_s=round(eng.load_s, 3)))
+                                  load_s=round(eng.load_s, 3),
+                                  prefill_pct_compute=prefill_pct_compute(best.prefill_tokens_per_s,
+                                                                          prefill_flops_per_token(src), peak_tflops)))
             log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
             if streams:

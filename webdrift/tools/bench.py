@@ -42,6 +42,7 @@ from ..profile.benchmark import (  # the protocol and schema, shared with the br
     REPORT_FIELDS,
     ROW_FIELDS,
     abench_model,
+    ameasure_rooflines,
     build_engine,
     fill_skipped_peers,
     make_report,
@@ -122,7 +123,7 @@ def machine_info(dev) -> dict:
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
-                streams: list[int] | None = None) -> list[dict]:
+                streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
@@ -133,7 +134,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     from ..runtime.engine import _run
     log = log or (lambda s: None)
     rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
-                             int8_activations=int8_activations, streams=streams))
+                             int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -190,11 +191,12 @@ def run_bench(args, dev=None, log=None) -> dict:
     if dev is None:
         from ..gpu.native import get_device
         dev = get_device()
-    from ..profile.roofline import measure_bandwidth
+    from ..runtime.engine import _run
     mib = args.roofline_mib or (16 if quick else 1024)
-    log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB ...")
-    roof = measure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
-    log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']})")
+    log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB, compute peaks ...")
+    roof = _run(ameasure_rooflines(dev, mib, quick))
+    log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']}); "
+        + ", ".join(f"{k} {v['tflops']} TFLOP/s" for k, v in roof["compute"].items()))
     peers_ok, peers_note = (False, "disabled (--no-peers)") if args.no_peers else _peer_availability(dev)
     if not peers_ok:
         log(f"peers: {peers_note}")
@@ -221,7 +223,8 @@ def run_bench(args, dev=None, log=None) -> dict:
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
                                llama_bench=getattr(args, "llama_bench", None),
-                               streams=parse_streams(getattr(args, "streams", None)))
+                               streams=parse_streams(getattr(args, "streams", None)),
+                               peak_tflops=roof["compute"]["f32"]["tflops"])
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -263,18 +266,18 @@ def _peer_cell(p: dict | None) -> str:
 
 
 def format_table(report: dict, markdown: bool = False) -> str:
-    head = ["model", "quant", "prompt/new", "prefill tok/s", "decode tok/s", "% roofline", "ceiling tok/s",
-            "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
+    head = ["model", "quant", "prompt/new", "prefill tok/s", "prefill % f32 peak", "decode tok/s", "% roofline",
+            "ceiling tok/s", "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
             "HF eager decode / prefill tok/s (wd/peer)", "CUDA graph decode / prefill tok/s (wd/peer)"]
     rows = []
     for r in report["results"]:
         pr = r.get("peers") or {}
         if r.get("error"):
             rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}",
-                         "error: " + r["error"][:90], "", "", "", "", "", "", "", "", ""])
+                         "error: " + r["error"][:90], "", "", "", "", "", "", "", "", "", ""])
             continue
         rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}", _fmt(r["prefill_tps"]),
-                     _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
+                     _fmt(r.get("prefill_pct_compute"), ".2f"), _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
                      _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
                      _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
     if markdown:
@@ -288,7 +291,17 @@ def format_table(report: dict, markdown: bool = False) -> str:
     roof = report["roofline"]
     out.append(f"streaming read: {roof['best_GBps']} GB/s best, {roof['median_GBps']} GB/s median "
                f"({roof['bytes'] >> 20} MiB, {roof['reps']} reps, {roof['method']}); peers: {report['peers_note']}")
+    out.append(compute_line(roof))
     return "\n".join(out)
+
+
+def compute_line(roof: dict) -> str:
+    """The compute peaks of a report (reports before issue 11 have none)."""
+    peaks = roof.get("compute") or {}
+    if not peaks:
+        return "compute peaks: not measured in this report"
+    return "compute peaks (multiply-adds x 2, best): " + ", ".join(
+        f"{k} {v['tflops']} TFLOP/s ({v['method']})" for k, v in peaks.items())
 
 
 def write_markdown(path: str, report: dict) -> None:
@@ -306,8 +319,9 @@ def write_markdown(path: str, report: dict) -> None:
             "% roofline = decode tok/s / (bandwidth / bytes read per token: weights + f32 KV cache at the "
             "mean position). Peer cells: decode / prefill tok/s with the ratio webdrift / peer in brackets; "
             "llama.cpp (llama-bench, CUDA) on the same GGUF file: tg at depth = prompt, pp at depth 0; "
-            "PyTorch fp16 on the same GPU (fp16 weights whatever webdrift's quant)."), "",
-           format_table(report, markdown=True), ""]
+            "PyTorch fp16 on the same GPU (fp16 weights whatever webdrift's quant). Prefill % f32 peak = "
+            "prefill tok/s x 2 x the weights' multiply-adds per token / the f32 peak below."), "",
+           compute_line(roof) + ".", "", format_table(report, markdown=True), ""]
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     d = os.path.dirname(path)
     if d:
