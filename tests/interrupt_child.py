@@ -2,9 +2,10 @@
 engine generating while this process is sent SIGINT (Python's default handler: KeyboardInterrupt).
 
 MODE "sweep": a timer thread sends SIGINT at N delays spread over one generation's duration.
-MODE "map": a thread sends SIGINT the moment the host enters the token read-back (map_read), after
-a random 0-300 us, N times: the interrupt lands in the map wait, its poll, the map callback or
-just after. On lavapipe a submit executes the work, so a sweep rarely lands in the read-back.
+MODE "map": N times, the process sends itself SIGINT from inside the token read-back's wait (the
+wait's look-up of its map's status, after a poll), so Python raises KeyboardInterrupt right there,
+whatever the machine's speed (a timer aimed at the wait missed it on a loaded machine). On
+lavapipe a submit executes the work, so a sweep rarely lands in the read-back.
 
 After each interrupted generation the next one must give the reference tokens, with the engine
 idle and the device's live bytes unchanged. Where each KeyboardInterrupt surfaced (the innermost
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import sys
 import threading
@@ -44,27 +44,29 @@ def main(mode: str, n: int) -> None:
     bytes0 = dev.bytes_allocated
     where: dict[str, int] = {}
     wrong = completed = 0
-    entered = threading.Event()
     armed = threading.Event()
-    real_map_read = dev.map_read
 
-    async def watched_map_read(*a, **k):
-        if armed.is_set():
-            armed.clear()
-            entered.set()
-        return await real_map_read(*a, **k)
-    dev.map_read = watched_map_read
-    rng = random.Random(0)
+    class ArmedLib:
+        """wgpu-native's C API as webdrift.gpu.native calls it, except that an armed
+        wgpuDevicePoll (NativeDevice._wait_map's, after the poll) sends SIGINT, which the
+        interpreter raises at its next instruction, inside the wait."""
+        def __init__(self, lib):
+            self._lib = lib
 
-    def shooter():
-        while True:
-            entered.wait()
-            entered.clear()
-            time.sleep(rng.uniform(0, 300e-6))
-            os.kill(os.getpid(), signal.SIGINT)
+        def __getattr__(self, name):
+            return getattr(self._lib, name)
+
+        def wgpuDevicePoll(self, *a):
+            r = self._lib.wgpuDevicePoll(*a)
+            if armed.is_set():
+                armed.clear()
+                os.kill(os.getpid(), signal.SIGINT)
+            return r
 
     if mode == "map":
-        threading.Thread(target=shooter, daemon=True).start()
+        from webdrift.gpu import native
+        native._lib = ArmedLib(native._lib)
+    package = os.path.dirname(os.path.abspath(sys.modules["webdrift"].__file__))
     for k in range(n):
         timer = None
         if mode == "sweep":
@@ -75,7 +77,7 @@ def main(mode: str, n: int) -> None:
         try:
             gen()
         except KeyboardInterrupt as e:
-            frames = [f for f in traceback.extract_tb(e.__traceback__) if "webdrift" in f.filename]
+            frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith(package)]
             key = frames[-1].name if frames else "<outside webdrift>"
             where[key] = where.get(key, 0) + 1
         else:
