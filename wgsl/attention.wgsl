@@ -5,7 +5,8 @@
 // and one CHUNK of key positions; it writes an unnormalised partial result:
 //   part[(kvh, row, split)] = (acc[0..DH), running max m, sum l)
 // Causal: key k is visible to the token at position p iff k <= p (and k > p - WINDOW when
-// sliding). Splits past the last visible key write m = -inf and are skipped by the combine.
+// sliding); with TREE also only as the row's tree record says (attention_common.visible).
+// Splits past the last visible key write m = -inf and are skipped by the combine.
 // Dispatch: (NSPLIT, T * GROUP, KVH).
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
@@ -20,8 +21,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (row >= step.n_tokens * GROUP) { return; }
   let p = step.pos0 + row / GROUP;                 // this query's position
   let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
-  var lo = 0u;
-  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let tr = row / GROUP;
+  let lo = window_lo(tr, p);
   let k0 = split * CHUNK;
   if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
     if (lid == 0u) { part[out + DH] = -3.0e38; part[out + DH + 1u] = 0.0; }
@@ -31,7 +32,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let k = k0 + lid;
   var s = -3.0e38;
-  if (k <= p && k >= lo) {
+  let vis = visible(tr, p, lo, k);
+  if (vis) {
     let kb = (kvh * CAP + k) * (DH / 4u);
     var acc = 0.0;
     for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
@@ -46,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let m = red[0];
   workgroupBarrier();
   var e = 0.0;
-  if (k <= p && k >= lo) { e = exp(s - m); }
+  if (vis) { e = exp(s - m); }
   sc[lid / 4u][lid % 4u] = e;
   red[lid] = e;
   workgroupBarrier();

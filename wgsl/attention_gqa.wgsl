@@ -38,8 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let p = step.pos0 + t;                           // this token's position
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
-  var lo = 0u;
-  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let lo = window_lo(t, p);
   let k0 = split * CHUNK;
   if (k0 > p || k0 + CHUNK <= lo) {                // nothing visible in this chunk
     if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
@@ -48,7 +47,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var i = lid; i < GROUP * DH4; i += CHUNK) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
   workgroupBarrier();
   let k = k0 + lid;
-  let vis = k <= p && k >= lo;
+  let vis = visible(t, p, lo, k);
 {{S_DECL}}
   if (vis) {
     let kb = (kvh * CAP + k) * DH4;

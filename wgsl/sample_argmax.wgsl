@@ -4,7 +4,8 @@
 // holding a NaN or an infinity (tested on the bits: compilers may assume floats are finite)
 // writes the id NONFINITE instead, which sample.wgsl turns into the NONFINITE token. One
 // workgroup over a 128k vocabulary took ~170 us on an H100 (latency of ~500 dependent loads per
-// invocation); 32 workgroups take a few us. Dispatch: (NPART, 1, 1).
+// invocation); 32 workgroups take a few us. Dispatch: (NPART, 1, 1); PER_ROW (tree
+// verification: every row's argmax): (NPART, T, 1), row wid.y writing part[wid.y * NPART ..].
 {{STEP_DECL}}
 {{L_DECL}}
 {{PART_DECL}}
@@ -22,6 +23,9 @@ fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+#if PER_ROW
+  if (wid.y >= step.n_tokens) { return; }
+#endif
   if (lid == 0u) { atomicStore(&bad, 0u); }
   workgroupBarrier();
   let i0 = wid.x * SPAN;
@@ -45,7 +49,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
   }
   if (lid == 0u) {
-    part[2u * wid.x] = bitcast<u32>(rv[0]);
-    part[2u * wid.x + 1u] = select(ri[0], NONFINITE, atomicLoad(&bad) != 0u);
+    let pi = {{PIDX}};
+    part[2u * pi] = bitcast<u32>(rv[0]);
+    part[2u * pi + 1u] = select(ri[0], NONFINITE, atomicLoad(&bad) != 0u);
   }
 }
