@@ -166,6 +166,7 @@ export class Engine {
   /**
    * Generate a continuation of `prompt` (a string, or an array of token ids).
    * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
+   * speculative ("lookup": prompt-lookup drafts verified as a tree; the same tokens, fewer passes),
    * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`).
    * Resolves to {text, tokenIds, stats}; engine.stop() ends it early with stats.finishReason "stopped".
    */
