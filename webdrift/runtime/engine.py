@@ -36,7 +36,16 @@ from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 from ..tokenizer.tokenizer import check_text
 from .options import EngineOptions
-from .speculative import MAX_TREE, BackOff, DraftTree, TreeVerifier, check_mode, greedy_walk, make_drafter
+from .speculative import (
+    MAX_TREE,
+    BackOff,
+    DraftTree,
+    TreeVerifier,
+    check_mode,
+    greedy_walk,
+    make_drafter,
+    sampled_walk,
+)
 
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
@@ -464,9 +473,9 @@ class Engine:
         decode steps (pipelined like `_plain_tokens`) until it has a draft again.
         Cache invariant between rounds: slots [0, pos) hold the prompt and every emitted token
         but the last, `last`, which is the next round's input (the tree's root)."""
-        if sp.temperature != 0.0:
-            raise InvalidArgumentError("speculative decoding samples greedily only for now: use temperature=0 "
-                                       "or speculative=None")
+        if sp.temperature != 0.0 and self._layout != "linear":
+            raise InvalidArgumentError("speculative sampling (temperature > 0) reads logits rows in the linear "
+                                       "activation layout only: load with layout='linear' or use temperature=0")
         dev, verifier = self.dev, self._tree_verifier()
         drafter = make_drafter(sp.speculative)
         backoff = BackOff()
@@ -494,9 +503,13 @@ class Engine:
                 st.plain_steps += n_plain
                 continue
             argmax = await verifier.argmax_rows(tree, pos, emitted, sp)
-            for t in argmax:
-                self._check_token(t, emitted, len(ids))
-            toks, path = greedy_walk(tree, argmax)
+            if sp.temperature == 0.0:
+                for t in argmax:
+                    self._check_token(t, emitted, len(ids))
+                toks, path = greedy_walk(tree, argmax)
+            else:   # the draws of a pass depend on (seed, index of its first token) only
+                rng = random.Random(sp.seed * 1_000_003 + emitted)
+                toks, path = await sampled_walk(tree, lambda row, at=pos: verifier.row_probs(row, sp, at), rng)
             verifier.compact_path(path, pos)
             st.spec_passes += 1
             st.drafted_tokens += len(tree.tokens) - 1

@@ -8,6 +8,9 @@ the longest path the model itself would have produced is accepted.
     TreeVerifier    the GPU side: the verification pass over the tree's rows (every row's argmax),
                     and the in-place KV compaction of the accepted path
     greedy_walk     which nodes a greedy model accepts, and the tokens it emits
+    sampled_walk    the same for sampling (temperature > 0): the speculative-sampling rule for
+                    deterministic drafts, so every emitted token has exactly the model's
+                    distribution (target_probs: the GPU sampler's temperature / top-k / top-p)
     BackOff         when to stop drafting for a while (low acceptance: plain decode steps)
 
 The engine's loop (runtime/engine.py, `_speculative_tokens`) ties them together.
@@ -16,6 +19,7 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 
@@ -168,6 +172,75 @@ def greedy_walk(tree: DraftTree, argmax: list[int]) -> tuple[list[int], list[int
         path.append(node)
 
 
+def target_probs(logits: list[float], temperature: float, top_k: int, top_p: float) -> dict[int, float]:
+    """{token: probability > 0} of the GPU sampler's distribution (wgsl/sample.wgsl): softmax of
+    logits / temperature over the top_k highest logits (ties at the k-th all kept; 0: all), then
+    the smallest top set whose mass >= top_p of that (ties at the threshold all kept)."""
+    ids = range(len(logits))
+    if 0 < top_k < len(logits):
+        kth = sorted(logits, reverse=True)[top_k - 1]
+        ids = [i for i in ids if logits[i] >= kth]
+    m = max(logits[i] for i in ids)
+    e = {i: math.exp((logits[i] - m) / temperature) for i in ids}
+    z = sum(e.values())
+    if top_p < 1.0:
+        acc, thr = 0.0, 0.0
+        for v in sorted(e.values(), reverse=True):
+            acc, thr = acc + v, v
+            if acc >= top_p * z:
+                break
+        e = {i: v for i, v in e.items() if v >= thr}
+        z = sum(e.values())
+    return {i: v / z for i, v in e.items() if v > 0.0}
+
+
+def draw(p: dict[int, float], u: float) -> int:
+    """The token at cumulative mass u (in [0, 1)) of p, in id order."""
+    total = sum(p.values())
+    acc, last = 0.0, None
+    for i in sorted(p):
+        acc += p[i] / total
+        last = i
+        if u < acc:
+            return i
+    return last
+
+
+async def sampled_walk(tree: DraftTree, probs_of, rng) -> tuple[list[int], list[int]]:
+    """(tokens emitted, tree rows of the accepted path) under sampling. At each node with the
+    model's distribution p (await probs_of(row)), its children's distinct tokens c_1, c_2, ... are
+    tried in turn: c_i is accepted with probability p(c_i), else removed from p and p renormalised
+    (the speculative-sampling rule for a deterministic draft, min(1, p/q) with q = 1 and the
+    residual max(0, p - q) = p without c_i, applied per candidate as in SpecInfer's multi-candidate
+    verification). Every token emitted thus has exactly the model's distribution. An accepted
+    child's token is emitted and the walk goes on from it; when all are rejected, a token drawn
+    from what is left of p is emitted and the walk ends. rng: random.Random (u in [0, 1))."""
+    kids: dict[int, list[int]] = {}
+    for i in range(1, len(tree.tokens)):
+        kids.setdefault(tree.parents[i], []).append(i)
+    node, path, out = 0, [0], []
+    while True:
+        p = dict(await probs_of(node))
+        nxt = None
+        tried = set()
+        for c in kids.get(node, ()):
+            t = tree.tokens[c]
+            if t in tried:
+                continue
+            tried.add(t)
+            total = sum(p.values())
+            if rng.random() * total < p.get(t, 0.0):
+                nxt = c
+                break
+            p.pop(t, None)
+        if nxt is None:
+            out.append(draw(p, rng.random()))
+            return out, path
+        out.append(tree.tokens[nxt])
+        node = nxt
+        path.append(node)
+
+
 class BackOff:
     """Drafting pauses after verification passes that accept nothing: 1, 2, 4, ... up to `cap`
     plain decode steps after consecutive misses; an accepted draft token resets it. Keeps chat
@@ -201,6 +274,7 @@ class TreeVerifier:
         self.n_parts = ceil_div(e.config.vocab_size, 4096)
         amax = program.graph.tensors["amax"]
         self.amax_offset = amax.offset
+        self.logits_offset = program.graph.tensors["logits"].offset    # (MAX_TREE, V) f32, linear
         self.readback = self.dev.create_buffer(MAX_TREE * self.n_parts * 8, READBACK, "tree_argmax")
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
         cfg = e.config
@@ -232,6 +306,16 @@ class TreeVerifier:
                     best, best_v = idx, v
             out.append(best)
         return out
+
+    async def row_probs(self, row: int, sp, pos0: int) -> dict[int, float]:
+        """The sampling distribution (target_probs) of row `row`'s logits in the last pass."""
+        v = self.engine.config.vocab_size
+        raw = await self.dev.read_buffer(self.engine.arena, self.logits_offset + 4 * v * row, 4 * v)
+        logits = struct.unpack(f"<{v}f", raw)
+        if not all(math.isfinite(x) for x in logits):
+            raise NumericalError(f"tree verification at cache position {pos0}: the model's logits hold NaN or "
+                                 "infinite values")
+        return target_probs(list(logits), sp.temperature, sp.top_k, sp.top_p)
 
     def compact_path(self, path: list[int], pos0: int) -> None:
         """Move the accepted path's K/V rows (tree rows `path`, at slots pos0 + row) to the
