@@ -514,13 +514,17 @@ class Engine:
         if sp.temperature != 0.0 and self._layout != "linear":
             raise InvalidArgumentError("speculative sampling (temperature > 0) reads logits rows in the linear "
                                        "activation layout only: load with layout='linear' or use temperature=0")
-        dev, verifier = self.dev, self._tree_verifier()
+        dev, prof, verifier = self.dev, self.profiler, self._tree_verifier()
         drafter = make_drafter(sp.speculative)
         backoff = BackOff()
         # the prompt, then its first token
-        for _, _, disp in self._submit_prompt(ids, sp):
-            ticket = dev.submit(disp, [(self.out_tokens, 0, self.ring[0], 0, 4)])
-        last = self._check_token(struct.unpack("<I", await dev.map_read(self.ring[0], 4, ticket))[0], 0, len(ids))
+        with prof.phase("prefill.submit", tokens=len(ids)):
+            for pos, part, disp in self._submit_prompt(ids, sp):
+                copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
+                ticket = dev.submit(disp, copies)
+        with prof.phase("readback", token=0):
+            raw = await dev.map_read(self.ring[0], 4, ticket)
+        last = self._check_token(struct.unpack("<I", raw)[0], 0, len(ids))
         yield last
         emitted, pos = 1, len(ids)
         drafter.reset(ids + [last])
@@ -540,7 +544,8 @@ class Engine:
                 pos += n_plain
                 st.plain_steps += n_plain
                 continue
-            argmax = await verifier.argmax_rows(tree, pos, emitted, sp)
+            with prof.phase("verify", nodes=len(tree.tokens)):
+                argmax = await verifier.argmax_rows(tree, pos, emitted, sp)
             if sp.temperature == 0.0:
                 for t in argmax:
                     self._check_token(t, emitted, len(ids))
@@ -582,8 +587,9 @@ class Engine:
                 if read == submitted:
                     return
                 k = emitted + read
-                tok = self._check_token(struct.unpack("<I", await dev.map_read(self.ring[k % RING], 4,
-                                                                               tickets[k % RING]))[0], k, prompt_tokens)
+                with self.profiler.phase("readback", token=k):
+                    raw = await dev.map_read(self.ring[k % RING], 4, tickets[k % RING])
+                tok = self._check_token(struct.unpack("<I", raw)[0], k, prompt_tokens)
                 read += 1
                 backoff.plain_step()
                 yield tok
