@@ -17,7 +17,8 @@ What goes in (everything from package registries, nothing from a CDN at run time
                       jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
                       wheel assembled here from PyPI's sdist: Pyodide's own markupsafe lives on a CDN
                       we do not use, and markupsafe falls back to `_native.py` without its C speedups)
-    webdrift.js, worker.js, index.html, app.js, style.css   from web/
+    webdrift.js, worker.js, index.html, app.js, style.css,  from web/
+    bench.html, bench.js, node_bench.mjs (the bench in Node.js with Dawn: docs/BROWSER.md)
     manifest.json     versions, wheel list (install order) and the inputs' fingerprint
     models/           only with --model: the GGUF and models/default.json {url (relative to it),
                       sha256, size, name}
@@ -62,7 +63,8 @@ _HERE = Path(__file__).resolve().parent
 REPO = _HERE.parent if (_HERE.parent / "pyproject.toml").is_file() else _HERE.parents[1]
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json", "package.json")
-WEB_FILES = ("webdrift.js", "worker.js", "index.html", "app.js", "style.css")
+WEB_FILES = ("webdrift.js", "worker.js", "index.html", "app.js", "style.css", "bench.html", "bench.js",
+             "node_bench.mjs")
 BUNDLE_FORMAT = 1
 # What the browser's webdrift wheel leaves out: the desktop tools wing (the CLI, bench and its
 # PyTorch peers, the profile command, serve, and the package data under it: the web assets in

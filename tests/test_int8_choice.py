@@ -86,6 +86,12 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
 
 
+def _returns(value):
+    """A measurement generator that times nothing and returns value."""
+    return value
+    yield
+
+
 def test_weight_layout_search(monkeypatch, tmp_path):
     """choose_layout (ML Drift's weight-layout search for float weights): q4 / q8 and untimed or
     software adapters keep "OI"; on a timed adapter both orders are timed with their fastest
@@ -102,12 +108,12 @@ def test_weight_layout_search(monkeypatch, tmp_path):
     assert dev.info.is_cpu and choose_layout(dev, "f16", 64, 128) == "OI"      # software adapter
     gpu = NS(has_timestamps=False, can_time_sync=False, info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_layout(gpu, "f16", 64, 128) == "OI"                          # untimed (browser)
-    got = autotune._measure_layout(dev, "f16", 70, 136)
+    got = autotune._drive_sync(dev, autotune._measure_layout(dev, "f16", 70, 136))   # measurements are generators
     assert got["layout"] in LAYOUTS and all(got[f"{n}_ns"] > 0 for n in LAYOUTS)
     assert got["layout"] == min(LAYOUTS, key=lambda n: got[f"{n}_ns"])
     monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
     calls = []
-    monkeypatch.setattr(autotune, "_measure_layout", lambda *a: calls.append(1) or got)
+    monkeypatch.setattr(autotune, "_measure_layout", lambda *a: calls.append(1) or _returns(got))
     assert choose_layout(dev, "f16", 70, 136) == got["layout"] and choose_layout(dev, "f16", 70, 136) == got["layout"]
     assert calls == [1]
     w, _ = make_weight(np.zeros((8, 32), np.float32), "f16", layout="OI4O4")

@@ -42,8 +42,6 @@ NUMPY_FUNCTIONS = {
                                                   "test API; the browser API never calls it",
     ("webdrift.weights.source", "SourceTensor.to_numpy"): "host dequantization (webdrift.weights.quant) "
                                                           "for reference checks on the desktop",
-    ("webdrift.weights.synthetic", "_pool"): "random-weight bytes for the bench and tests (desktop); "
-                                             "the browser loads real files only",
 }
 
 

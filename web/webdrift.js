@@ -89,6 +89,10 @@ class WorkerClient {
   send(msg) { if (!this.dead) this.worker.postMessage(msg); }
 
   _onMessage(m) {
+    if (m.id === "tune" && m.type === "progress") {   // the engine's background tuning (after createEngine resolved)
+      if (this.onTuneProgress) try { this.onTuneProgress(m.progress); } catch (e) { console.error(e); }
+      return;
+    }
     const p = this.pending.get(m.id);
     if (!p) return;
     if (m.type === "progress") { if (p.onProgress) try { p.onProgress(m.progress); } catch (e) { console.error(e); } return; }
@@ -205,6 +209,17 @@ export class Engine {
     return this._enqueue({ type: "python", code }, {});
   }
 
+  /**
+   * The background kernel tuning of this engine's first load on this adapter (asynchronous GPU
+   * timestamps; progress as onProgress({phase: "tune", loaded, total})): resolves to {tuned,
+   * stored, seconds} once the measured choices are stored for the next load (tuned 0: nothing
+   * was left to measure). Generation does not wait for it: the tuner pauses while a request runs.
+   */
+  tuned() {
+    this._check();
+    return this._client.request({ type: "tuned" });
+  }
+
   /** Free the GPU device and end the worker. */
   async dispose() {
     if (this._disposed) return;
@@ -229,6 +244,7 @@ async function startWorker(options, model) {
   const client = new WorkerClient((e) => { crashed = e; });
   const opts = { model };
   for (const k of ENGINE_OPTIONS) opts[k] = options[k];
+  client.onTuneProgress = options.onProgress;
   try {
     const info = await client.request({ type: "init", opts }, { onProgress: options.onProgress });
     return { client, info };
@@ -261,6 +277,53 @@ export async function createRuntime(options = {}) {
   return new Engine(client, { runtime: true });
 }
 
+/**
+ * Run `webdrift bench`'s protocol in this browser (a worker of its own) and resolve to the same
+ * JSON report (webdrift/profile/benchmark.py), machine.route "browser (Pyodide+WebGPU)".
+ * options: model (URL of a .gguf: a real model; sha256 as for createEngine), synthetic (shape
+ * names, e.g. ["smollm2-135m"] or "tiny,smollm2-135m": random weights made in the page), quant
+ * (["f16", "q8", "q4"]; default q4, quick: all), protocol ("1024/256,128/128"; quick: "32/16,16/8"),
+ * repeats (1), prefillChunk (256), rooflineMiB (1024; quick 16), int8Activations ("auto"|"on"|"off"),
+ * autotune (true | false | "force": measure kernel choices on software adapters too), quick,
+ * command (a label for the report), onProgress({phase, loaded, total, model, message}).
+ * Kernel choices measured here are stored like createEngine's (IndexedDB) and reused.
+ */
+export async function bench(options = {}) {
+  const o = options || {};
+  const check = checkWebGPU();
+  if (!check.ok) throw new WebdriftError(check.reason, "GPUError");
+  const model = o.model ? await resolveModel(o) : null;
+  const opts = {};
+  for (const k of ["synthetic", "quant", "protocol", "repeats", "prefillChunk", "rooflineMiB", "int8Activations",
+                   "autotune", "quick", "command"]) if (o[k] !== undefined) opts[k] = o[k];
+  opts.model = model;
+  opts.host = typeof navigator !== "undefined" ? navigator.userAgent : "";
+  opts.date = new Date().toISOString().replace(/\.\d+Z$/, "Z");
+  if (!opts.command) opts.command = `bench(${JSON.stringify({ ...o, onProgress: undefined })})`;
+  let crashed = null;
+  const client = new WorkerClient((e) => { crashed = e; });
+  try {
+    return await client.request({ type: "bench", opts }, { onProgress: o.onProgress });
+  } catch (e) {
+    if (crashed) throw crashed;
+    throw e;
+  } finally {
+    client.terminate("the benchmark finished");
+  }
+}
+
+/** Offer a report (or any JSON value) as a file download from the page. */
+export function downloadJSON(value, filename = "webdrift-bench.json") {
+  const url = URL.createObjectURL(new Blob([JSON.stringify(value, null, 1)], { type: "application/json" }));
+  const a = document.createElement("a");
+  a.href = url;
+  a.download = filename;
+  document.body.appendChild(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 10000);
+}
+
 /** Delete cached models (all, or the one at `url`). Resolves to the number of entries removed. */
 export async function clearModelCache(url) {
   if (!globalThis.caches) return 0;
@@ -269,4 +332,15 @@ export async function clearModelCache(url) {
   return (await c.delete(new URL(url, pageBase()).href)) ? 1 : 0;
 }
 
-export default { createEngine, createRuntime, checkWebGPU, clearModelCache, WebdriftError, Engine };
+/** Forget the kernel choices this browser measured (all adapters). */
+export async function clearKernelChoices() {
+  if (!globalThis.indexedDB) return false;
+  return await new Promise((resolve) => {
+    const r = indexedDB.deleteDatabase("webdrift-autotune");
+    r.onsuccess = () => resolve(true);
+    r.onerror = r.onblocked = () => resolve(false);
+  });
+}
+
+export default { createEngine, createRuntime, bench, downloadJSON, checkWebGPU, clearModelCache, clearKernelChoices,
+                 WebdriftError, Engine };

@@ -6,6 +6,8 @@
 //   {type: "generate"|"chat", id, prompt|messages, opts}
 //   {type: "stop"}                      stop the running generation after the current token
 //   {type: "tokenize", id, text} | {type: "python", id, code} | {type: "dispose", id}
+//   {type: "bench", id, opts}           run the benchmark protocol (browser_api.api_bench), resolve to its report
+//   {type: "tuned", id}                 wait for the background kernel tuning of the load (progress id "tune")
 // Messages out: {type: "progress", id, progress}, {type: "token", id, piece},
 //   {type: "result", id, value} or {type: "error", id, error: {name, message}}.
 // Model delivery: streamed download with progress, sha256 checked (crypto.subtle), then parsed by
@@ -70,8 +72,9 @@ function boot(id) {
 async function bootPython(id) {
   progress(id, "runtime", { message: "starting Python (Pyodide)" });
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL("manifest.json", BASE), "the bundle's manifest")));
+  const index = new URL("pyodide/", BASE);
   const pyodide = await loadPyodide({
-    indexURL: new URL("pyodide/", BASE).href,
+    indexURL: index.protocol === "file:" ? decodeURIComponent(index.pathname) : index.href,   // Node: a path
     stdout: (s) => console.log("[webdrift py]", s),
     stderr: (s) => console.warn("[webdrift py]", s),
   });
@@ -219,10 +222,75 @@ function fileName(url) {
   try { return decodeURIComponent(last); } catch { return last; }
 }
 
-async function loadModel(id, opts) {
-  const spec = opts.model;
+// -- kernel choices (kernels/autotune.py), kept per browser like the desktop's cache file ----------
+// IndexedDB "webdrift-autotune", store "choices": the tuner's key ("adapter|backend|kind|shape...")
+// -> its choice, so each adapter finds its own.
+
+const TUNE_DB = "webdrift-autotune";
+
+function openTuneDB() {
+  return new Promise((resolve) => {
+    if (!self.indexedDB) { resolve(null); return; }
+    const r = indexedDB.open(TUNE_DB, 1);
+    r.onupgradeneeded = () => r.result.createObjectStore("choices");
+    r.onsuccess = () => resolve(r.result);
+    r.onerror = r.onblocked = () => resolve(null);
+  });
+}
+
+// Another host (the Node entry, node_bench.mjs) may provide its own store: {load(), store(choices)}.
+async function loadChoices() {
+  if (self.webdriftChoiceStore) return await self.webdriftChoiceStore.load();
+  const db = await openTuneDB();
+  if (!db) return {};
+  try {
+    return await new Promise((resolve) => {
+      const st = db.transaction("choices", "readonly").objectStore("choices");
+      const keys = st.getAllKeys(), vals = st.getAll();
+      vals.onsuccess = () => {
+        const out = {};
+        keys.result.forEach((k, i) => { out[k] = vals.result[i]; });
+        resolve(out);
+      };
+      vals.onerror = () => resolve({});
+    });
+  } finally { db.close(); }
+}
+
+async function storeChoices(choices) {
+  const entries = Object.entries(choices || {});
+  if (!entries.length) return 0;
+  if (self.webdriftChoiceStore) return await self.webdriftChoiceStore.store(choices);
+  const db = await openTuneDB();
+  if (!db) return 0;
+  try {
+    return await new Promise((resolve) => {
+      const tx = db.transaction("choices", "readwrite");
+      for (const [k, v] of entries) tx.objectStore("choices").put(v, k);
+      tx.oncomplete = () => resolve(entries.length);
+      tx.onerror = tx.onabort = () => resolve(0);
+    });
+  } finally { db.close(); }
+}
+
+// The background tuning of a first load (api_tune): one timing per await in Python, paused while
+// a generation runs; progress goes to the engine's onProgress; the choices are stored when done.
+let tuning = null;
+function startTuning() {
   const t0 = performance.now();
-  await checkAdapter();
+  const onStep = (done, total, key) => post({ type: "progress", id: "tune",
+    progress: { phase: "tune", loaded: done, total, percent: (100 * done) / total, message: `tuned ${key}` } });
+  tuning = callApi("api_tune", onStep).then(async (r) => {
+    const stored = await storeChoices(r.choices);
+    return { tuned: r.tuned, stored, seconds: (performance.now() - t0) / 1000 };
+  });
+  tuning.catch((e) => console.warn("[webdrift] kernel tuning failed:", e));
+}
+
+// -- the model -------------------------------------------------------------------------------------
+
+// download (or read from the cache), check and parse the model; cache it once Python accepted it
+async function fetchAndOpen(id, spec) {
   const python = boot(id);              // start Python while the model downloads
   python.catch(() => {});
   const m = await fetchModel(id, spec);
@@ -244,6 +312,16 @@ async function loadModel(id, opts) {
   let cachedNow = false;
   if (!m.cached) cachedNow = await storeInCache(m.cache, spec.url, m.bytes, m.sha256);
   m.bytes = null;
+  return { m, opened, cachedNow, tFetch };
+}
+
+async function loadModel(id, opts) {
+  const spec = opts.model;
+  const t0 = performance.now();
+  await checkAdapter();
+  const choices = loadChoices();
+  const { m, opened, cachedNow, tFetch } = await fetchAndOpen(id, spec);
+  opts = { ...opts, kernelChoices: await choices };
   progress(id, "weights", { loaded: 0, total: opened.tensors, message: "uploading weights to the GPU" });
   let last = 0;
   const onTensor = (done, total) => {
@@ -258,8 +336,20 @@ async function loadModel(id, opts) {
   info.cached = m.cached || cachedNow;
   info.fetchS = (tFetch - t0) / 1000;
   info.totalLoadS = (performance.now() - t0) / 1000;
+  if (info.tuning.pending > 0) { info.tuning.background = true; startTuning(); }
   progress(id, "ready", { message: `ready on ${info.adapter}` });
   return info;
+}
+
+async function runBench(id, opts) {
+  await checkAdapter();
+  const choices = loadChoices();
+  if (opts.model) await fetchAndOpen(id, opts.model);
+  else await boot(id);
+  const onProgress = (text) => post({ type: "progress", id, progress: JSON.parse(text) });
+  const r = await callApi("api_bench", JSON.stringify({ ...opts, model: undefined, kernelChoices: await choices }), onProgress);
+  await storeChoices(r.choices);
+  return r.report;
 }
 
 // -- messages -------------------------------------------------------------------------------------
@@ -276,6 +366,12 @@ const handlers = {
   async chat(m) {
     const onToken = (piece, stream) => post({ type: "token", id: m.id, piece, stream });
     return (await callApi("api_chat", JSON.stringify(m.messages), JSON.stringify(m.opts || {}), onToken)).result;
+  },
+  async bench(m) {
+    return await runBench(m.id, m.opts);
+  },
+  async tuned() {
+    return tuning ? await tuning : { tuned: 0, stored: 0, seconds: 0 };
   },
   async tokenize(m) {
     return (await callApi("api_tokenize", JSON.stringify(m.text))).ids;

@@ -47,7 +47,7 @@ __all__ = [
 
 def load(model: str | None = None, *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
-         progress=None, fuse: bool = True, autotune: bool = True, prefill_kernels: str = "auto",
+         progress=None, fuse: bool = True, autotune: bool | str = True, prefill_kernels: str = "auto",
          int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`; default `webdrift.hub.DEFAULT_MODEL`,
     smollm2-135m), a .gguf path, or an HF folder.
@@ -58,7 +58,8 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     Q4_0/Q4_1/Q4_K/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32; models/manifest.runtime_format).
     layout: physical layout of activations ("linear" or "sliced").
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
-    autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest.
+    autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest;
+    "force": also on software adapters (lavapipe, SwiftShader), which otherwise keep static rules.
     prefill_kernels: "gemm" (tiled matrix-matrix kernels), "gemv" (the decode kernels over the
     prompt's rows) or "auto" (gemv on software adapters such as lavapipe, gemm elsewhere).
     int8_activations: decode q4/q8 layers from int8-quantized activations (per 32-block scales,

@@ -11,19 +11,28 @@ Two layers:
     Options in the JS module's camelCase are mapped to Python names in one table each
     (ENGINE_OPTION_NAMES, SAMPLING_OPTION_NAMES); generation and chat are the Engine's own
     (`agenerate`, `achat`), nothing here drives the loop.
+Kernel choices: createEngine passes the choices the browser stored (IndexedDB, keyed like the
+desktop's cache) in `kernelChoices`; what the adapter can time but has not yet measured is queued
+by the tuner (kernels/autotune.py) and `api_tune` measures it in the background (pausing while
+the engine generates) and returns the new choices for the worker to store: they apply from the
+next load. `api_bench` runs the benchmark protocol (profile/benchmark.py) and returns the same
+report as `webdrift bench`.
 Must not: import numpy or wgpu; touch navigator.gpu other than through webdrift.gpu.browser;
 generate or apply chat templates itself (that is the Engine's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
+import platform
 import time
 import traceback
 from dataclasses import replace
 
 from .errors import InvalidArgumentError, WebdriftError
+from .kernels import autotune
 from .runtime.engine import Engine, GenerationResult, SamplingParams
 from .runtime.loading import EngineOptions, load_browser
 from .runtime.loading import open_source as _open_model
@@ -130,7 +139,15 @@ def engine_info(eng: Engine) -> dict:
             "model": {"name": cfg.name, "arch": cfg.arch, "layers": cfg.n_layers, "dim": cfg.dim,
                       "vocab": cfg.vocab_size, "contextLength": cfg.max_position},
             "maxContext": eng.max_context, "weightBytes": eng.model.weight_bytes,
-            "kvBytes": eng.model.kv_bytes, "loadS": eng.load_s}
+            "kvBytes": eng.model.kv_bytes, "loadS": eng.load_s,
+            "tuning": {"pending": len(autotune.pending(dev)), "timestamps": dev.has_timestamps,
+                       "queued": [k.split("|", 2)[-1] for k in autotune.pending(dev)],
+                       "tuned": autotune.tunable(dev, eng.model.autotune),
+                       "cached": sum(1 for k in autotune.cached_keys() if _adapter_key(dev, k))}}
+
+
+def _adapter_key(dev, key: str) -> bool:
+    return key.startswith(f"{dev.info.adapter}|{dev.info.backend}|")
 
 
 # -- the worker's API: one engine per worker, JSON in and out ---------------------------------------
@@ -182,7 +199,9 @@ async def api_load(opts_json, progress=None) -> dict:
     """Create the device and the engine from the parsed source."""
     if _state.source is None:
         raise InvalidArgumentError("no model was opened")
-    options = engine_options(_loads(opts_json))
+    opts = _loads(opts_json) or {}
+    options = engine_options(opts)
+    imported = autotune.import_choices(_choice_dict(opts.get("kernelChoices")))
     cb = None
     if progress is not None:
         def cb(done, total, name):
@@ -192,7 +211,115 @@ async def api_load(opts_json, progress=None) -> dict:
         _state.engine.dev.destroy()
         _state.engine = None
     _state.engine = await load_browser(src, options, progress=cb)
-    return {"info": engine_info(_state.engine)}
+    info = engine_info(_state.engine)
+    info["tuning"]["imported"] = imported
+    return {"info": info}
+
+
+def _choice_dict(v) -> dict:
+    """Stored kernel choices ({key: choice}) from JS (an object or JSON text); anything else: none."""
+    v = _loads(v) if isinstance(v, str) else v
+    if v is not None and not isinstance(v, dict) and hasattr(v, "to_py"):
+        v = v.to_py()
+    return v if isinstance(v, dict) else {}
+
+
+@_json_api
+async def api_tune(progress=None) -> dict:
+    """Measure the kernel choices the engine's build queued (asynchronous timestamps), one timing
+    per await, pausing while the engine generates; returns {"choices": the new ones (to store),
+    "tuned": how many were measured, "seconds"}. They apply from the next load."""
+    eng = _engine()
+    dev = eng.dev
+    t0 = time.perf_counter()
+
+    async def pause():
+        while eng.busy and _state.engine is eng:
+            await asyncio.sleep(0.02)
+
+    def cb(done, total, key):
+        if progress is not None:
+            progress(done, total, key.split("|", 2)[-1])
+
+    got = await autotune.tune_pending(dev, progress=cb, pause=pause, cancelled=lambda: _state.engine is not eng)
+    new = {k: v for k, v in autotune.export_choices(new_only=True).items() if _adapter_key(dev, k)}
+    return {"choices": new, "tuned": len(got), "seconds": time.perf_counter() - t0}
+
+
+@_json_api
+async def api_bench(opts_json, progress=None) -> dict:
+    """The benchmark protocol on this page's GPU (profile/benchmark.py; the desktop's `webdrift
+    bench` options in camelCase): the opened model (api_open), if any, and synthetic shapes.
+    Returns {"report": the desktop's report schema, "choices": kernel choices measured}."""
+    from . import __version__
+    from .gpu.browser import create_browser_device
+    from .profile import benchmark as bm
+    from .weights.synthetic import PRESETS, QUANTS, check_choice, synthetic_source
+    o = _loads(opts_json) or {}
+    autotune.import_choices(_choice_dict(o.get("kernelChoices")))
+
+    def names(v) -> list[str]:
+        items = v if isinstance(v, list) else [v] if v else []
+        return [x.strip() for item in items for x in str(item).split(",") if x.strip()]
+
+    quick = bool(o.get("quick"))
+    synthetic, quants = names(o.get("synthetic")), names(o.get("quant"))
+    for q in quants:
+        check_choice("quant", q, QUANTS)
+    for n in synthetic:
+        check_choice("synthetic model", n, PRESETS)
+    src, _state.source = _state.source, None
+    if quick and not synthetic and src is None:
+        synthetic = ["tiny"]
+    if not synthetic and src is None:
+        synthetic = ["smollm2-135m"]
+    quants = quants or (["f16", "q8", "q4"] if quick else ["q4"])
+    protocols = bm.parse_protocol(o["protocol"]) if o.get("protocol") else (bm.QUICK_PROTOCOL if quick else bm.PROTOCOL)
+    repeats, chunk = int(o.get("repeats") or 1), int(o.get("prefillChunk") or 256)
+    if repeats < 1 or chunk < 1:
+        raise InvalidArgumentError("repeats and prefillChunk must be >= 1")
+    i8 = {"auto": None, "on": True, "off": False, None: None, True: True, False: False}.get(o.get("int8Activations"))
+    tune = o.get("autotune", True)
+    if tune not in (True, False, "force"):
+        raise InvalidArgumentError(f'autotune={tune!r}: must be true, false or "force"')
+    lines: list[str] = []
+
+    def report(phase, done=0, total=0, **kw):
+        if progress is not None:
+            progress(json.dumps({"phase": phase, "loaded": done, "total": total, **kw}))
+
+    def log(line: str):
+        lines.append(line)
+        report("log", message=line)
+
+    dev = await create_browser_device()
+    try:
+        mib = int(o.get("rooflineMiB") or (16 if quick else 1024))
+        report("roofline", message=f"streaming read over {mib} MiB, compute peaks")
+        roof = await bm.ameasure_rooflines(dev, mib, quick)
+        log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read {roof['best_GBps']} GB/s "
+            f"({roof['bytes'] >> 20} MiB, {roof['method']})")
+        sources = ([src] if src is not None else []) + [synthetic_source(n, q) for n in synthetic for q in quants]
+        results = []
+        for i, s in enumerate(sources):
+            label = "/".join(bm.model_label(s))
+            results += await bm.abench_model(
+                dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
+                peak_tflops=roof["compute"]["f32"]["tflops"],
+                progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
+                                                                     models=len(sources)))
+        note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"
+        bm.fill_skipped_peers(results, note, note)
+        rep = bm.make_report(
+            version=__version__, date=str(o.get("date") or ""), command=str(o.get("command") or "bench() in the browser"),
+            machine=bm.machine_info(dev, str(o.get("route") or bm.BROWSER_ROUTE), str(o.get("host") or ""),
+                                    platform.python_version()),
+            protocols=protocols, prefill_chunk=chunk, repeats=repeats, roofline=roof, peers_note=note, results=results)
+        rep["log"] = lines
+        new = {k: v for k, v in autotune.export_choices(new_only=True).items() if _adapter_key(dev, k)}
+        return {"report": rep, "choices": new}
+    finally:
+        dev.destroy()
 
 
 def _engine() -> Engine:

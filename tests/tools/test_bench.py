@@ -185,3 +185,26 @@ def test_bench_streams_rows(tmp_path):
     with pytest.raises(InvalidArgumentError, match="--streams"):
         from webdrift.tools.bench import parse_streams
         parse_streams("1,x")
+
+def test_compare_puts_reports_side_by_side(tmp_path, capsys):
+    """`webdrift bench --compare A B`: rows of saved reports (e.g. desktop and browser on one GPU)
+    side by side with ratios to the first; an incomplete file fails clearly."""
+    from webdrift.profile.benchmark import MACHINE_FIELDS, ROW_FIELDS, make_report
+
+    def report(route, decode, prefill):
+        row = {f: 1 for f in ROW_FIELDS} | {"model": "m", "quant": "q4", "prompt_tokens": 8, "new_tokens": 4,
+                                           "decode_tps": decode, "prefill_tps": prefill, "error": None,
+                                           "peers": {p: {"skipped": "x"} for p in PEER_NAMES}}
+        machine = {f: "" for f in MACHINE_FIELDS} | {"route": route, "adapter": "gpu"}
+        return make_report(version="0", date="d", command="c", machine=machine, protocols=[(8, 4)], prefill_chunk=256,
+                           repeats=1, roofline={"best_GBps": 1, "bytes": 16, "method": "m"}, peers_note="", results=[row])
+    a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
+    a.write_text(json.dumps(report("desktop (wgpu-native)", 200.0, 1000.0)))
+    b.write_text(json.dumps(report("browser (Pyodide+WebGPU)", 170.0, 800.0)))
+    bad.write_text(json.dumps({"results": []}))
+    assert main(["bench", "--compare", str(a), str(b)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| m |")]
+    assert len(lines) == 2 and "desktop (wgpu-native)" in lines[0] and "browser (Pyodide+WebGPU)" in lines[1]
+    assert lines[1].rstrip(" |").endswith("0.85 | 0.80")          # 170/200, 800/1000
+    assert main(["bench", "--compare", str(a), str(bad)]) == 2
+    assert "not a complete bench report" in capsys.readouterr().err

@@ -62,7 +62,8 @@ def venv(tmp_path_factory):
 
 def test_wheel_carries_web_assets_and_builder(venv):
     names = set(zipfile.ZipFile(venv["wheel"]).namelist())
-    for f in ("webdrift.js", "worker.js", "index.html", "app.js", "style.css"):
+    for f in ("webdrift.js", "worker.js", "index.html", "app.js", "style.css", "bench.html", "bench.js",
+              "node_bench.mjs"):
         assert f"webdrift/tools/web/{f}" in names, f
     for f in ("build.py", "__init__.py", "__main__.py"):
         assert f"webdrift/tools/build_wasm/{f}" in names, f
@@ -126,8 +127,10 @@ def test_installed_serve_builds_and_serves_its_bundle(venv):
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
         assert m, (line, p.stderr.read() if p.poll() is not None else "")
         base = f"http://127.0.0.1:{m.group(1)}"
-        for f in ("webdrift.js", "worker.js", "index.html", "app.js", "style.css"):
+        for f in ("webdrift.js", "worker.js", "index.html", "app.js", "style.css", "bench.html", "bench.js",
+                  "node_bench.mjs"):
             assert _get(f"{base}/{f}") == (200, (REPO / "web" / f).read_bytes()), f
+        assert _get(f"{base}/bench") == (200, (REPO / "web" / "bench.html").read_bytes())
         manifest = json.loads(_get(f"{base}/manifest.json")[1])
         assert manifest["model"] is None and len(manifest["wheels"]) == 3
         status, whl = _get(f"{base}/{manifest['wheels'][2]}")

@@ -15,7 +15,11 @@ hasattr / getattr:
                 read_buffer_sync (only where has_sync_reads), check_errors (async, no-op by
                 default), check_dispatch
   descriptions  adapter_info (the adapter's description dict), architecture, allocations,
-                bytes_allocated / peak_bytes (0 where the backend does not count them)
+                bytes_allocated / peak_bytes (0 where the backend does not count them; the
+                browser counts buffers it created until they are released)
+The tuner (kernels/autotune.py) times kernels at once where can_time_sync, and where only
+has_timestamps (the browser) queues its measurements for `await autotune.tune_pending(dev)`,
+which awaits read_timestamps.
 Departures from WebGPU: buffer usages are reduced to the four roles below; pipelines are cached
 by (source, entry point); timestamps are optional and exposed as a per-dispatch list.
 Must not: import numpy or wgpu.

@@ -75,17 +75,25 @@ _JS_HELPERS = r"""
     for (const c of copies) enc.copyBufferToBuffer(c[0], c[1], c[2], c[3], c[4]);
     device.queue.submit([enc.finish()]);
   },
-  // each dispatch in its own pass with timestamps (begin, end) at query 2i, 2i+1
-  submitTimed(device, list, copies, querySet, resolve, readback) {
+  // each dispatch in its own pass with timestamps (begin, end) at query 2i, 2i+1; whole: one
+  // pass with every dispatch, timestamps at 0 and 1
+  submitTimed(device, list, copies, querySet, resolve, readback, whole) {
     const enc = device.createCommandEncoder();
-    list.forEach((d, i) => {
-      const cp = enc.beginComputePass({timestampWrites: {querySet,
-        beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1}});
-      cp.setPipeline(d[0]); cp.setBindGroup(0, d[1]); cp.dispatchWorkgroups(d[2], d[3], d[4]);
+    if (whole) {
+      const cp = enc.beginComputePass({timestampWrites: {querySet, beginningOfPassWriteIndex: 0, endOfPassWriteIndex: 1}});
+      for (const d of list) { cp.setPipeline(d[0]); cp.setBindGroup(0, d[1]); cp.dispatchWorkgroups(d[2], d[3], d[4]); }
       cp.end();
-    });
-    enc.resolveQuerySet(querySet, 0, 2 * list.length, resolve, 0);
-    enc.copyBufferToBuffer(resolve, 0, readback, 0, 16 * list.length);
+    } else {
+      list.forEach((d, i) => {
+        const cp = enc.beginComputePass({timestampWrites: {querySet,
+          beginningOfPassWriteIndex: 2 * i, endOfPassWriteIndex: 2 * i + 1}});
+        cp.setPipeline(d[0]); cp.setBindGroup(0, d[1]); cp.dispatchWorkgroups(d[2], d[3], d[4]);
+        cp.end();
+      });
+    }
+    const n = whole ? 1 : list.length;
+    enc.resolveQuerySet(querySet, 0, 2 * n, resolve, 0);
+    enc.copyBufferToBuffer(resolve, 0, readback, 0, 16 * n);
     for (const c of copies) enc.copyBufferToBuffer(c[0], c[1], c[2], c[3], c[4]);
     device.queue.submit([enc.finish()]);
   },
@@ -201,6 +209,8 @@ class BrowserDevice(Device):
                  READBACK: U.MAP_READ | U.COPY_DST}[usage]
         self.allocations += 1
         h = self._dev.createBuffer(_obj({"size": size, "usage": flags, "label": label}))
+        self.bytes_allocated += size
+        self.peak_bytes = max(self.peak_bytes, self.bytes_allocated)
         return Buffer(h, size, label, usage)
 
     def write_buffer(self, buf: Buffer, data, offset: int = 0) -> None:
@@ -311,13 +321,14 @@ class BrowserDevice(Device):
                 timestamps.pending = None
             _js().submit(self._dev, self._js_list(dispatches), cps)
             return self._submissions
-        n = len(dispatches)
+        n = 1 if timestamps.whole else len(dispatches)
         U = js.GPUBufferUsage
         qs = self._dev.createQuerySet(_obj({"type": "timestamp", "count": 2 * n}))
         resolve = self._dev.createBuffer(_obj({"size": 16 * n, "usage": U.QUERY_RESOLVE | U.COPY_SRC}))
         readback = self._dev.createBuffer(_obj({"size": 16 * n, "usage": U.MAP_READ | U.COPY_DST}))
-        _js().submitTimed(self._dev, self._js_list(dispatches), cps, qs, resolve, readback)
-        timestamps.pending = (readback, [d.label for d in dispatches], qs, resolve)
+        _js().submitTimed(self._dev, self._js_list(dispatches), cps, qs, resolve, readback, timestamps.whole)
+        labels = ["submit"] if timestamps.whole else [d.label for d in dispatches]
+        timestamps.pending = (readback, labels, qs, resolve)
         return self._submissions
 
     async def read_timestamps(self, rec: TimestampRecorder) -> None:
@@ -333,6 +344,9 @@ class BrowserDevice(Device):
         rec.pending = None
 
     def release_buffer(self, buf: Buffer) -> None:
+        if not buf.__dict__.get("released"):       # count each buffer down once
+            buf.released = True
+            self.bytes_allocated -= buf.size
         buf.handle.destroy()
 
     def destroy(self) -> None:

@@ -3,12 +3,20 @@ selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the 
 timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
 cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
 A GEMV choice is a linear.GemvVariant (cached as a dict of its fields, defaults left out).
-Devices that cannot time kernels synchronously (`dev.can_time_sync` False: the browser), and
-software adapters always (lavapipe, SwiftShader: `is_cpu`), take the static choice for the
-adapter kind: timing every candidate on a software adapter took minutes of a first load on a
-2-core machine (SmolLM2: 52 timings, ~210 s) and its verdicts flip from run to run on a shared
-CPU; the static rules below are what those timings mostly chose, and they keep tests
-deterministic.
+Every measurement is written once, as a generator that yields each TimestampRecorder it has
+submitted and wants read: `_drive_sync` reads them at once (the native backend, `can_time_sync`:
+choices are measured when the model asks for them), `_drive_async` awaits them (the browser,
+whose reads are asynchronous). A device that can time only asynchronously (`dev.has_timestamps`
+without `can_time_sync`) gets the static choice at first use, and the measurement is queued:
+`await tune_pending(dev)` runs the queue in small steps (one timing per await) and the results
+are cached (`export_choices` / `import_choices`: the browser keeps them in IndexedDB), so the
+next load finds them. Where each dispatch takes less than a timestamp quantum (Chrome rounds
+timestamps to 100 us), the async timing times growing batches of the dispatch in one pass.
+Software adapters (lavapipe, SwiftShader: `is_cpu`) take the static choice for the adapter
+kind unless tuning is forced (autotune="force", for tests): timing every candidate on a
+software adapter took minutes of a first load on a 2-core machine (SmolLM2: 52 timings, ~210 s)
+and its verdicts flip from run to run on a shared CPU; the static rules below are what those
+timings mostly chose, and they keep tests deterministic.
 Must not: import numpy or wgpu.
 """
 
@@ -78,76 +86,58 @@ def _load_file() -> dict:
     return {}
 
 
-_last_busy: dict = {}   # id(device) -> perf_counter() when it was last kept busy by a timing
+FORCE = "force"          # autotune="force": measure on software adapters too (tests)
+_pending: dict = {}      # key -> (device, measurement factory): queued for tune_pending (async timing)
+_new: dict = {}          # key -> choice measured by tune_pending and not exported yet
+_last_busy: dict = {}    # id(device) -> perf_counter() when it was last kept busy by a timing
 
 
-def _busy(dev: Device, d, seconds: float) -> None:
-    """Keep the GPU busy with dispatch d for about `seconds`: a batch is always queued behind the
-    one being waited for (a read-back after each batch would leave the GPU idle for the round
-    trip), and never more than two, so a slow kernel cannot pile up work."""
-    end = time.perf_counter() + seconds
-    prev = None
-    while True:
-        rec = TimestampRecorder(1, whole=True)
-        dev.submit([d] * 64, timestamps=rec)
-        if prev is not None:
-            dev.read_timestamps_sync(prev)
-        prev = rec
-        if time.perf_counter() >= end:
-            break
-    dev.read_timestamps_sync(prev)
+# -- the two drivers of a measurement generator ------------------------------------------------
+
+CHECK = object()   # yielded after compiling a candidate: the driver raises its compile error into the generator
 
 
-def _time(dev: Device, d) -> int:
-    """GPU ns of one dispatch: the median of 5 timed runs, repeated until a round is no faster
-    than the best so far (at most 4 rounds), the best median kept. An idle GPU's clocks are low
-    and timings taken before they rise came out up to 4x slow (H100, 2026-11-21: load-time
-    timings of the first model of a run, whichever candidate came first losing): a GPU idle for
-    more than 0.1 s is first kept busy for 0.25 s (the first time per device) or 0.05 s."""
-    now = time.perf_counter()
-    last = _last_busy.get(id(dev))
-    if (last is None or now - last > 0.1) and not dev.info.is_cpu:
-        _busy(dev, d, 0.25 if last is None else 0.05)
-    dev.submit([d] * 8)
-    best = None
-    for _ in range(4):
-        rec = TimestampRecorder(5)
-        dev.submit([d] * 5, timestamps=rec)
-        dev.read_timestamps_sync(rec)
-        med = sorted(b - a for a, b in rec.ticks_ns)[2]
-        if best is not None and med > 0.97 * best:
-            best = min(best, med)
-            break
-        best = med if best is None else min(best, med)
-    _last_busy[id(dev)] = time.perf_counter()
-    return best
+def _drive_sync(dev: Device, gen):
+    """Run a measurement generator, reading each timestamp recorder it yields at once (the
+    native backend raises compile errors at once, so CHECK has nothing to do)."""
+    try:
+        rec = next(gen)
+        while True:
+            if rec is not CHECK:
+                dev.read_timestamps_sync(rec)
+            rec = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
 
 
-def _step_buffer(dev: Device, pos0: int = 0):
-    """The Step uniform of a one-token decode at position pos0, for timing kernels alone."""
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, pos0))
-    return sb
+async def _drive_async(dev: Device, gen, pause=None):
+    """Run a measurement generator, awaiting each timestamp read (the browser's event loop runs
+    between them: one timing per await). At CHECK the device's pending errors are awaited and a
+    GPUError (a candidate the adapter cannot compile, e.g. over its workgroup-memory limit: the
+    browser reports it asynchronously) is thrown into the generator, which skips that candidate.
+    `await pause()` before each next submit (the engine's requests go first)."""
+    try:
+        rec = next(gen)
+        while True:
+            if rec is CHECK:
+                try:
+                    await dev.check_errors()
+                except GPUError as e:
+                    rec = gen.throw(e)
+                    continue
+            else:
+                await dev.read_timestamps(rec)
+            if pause is not None:
+                await pause()
+            rec = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
 
 
-def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
-    """Whether the caller takes its static rule: tuning is off (enabled=False: the static rule
-    always, whatever an earlier run cached, so a choice never depends on the machine's history),
-    a software adapter (never timed, cached verdicts ignored), or no choice is cached under key
-    and none can be measured now."""
-    if not enabled or dev.info.is_cpu:
-        return True
-    return key not in _memory and key not in _load_file() and not dev.can_time_sync
+# -- the cache and the decision --------------------------------------------------------------------
 
-
-def _cached(key: str, compute):
-    if key in _memory:
-        return _memory[key]
-    disk = _load_file()
-    if key in disk:
-        _memory[key] = disk[key]
-        return disk[key]
-    val = _memory[key] = compute()
+def _store(key: str, val: dict) -> dict:
+    _memory[key] = val
     p = _cache_path()
     if p:
         disk = _load_file()
@@ -161,19 +151,210 @@ def _cached(key: str, compute):
     return val
 
 
+def _lookup(key: str) -> dict | None:
+    if key in _memory:
+        return _memory[key]
+    disk = _load_file()
+    if key in disk:
+        _memory[key] = disk[key]
+        return disk[key]
+    return None
+
+
+def tunable(dev: Device, enabled) -> bool:
+    """Whether choices are measured (now or queued) and cached on dev: tuning is on, the adapter
+    is a GPU (a software adapter only with enabled="force") and it has timestamp queries."""
+    return bool(enabled) and (not dev.info.is_cpu or enabled == FORCE) and dev.has_timestamps
+
+
+def _decide(dev: Device, key: str, enabled, measure, static: dict) -> dict:
+    """The choice cached under key; else measured now (synchronous timing), or queued for
+    tune_pending (asynchronous timing) with `static` used meanwhile; `static` also where the
+    adapter is not tuned at all (tunable() False: a choice never depends on the machine's
+    history when tuning is off or the adapter is a software one)."""
+    if not tunable(dev, enabled):
+        return static
+    hit = _lookup(key)
+    if hit is not None:
+        return hit
+    if dev.can_time_sync:
+        return _store(key, _drive_sync(dev, measure()))
+    _pending.setdefault(key, (dev, measure))
+    return static
+
+
+def _sub(key: str, measure):
+    """Inside a measurement: the choice cached under key, measured first if it is not."""
+    hit = _lookup(key)
+    if hit is None:
+        hit = yield from measure()
+        _store(key, hit)
+        _new[key] = hit
+    return hit
+
+
+def pending(dev: Device) -> list[str]:
+    """Keys of the measurements queued for dev (asynchronous timing)."""
+    return [k for k, (d, _) in _pending.items() if d is dev]
+
+
+async def tune_pending(dev: Device, progress=None, pause=None, cancelled=None) -> dict:
+    """Measure every queued choice of dev, one after another; returns {key: choice} of what was
+    measured (also kept in memory for the next load: export_choices). progress(done, total, key)
+    after each; `await pause()` before each and between a measurement's timings (e.g. while the
+    engine generates: a request waits for one timing at most) and cancelled() (True: stop,
+    leaving the rest queued) let the caller run this in the background."""
+    keys = pending(dev)
+    out = {}
+    for n, key in enumerate(keys):
+        if cancelled is not None and cancelled():
+            break
+        if pause is not None:
+            await pause()
+        if cancelled is not None and cancelled():
+            break
+        _, measure = _pending.pop(key)
+        if key not in _memory:
+            val = await _drive_async(dev, measure(), pause)
+            _store(key, val)
+            _new[key] = val
+        out[key] = _memory[key]
+        if progress is not None:
+            progress(n + 1, len(keys), key)
+    return out
+
+
+def export_choices(new_only: bool = False) -> dict:
+    """The cached choices {key: choice} (new_only: those measured since the last export)."""
+    out = dict(_new if new_only else _memory)
+    _new.clear()
+    return out
+
+
+def cached_keys() -> list[str]:
+    """Keys of the choices known in memory (measured, loaded from the file or imported)."""
+    return list(_memory)
+
+
+def import_choices(choices: dict) -> int:
+    """Seed the in-memory cache (the browser's stored choices); returns how many were new."""
+    n = 0
+    for k, v in (choices or {}).items():
+        if isinstance(k, str) and isinstance(v, dict) and k not in _memory:
+            _memory[k] = v
+            n += 1
+    return n
+
+
+def forget(dev: Device | None = None) -> None:
+    """Drop the queued measurements (of dev, or all): its buffers are gone."""
+    for k in [k for k, (d, _) in _pending.items() if dev is None or d is dev]:
+        del _pending[k]
+
+
+# -- timing ----------------------------------------------------------------------------------------
+
+def _busy(dev: Device, d, seconds: float):
+    """Keep the GPU busy with dispatch d for about `seconds`: a batch is always queued behind the
+    one being waited for (a read-back after each batch would leave the GPU idle for the round
+    trip), and never more than two, so a slow kernel cannot pile up work."""
+    end = time.perf_counter() + seconds
+    prev = None
+    while True:
+        rec = TimestampRecorder(1, whole=True)
+        dev.submit([d] * 64, timestamps=rec)
+        if prev is not None:
+            yield prev
+        prev = rec
+        if time.perf_counter() >= end:
+            break
+    yield prev
+
+
+BATCH_MIN_NS = 2_000_000      # async timing: a timed batch lasts at least this (>> a 100 us quantum)
+BATCH_MAX = 4096              # ... or this many dispatches
+
+
+def _time(dev: Device, d):
+    """GPU ns of one dispatch (a generator: `ns = yield from _time(dev, d)`).
+
+    Synchronous timing (native): the median of 5 timed runs, repeated until a round is no faster
+    than the best so far (at most 4 rounds), the best median kept. An idle GPU's clocks are low
+    and timings taken before they rise came out up to 4x slow (H100, 2026-11-21: load-time
+    timings of the first model of a run, whichever candidate came first losing): a GPU idle for
+    more than 0.1 s is first kept busy for 0.25 s (the first time per device) or 0.05 s.
+    Asynchronous timing (browser): batches of k dispatches in one timed pass, k growing 4x until
+    a batch lasts BATCH_MIN_NS (browsers quantize timestamps), then the best of 3 batches / k."""
+    now = time.perf_counter()
+    last = _last_busy.get(id(dev))
+    if (last is None or now - last > 0.1) and not dev.info.is_cpu:
+        yield from _busy(dev, d, 0.25 if last is None else 0.05)
+    if dev.can_time_sync:
+        dev.submit([d] * 8)
+        best = None
+        for _ in range(4):
+            rec = TimestampRecorder(5)
+            dev.submit([d] * 5, timestamps=rec)
+            yield rec
+            med = sorted(b - a for a, b in rec.ticks_ns)[2]
+            if best is not None and med > 0.97 * best:
+                best = min(best, med)
+                break
+            best = med if best is None else min(best, med)
+    else:
+        k, best = 4, None
+        while True:
+            rec = TimestampRecorder(1, whole=True)
+            dev.submit([d] * k, timestamps=rec)
+            yield rec
+            total = sum(b - a for a, b in rec.ticks_ns)
+            if total >= BATCH_MIN_NS or k >= BATCH_MAX:
+                break
+            k = min(BATCH_MAX, k * 4 if total < BATCH_MIN_NS // 8 else k * 2)
+        for _ in range(3):
+            rec = TimestampRecorder(1, whole=True)
+            dev.submit([d] * k, timestamps=rec)
+            yield rec
+            ns = sum(b - a for a, b in rec.ticks_ns) // k
+            best = ns if best is None else min(best, ns)
+    _last_busy[id(dev)] = time.perf_counter()
+    return best
+
+
+def _step_buffer(dev: Device, pos0: int = 0):
+    """The Step uniform of a one-token decode at position pos0, for timing kernels alone."""
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(1, pos0))
+    return sb
+
+
 HOST_NS_PER_DISPATCH = 3000   # host encode cost of the extra quantize dispatch (H100 host, measured ~3-5 us)
 
 
-def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True) -> dict:
+def _gemv_key(dev: Device, w, w2, int8: bool) -> str:
+    lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
+    return (f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+            f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
+
+
+def _qout_key(dev: Device, w, w2) -> str:
+    return f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+
+
+def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True,
+              enabled=FORCE, static: bool = False) -> dict:
     """Time one layer's decode GEMV both ways on this adapter: the best float-activation variant
     (with the RMSNorm fused in when pre_norm) against QuantizeKernel + the best integer-dot
     variant. Returns {"float_ns", "int8_ns", "int8": whether the int8 path is faster, counting
     the extra dispatch's host cost}. quantize_dispatch=False: the producer writes the int8 rows
     itself (the attention combine for the O projection): only the GEMVs are compared. Cached
-    like the kernel choices."""
+    like the kernel choices; `static` is the verdict while unmeasured (asynchronous timing).
+    Measured whenever called (enabled=FORCE, software adapters too): choices.py calls it only
+    where the adapter is tuned."""
     key = (f"{dev.info.adapter}|{dev.info.backend}|int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
            f"|{int(pre_norm)}{'' if quantize_dispatch else '|fused'}")
-    return _cached(key, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch))
+    return _decide(dev, key, enabled, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch),
+                   {"float_ns": None, "int8_ns": None, "int8": static})
 
 
 def _weights(w, w2) -> dict:
@@ -181,8 +362,14 @@ def _weights(w, w2) -> dict:
     return {"w": w.buffers} | ({"w2": w2.buffers} if w2 is not None else {})
 
 
-def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -> dict:
-    fc, qc = choose_gemv(dev, w, w2), choose_gemv(dev, w, w2, int8=True)
+def _gemv_choice(dev: Device, w, w2, int8: bool):
+    """Inside a measurement: the best GEMV variant (measured first if not cached)."""
+    return GemvVariant(**(yield from _sub(_gemv_key(dev, w, w2, int8), lambda: _search(dev, w, w2, int8))))
+
+
+def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool):
+    fc = yield from _gemv_choice(dev, w, w2, False)
+    qc = yield from _gemv_choice(dev, w, w2, True)
     x, y, xq = TensorDesc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("xq", w.i, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, xq)] + [dev.create_buffer(4 * w.i, label="tune.nw")]
     sb = _step_buffer(dev)
@@ -192,12 +379,14 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -
     nw = {"nw": nb} if pre_norm else {}
     try:
         kf = LinearKernel(dev, "decode", x, y, w, w2, variant=fc, pre_norm=norm)
-        t_f = _time(dev, kf.dispatch({"step": sb, "x": xb, "y": yb, **wb, **nw}, kf.workgroups(1)))
+        yield CHECK
+        t_f = yield from _time(dev, kf.dispatch({"step": sb, "x": xb, "y": yb, **wb, **nw}, kf.workgroups(1)))
         kq = LinearKernel(dev, "decode", xq, y, w, w2, variant=qc, pre_norm=norm)
         qk = QuantizeKernel(dev, x, xq, w.fmt, pre_norm=norm)
-        t_q = _time(dev, kq.dispatch({"step": sb, "x": qb, "y": yb, **wb}, kq.workgroups(1)))
+        yield CHECK
+        t_q = yield from _time(dev, kq.dispatch({"step": sb, "x": qb, "y": yb, **wb}, kq.workgroups(1)))
         if quantize_dispatch:
-            t_q += _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb, **nw}, qk.workgroups(1)))
+            t_q += yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb, **nw}, qk.workgroups(1)))
     except (GPUError, UnsupportedModelError):
         return {"float_ns": None, "int8_ns": None, "int8": False}
     finally:
@@ -208,24 +397,23 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool) -
 
 
 def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, k_cache, v_cache,
-                     window: int = 0, enabled: bool = True) -> bool:
+                     window: int = 0, enabled=True) -> bool:
     """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
     head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
-    length) on this adapter with the layer's own caches; cached. Untimed adapters (browsers):
-    per-head, which measured faster on an H100 for every shape but 8B's (1%); software adapters:
-    grouped, which lavapipe's timings chose for all of the 20 shapes they were taken on (1.05x to
-    4x faster)."""
+    length) on this adapter with the layer's own caches; cached. Unmeasured GPUs (browsers until
+    tuned): per-head, which measured faster on an H100 for every shape but 8B's (1%); software
+    adapters: grouped, which lavapipe's timings chose for all of the 20 shapes they were taken
+    on (1.05x to 4x faster)."""
     group = n_heads // n_kv
     if group == 1 or group > AttentionKernel.MAX_GQA:
         return False
     key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
-    if _unmeasured(dev, key, enabled):
-        return bool(dev.info.is_cpu)
-    return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
-                                                        window))["grouped"])
+    return bool(_decide(dev, key, enabled,
+                        lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window),
+                        {"grouped": bool(dev.info.is_cpu)})["grouped"])
 
 
-def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window) -> dict:
+def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window):
     group = n_heads // n_kv
     q = TensorDesc("q", head_dim, group, b=n_kv)
     sb = _step_buffer(dev, min(cap, 1024) - 1)
@@ -234,10 +422,13 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
     try:
         for grouped in (False, True):
             k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, grouped=grouped)
+            yield CHECK
             pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
-            times.append(_time(dev, k.dispatch({"step": sb, "q": qb, "kc": k_cache, "vc": v_cache, "part": pb},
-                                               k.workgroups(1))))
-            dev.release_buffer(pb)
+            try:
+                times.append((yield from _time(dev, k.dispatch(
+                    {"step": sb, "q": qb, "kc": k_cache, "vc": v_cache, "part": pb}, k.workgroups(1)))))
+            finally:
+                dev.release_buffer(pb)
     except (GPUError, UnsupportedModelError):
         return {"per_head_ns": None, "grouped_ns": None, "grouped": False}
     finally:
@@ -257,62 +448,63 @@ def static_choice(dev: Device, int8: bool = False) -> GemvVariant:
     return GemvVariant("split", rows=4, wg=64)
 
 
-def choose_gemv(dev: Device, w, w2=None, enabled: bool = True, int8: bool = False) -> GemvVariant:
+def choose_gemv(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemvVariant:
     """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
     int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
-    lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
-    key = (f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-           f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
-    if _unmeasured(dev, key, enabled):
-        return static_choice(dev, int8)
-    return GemvVariant(**_cached(key, lambda: _search(dev, w, w2, int8)))
+    return GemvVariant(**_decide(dev, _gemv_key(dev, w, w2, int8), enabled, lambda: _search(dev, w, w2, int8),
+                                 _as_dict(static_choice(dev, int8))))
 
 
 QOUT_STATIC = GemvVariant("blk", rows=32, wg=256, rps=4)
 
 
-def choose_qout(dev: Device, w, w2=None, enabled: bool = True) -> GemvVariant:
+def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
     """The fastest quantizing-epilogue configuration (variant "blk", 32 rows, its wg and rps)
     for weight w, timed like choose_gemv."""
-    key = f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-    if _unmeasured(dev, key, enabled):
-        return QOUT_STATIC
-    return GemvVariant(**_cached(key, lambda: _search_qout(dev, w, w2)))
+    return GemvVariant(**_decide(dev, _qout_key(dev, w, w2), enabled, lambda: _search_qout(dev, w, w2),
+                                 _as_dict(QOUT_STATIC)))
 
 
-def _search_qout(dev: Device, w, w2) -> dict:
+def _search_qout(dev: Device, w, w2):
     x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
     sb = _step_buffer(dev)
     best, best_ns = None, None
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
-    for cand in QOUT_CANDIDATES:
-        if cand.wg > limit:
-            continue
-        try:
-            k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand, epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True)))
-        except (GPUError, UnsupportedModelError, ValueError):
-            continue
-        ns = _time(dev, k.dispatch({"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2],
-                                    "qnw": bufs[3]}, k.workgroups(1)))
-        if ns > 0 and (best_ns is None or ns < best_ns):
-            best, best_ns = cand, ns
-    for b in bufs + [sb]:
-        dev.release_buffer(b)
+    try:
+        for cand in QOUT_CANDIDATES:
+            if cand.wg > limit:
+                continue
+            try:
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
+                                 epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True)))
+                yield CHECK
+            except (GPUError, UnsupportedModelError, ValueError):
+                continue
+            ns = yield from _time(dev, k.dispatch({"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2),
+                                                   "qout": bufs[2], "qnw": bufs[3]}, k.workgroups(1)))
+            if ns > 0 and (best_ns is None or ns < best_ns):
+                best, best_ns = cand, ns
+    finally:
+        for b in bufs + [sb]:
+            dev.release_buffer(b)
     return _as_dict(best or QOUT_STATIC)
 
 
-def chain_pays(dev: Device, links: list) -> dict:
+def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> dict:
     """Whether quantizing epilogues beat separate quantize dispatches for one layer. links: per
     producing GEMV (w, w2, next_fmt, next_norm: bool) -- O projection, gate/up, down. Compares
     sum(best integer-dot GEMV + QuantizeKernel of its output + host cost of that dispatch) with
-    sum(best quantizing-epilogue GEMV). Returns {"separate_ns", "chained_ns", "chain": bool}."""
+    sum(best quantizing-epilogue GEMV). Returns {"separate_ns", "chained_ns", "chain": bool};
+    `static` is the verdict while unmeasured (asynchronous timing); measured whenever called,
+    like int8_pays."""
     key = f"{dev.info.adapter}|{dev.info.backend}|chain|" + ";".join(
         f"{w.fmt},{w.o},{w.i},{int(w2 is not None)},{nf},{int(nn)}" for w, w2, nf, nn in links)
-    return _cached(key, lambda: _measure_chain(dev, links))
+    return _decide(dev, key, enabled, lambda: _measure_chain(dev, links),
+                   {"separate_ns": None, "chained_ns": None, "chain": static})
 
 
-def _measure_chain(dev: Device, links: list) -> dict:
+def _measure_chain(dev: Device, links: list):
     sep = chained = 0
     sb = _step_buffer(dev)
     try:
@@ -323,16 +515,20 @@ def _measure_chain(dev: Device, links: list) -> dict:
             wb = _weights(w, w2)
             norm = PreNorm(1e-5, 0.0) if nnorm else None
             try:
-                k = LinearKernel(dev, "decode", x, y, w, w2, variant=choose_gemv(dev, w, w2, int8=True))
+                gv = yield from _gemv_choice(dev, w, w2, True)
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=gv)
                 qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
-                sep += (_time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1)))
-                        + _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qb} | ({"nw": nb} if nnorm else {}),
-                                                 qk.workgroups(1)))
+                yield CHECK
+                sep += ((yield from _time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1))))
+                        + (yield from _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qb}
+                                                             | ({"nw": nb} if nnorm else {}), qk.workgroups(1))))
                         + HOST_NS_PER_DISPATCH)
-                kq = LinearKernel(dev, "decode", x, y, w, w2, variant=choose_qout(dev, w, w2),
+                qv = GemvVariant(**(yield from _sub(_qout_key(dev, w, w2), lambda w=w, w2=w2: _search_qout(dev, w, w2))))
+                kq = LinearKernel(dev, "decode", x, y, w, w2, variant=qv,
                                   epilogue=Epilogue(qout=QuantOut(q, nfmt, 0.0 if nnorm else None, True)))
-                chained += _time(dev, kq.dispatch({"step": sb, "x": xb, "y": yb, **wb, "qout": qb}
-                                                  | ({"qnw": nb} if nnorm else {}), kq.workgroups(1)))
+                yield CHECK
+                chained += yield from _time(dev, kq.dispatch({"step": sb, "x": xb, "y": yb, **wb, "qout": qb}
+                                                             | ({"qnw": nb} if nnorm else {}), kq.workgroups(1)))
             finally:
                 for b in bufs:
                     dev.release_buffer(b)
@@ -343,33 +539,37 @@ def _measure_chain(dev: Device, links: list) -> dict:
     return {"separate_ns": sep, "chained_ns": chained, "chain": chained < sep}
 
 
-def _search(dev: Device, w, w2, int8: bool) -> dict:
-    return _as_dict(_search_timed(dev, w, w2, int8)[0])
+def _search(dev: Device, w, w2, int8: bool):
+    best, _ = yield from _search_timed(dev, w, w2, int8)
+    return _as_dict(best)
 
 
-def _search_timed(dev: Device, w, w2, int8: bool) -> tuple[GemvVariant, int | None]:
+def _search_timed(dev: Device, w, w2, int8: bool):
     """The fastest decode GEMV candidate for w (and w2) and its GPU ns (None: none ran)."""
     x = xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = _step_buffer(dev)
     best, best_ns = None, None
-    for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
-        if cand.variant in ("subgroup", "wide") and not dev.has_subgroups:
-            continue
-        if cand.variant == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
-                                           (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
-            continue
-        try:
-            k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand)
-        except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
-            continue
-        d = k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(1))
-        ns = _time(dev, d)
-        if ns > 0 and (best_ns is None or ns < best_ns):
-            best, best_ns = cand, ns
-    for b in (xb, yb, sb):
-        dev.release_buffer(b)
+    try:
+        for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
+            if cand.variant in ("subgroup", "wide") and not dev.has_subgroups:
+                continue
+            if cand.variant == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
+                                               (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
+                continue
+            try:
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand)
+                yield CHECK
+            except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
+                continue
+            d = k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(1))
+            ns = yield from _time(dev, d)
+            if ns > 0 and (best_ns is None or ns < best_ns):
+                best, best_ns = cand, ns
+    finally:
+        for b in (xb, yb, sb):
+            dev.release_buffer(b)
     return best or static_choice(dev, int8), best_ns
 
 
@@ -386,27 +586,26 @@ def layout_name(w) -> str:
     return next((n for n, order in NAMED_ORDERS.items() if order == w.layout.order), "custom")
 
 
-def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled: bool = True) -> str:
+def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled=True) -> str:
     """The WeightLayout a float (f32 / f16) weight of shape (o, i) is converted into at load:
     each candidate order is timed with its fastest decode GEMV variant on a scratch weight of
     min(o, 4096) rows, and the fastest kept per adapter and shape (cached like the kernel
-    choices). q4 / q8 have one layout; untimed (browser) and software adapters keep "OI"
-    (row-major, which the wide variant needs)."""
+    choices). q4 / q8 have one layout; unmeasured (browser until tuned: the tuned layout applies
+    from the next load, when weights are converted) and software adapters keep "OI" (row-major,
+    which the wide variant needs)."""
     if fmt not in ("f32", "f16"):
         return "OI"
     key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
-    if _unmeasured(dev, key, enabled):
-        return "OI"
-    return _cached(key, lambda: _measure_layout(dev, fmt, o, i))["layout"]
+    return _decide(dev, key, enabled, lambda: _measure_layout(dev, fmt, o, i), {"layout": "OI"})["layout"]
 
 
-def _measure_layout(dev: Device, fmt: str, o: int, i: int) -> dict:
+def _measure_layout(dev: Device, fmt: str, o: int, i: int):
     from .convert import allocate_weight
     out = {}
     for name in LAYOUTS:
         w = allocate_weight(dev, f"tune.{name}", fmt, min(o, LAYOUT_PROXY_ROWS), i, name)
         try:
-            _, ns = _search_timed(dev, w, None, False)
+            _, ns = yield from _search_timed(dev, w, None, False)
         finally:
             for b in w.buffers:
                 dev.release_buffer(b)

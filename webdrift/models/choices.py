@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..kernels import linear_blk
 from ..kernels.attention import AttentionCombineKernel
-from ..kernels.autotune import chain_pays, int8_pays
+from ..kernels.autotune import chain_pays, int8_pays, tunable
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -39,7 +39,8 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     """Which decode GEMVs take int8 activations (QuantizeKernel + integer-dot GEMV), by role.
     True/False: all of them (True needs q4/q8 layers); a dict: those roles. Auto (None): on GPUs
     with packed integer dot products, per role where the measured GEMV time saved pays for the
-    extra quantize dispatch (kernels/autotune.py int8_pays; without synchronous timing, for
+    extra quantize dispatch (kernels/autotune.py int8_pays; unmeasured -- no timestamps, or timed
+    asynchronously and not yet tuned --, for
     weights >= 12 MiB); then, where gate/up pays and the layer allows it, every layer GEMV with
     the int8 chain if chain_pays measures it faster (untimed: always); never on software adapters.
     `model`: dev, cfg, layers[0], output, autotune (a GPUModel)."""
@@ -66,23 +67,25 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
                 f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                 f"adapter: {dev.has_dp4a})")
         return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)
-    timed = model.autotune and dev.can_time_sync
+    timed = tunable(dev, model.autotune)     # measured now, or (asynchronous timing) queued: the size rule until then
     out = {}
     for r, (w, w2, norm) in roles.items():
+        big = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
         if dev.info.is_cpu or not (head_ok if r == "head" else ok):
             out[r] = False
         elif timed:
             fused = r == "o" and AttentionCombineKernel.quant_supported(cfg.head_dim)
-            out[r] = bool(int8_pays(dev, w, w2, pre_norm=norm, quantize_dispatch=not fused)["int8"])
+            out[r] = bool(int8_pays(dev, w, w2, pre_norm=norm, quantize_dispatch=not fused, enabled=model.autotune,
+                                    static=big)["int8"])
         else:
-            out[r] = w.nbytes + (w2.nbytes if w2 else 0) >= 12 << 20
+            out[r] = big
     if possible and out["gateup"]:
         # the biggest GEMV pays: try every layer GEMV int8, each writing the next one's int8 row
         # itself (no per-layer quantize dispatch), if measuring the quantizing epilogues against
         # separate quantize dispatches says so (untimed, e.g. the browser: the chain)
         links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
                  (lw.w_down, None, lw.wqkv.fmt, True)]
-        if not timed or chain_pays(dev, links)["chain"]:
+        if not timed or chain_pays(dev, links, enabled=model.autotune)["chain"]:
             out.update(qkv=True, o=True, down=True)
             return Int8Choice(out, True)
     return Int8Choice(out, False)

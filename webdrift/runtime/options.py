@@ -29,7 +29,8 @@ class EngineOptions:
     prefill_chunk: int = 256              # prompt tokens per prefill dispatch list
     layout: str = "linear"                # physical layout of activations: linear | sliced
     fuse: bool = True                     # fold RMSNorms into the linear layers that consume them
-    autotune: bool = True                 # time kernel variants on this adapter at first use (cached)
+    autotune: bool | str = True           # time kernel variants on this adapter at first use (cached);
+                                          # "force": on software adapters too (tests)
     prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
     int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
     max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
@@ -46,9 +47,10 @@ class EngineOptions:
             bad("prefill_chunk", "must be a positive integer")
         if self.layout not in LAYOUTS:
             bad("layout", f"choose {' or '.join(LAYOUTS)}")
-        for name in ("fuse", "autotune"):
-            if not isinstance(getattr(self, name), bool):
-                bad(name, "must be True or False")
+        if not isinstance(self.fuse, bool):
+            bad("fuse", "must be True or False")
+        if not isinstance(self.autotune, bool) and self.autotune != "force":
+            bad("autotune", 'must be True, False or "force" (measure on software adapters too)')
         if self.prefill_kernels not in PREFILL_KERNELS:
             bad("prefill_kernels", "choose auto, gemm or gemv")
         i8 = self.int8_activations

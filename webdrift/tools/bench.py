@@ -13,9 +13,11 @@ has a CUDA device (bench_peers.py); llama.cpp runs on the very same GGUF files w
 `--llama-bench PATH` (its llama-bench binary: pp P at depth 0, tg M at depth P, flash attention,
 every layer on the GPU; llama_cpp.py). Output: a table, `--json`, `--markdown` (appends a section
 with the machine, date and exact command) and `--plot` (matplotlib, skipped if missing).
-A desktop tool (webdrift/tools/, numpy for synthetic weights): engines come from the core's
-assembly path (runtime/loading.py), the machine's facts from the device object; the report
-itself is plain JSON.
+The protocol, one model's rows and the report schema are the core's (profile/benchmark.py),
+shared with the browser's bench page (bench.html, `bench()` of webdrift.js), whose reports have
+the same fields; this desktop tool adds the peers, the table, markdown and plot. Engines come
+from the core's assembly path (runtime/loading.py), the machine's facts from the device object;
+the report itself is plain JSON.
 Must not: import wgpu or js; be imported by the core.
 """
 
@@ -23,31 +25,39 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
-import random
 import sys
 import time
 
 from ..errors import InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..profile.benchmark import (  # the protocol and schema, shared with the browser's bench page
+    DESKTOP_ROUTE,
+    MACHINE_FIELDS,
+    PEER_NAMES,
+    PROTOCOL,
+    QUICK_PROTOCOL,
+    REPORT_FIELDS,
+    ROW_FIELDS,
+    abench_model,
+    ameasure_rooflines,
+    build_engine,
+    fill_skipped_peers,
+    make_report,
+    missing_fields,
+    model_label,
+    parse_protocol,
+    prompt_ids,
+)
 from ..weights.synthetic import PRESETS, QUANTS, check_choice
 
-PROTOCOL = [(1024, 256), (128, 128)]
-QUICK_PROTOCOL = [(32, 16), (16, 8)]
 BIG_SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
-
-# every result row of a complete report has these (values may be None only where `error` says why)
-ROW_FIELDS = ("model", "quant", "source", "params", "weight_bytes", "prompt_tokens", "new_tokens",
-              "prefill_tps", "decode_tps", "ttft_s", "read_bytes_per_token", "roofline_decode_tps",
-              "pct_roofline", "peak_gpu_bytes", "load_s", "peers", "error")
-REPORT_FIELDS = ("webdrift_version", "date", "command", "machine", "protocol", "sampling", "batch",
-                 "roofline", "peers_note", "results")
-MACHINE_FIELDS = ("adapter", "backend", "vendor", "driver", "adapter_type", "max_binding_bytes",
-                  "max_buffer_bytes", "features", "host", "python", "wgpu")
-PEER_NAMES = ("hf_eager", "cuda_graph", "llama_cpp")
+# the schema and helpers come from the core (profile/benchmark.py) and are re-exported for scripts
+__all__ = ["MACHINE_FIELDS", "PEER_NAMES", "PROTOCOL", "QUICK_PROTOCOL", "REPORT_FIELDS", "ROW_FIELDS", "bench_model",
+           "build_engine", "cmd_bench", "compare_table", "format_table", "machine_info", "main", "missing_fields", "run_bench",
+           "write_markdown", "write_plot"]
 
 
 # -- models --------------------------------------------------------------------------------------
@@ -81,20 +91,6 @@ def parse_streams(text: str | None) -> list[int] | None:
     return ks
 
 
-def parse_protocol(text: str) -> list[tuple[int, int]]:
-    """'1024/256,128/128' -> [(1024, 256), (128, 128)]."""
-    out = []
-    for part in text.split(","):
-        try:
-            p, m = (int(x) for x in part.strip().split("/"))
-        except ValueError:
-            raise InvalidArgumentError(f"--protocol {text!r}: write PROMPT/NEW pairs, e.g. 1024/256,128/128")
-        if p < 1 or m < 1:
-            raise InvalidArgumentError(f"--protocol {text!r}: token counts must be >= 1")
-        out.append((p, m))
-    return out
-
-
 def open_real_source(name: str, auto_pull: bool = True):
     """A real model's ModelSource: a known name through webdrift.hub, or a .gguf path / HF folder
     (runtime/loading.open_source, the path webdrift.load takes)."""
@@ -102,69 +98,24 @@ def open_real_source(name: str, auto_pull: bool = True):
     return open_source(name, auto_pull=auto_pull)
 
 
-def model_spec_label(src) -> tuple[str, str]:
-    """(model, quant) labels of a source: synthetic name/quant, or file name/runtime formats."""
-    if getattr(src, "format", "") == "synthetic":
-        return src.name, src.quant
-    from ..models.footprint import plan_weights
-    fmts = sorted({p.fmt for p in plan_weights(src) if p.o > 1})
-    return getattr(src, "bench_name", None) or os.path.basename(str(src.path)), "+".join(fmts)
+model_spec_label = model_label
 
 
 INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
-def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None):
-    """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
-    assembly path (runtime/loading.py)."""
-    from ..runtime.loading import EngineOptions, assemble
-    from ..weights.synthetic import NullTokenizer
-    options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations)
-    return assemble(src, options, dev, tokenizer=NullTokenizer())
-
-
-def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, vocab) for _ in range(n)]
-
-
-def generate_ids(eng, ids: list[int], new_tokens: int, n: int = 1):
-    from ..runtime.engine import SamplingParams, _run
-    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, n=n)
-    return _run(eng.agenerate(ids, sp))
-
-
-def streams_needed_context(p: int, m: int, k: int) -> int:
-    """A context that holds k streams of m tokens after a p-token prompt (runtime/streams.py: each
-    stream's segment is whole attention chunks, at most 256 rows each)."""
-    return p + k * (m + 256) + 256
-
-
-def bench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log) -> dict:
-    """Aggregate decode tokens/s of k streams decoded together (k = each of ks), and its ratio to
-    the single stream's decode tokens/s."""
-    out = {}
-    for k in ks:
-        rs = generate_ids(eng, ids, m, n=k)
-        dec = rs[0].stats.decode_s
-        total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
-        out[str(k)] = {"decode_tps_total": round(total, 2),
-                       "vs_single": round(total / single_tps, 3) if single_tps else None}
-        log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")
-    return out
+def generate_ids(eng, ids: list[int], new_tokens: int):
+    from ..profile.benchmark import agenerate_ids
+    from ..runtime.engine import _run
+    return _run(agenerate_ids(eng, ids, new_tokens))
 
 
 # -- machine -------------------------------------------------------------------------------------
 
 def machine_info(dev) -> dict:
-    ai = dev.adapter_info
-    wv = dev.wgpu_version      # the native device's; nothing outside gpu/ imports wgpu
-    return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
-            "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
-            "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
-            "features": sorted(dev.info.features), "host": f"{platform.node()} {platform.machine()} "
-            f"{platform.system()} {platform.release()}, {os.cpu_count()} CPUs",
-            "python": platform.python_version(), "wgpu": wv}
+    from ..profile.benchmark import machine_info as info
+    return info(dev, DESKTOP_ROUTE, f"{platform.node()} {platform.machine()} {platform.system()} {platform.release()}, "
+                f"{os.cpu_count()} CPUs", platform.python_version())
 
 
 # -- one model -----------------------------------------------------------------------------------
@@ -172,7 +123,7 @@ def machine_info(dev) -> dict:
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
-                streams: list[int] | None = None) -> list[dict]:
+                streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
@@ -180,68 +131,15 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     from ..models.footprint import decode_read_bytes, plan_weights
     from ..models.manifest import kv_cache_bytes
     from ..profile.roofline import decode_ceiling
+    from ..runtime.engine import _run
     log = log or (lambda s: None)
-    model, quant = model_spec_label(src)
+    rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
+                             int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops))
+    if any(r["error"] for r in rows):
+        return rows
     cfg = src.config
-    params = sum(_numel(t.shape) for t in src.tensors.values())
-    plans = plan_weights(src)
-    base = {"model": model, "quant": quant, "source": str(src.path), "params": params,
-            "weight_bytes": sum(p.nbytes for p in plans)}
-
-    def row(p, m, **kw):
-        r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
-                 read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
-                 load_s=None, peers=None, error=None)
-        r.update(kw)
-        return r
-
-    max_ctx = max(max([p + m] + [streams_needed_context(p, m, k) for k in streams or []]) for p, m in protocols)
-    if cfg.max_position and max_ctx > cfg.max_position:
-        return [row(p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
-                for p, m in protocols]
-    gc.collect()
-    before = dev.bytes_allocated
-    dev.peak_bytes = before
-    log(f"loading {model} ({quant}) ...")
-    eng = None
-    try:
-        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations)
-        base["int8_activations"] = eng.model.int8
-        base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
-        base["int8_chain"] = eng.model.int8_chain
-        ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
-        generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4)         # compile + warm every kernel
-        rows = []
-        for p, m in protocols:
-            best = None
-            for _ in range(max(1, repeats)):
-                out = generate_ids(eng, ids[:p], m)
-                st = out.stats
-                if st.new_tokens != m:
-                    raise WebdriftError(f"generated {st.new_tokens} tokens, expected {m} ({st.finish_reason})")
-                if best is None or st.decode_tokens_per_s > best.decode_tokens_per_s:
-                    best = st
-            read = decode_read_bytes(cfg, plans, p + (m - 1) / 2)            # mean cache length of the run
-            ceil = decode_ceiling(bandwidth_GBps, read)
-            dtps = best.decode_tokens_per_s
-            rows.append(row(p, m, prefill_tps=round(best.prefill_tokens_per_s, 2), decode_tps=round(dtps, 2),
-                            ttft_s=round(best.prefill_s, 5), read_bytes_per_token=int(read),
-                            roofline_decode_tps=round(ceil, 2),
-                            pct_roofline=round(100.0 * dtps / ceil, 2) if ceil else None,
-                            load_s=round(eng.load_s, 3)))
-            log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
-                f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
-            if streams:
-                rows[-1]["streams"] = bench_streams(eng, ids[:p], m, dtps, streams, log)
-        peak = dev.peak_bytes - before
-        for r in rows:
-            r["peak_gpu_bytes"] = peak
-    except Exception as e:  # noqa: BLE001 - one model failing (limits, device loss) must not lose the report
-        log(f"  {type(e).__name__}: {e}")
-        return [row(p, m, error=f"{type(e).__name__}: {e}") for p, m in protocols]
-    finally:
-        del eng
-        gc.collect()
+    model = rows[0]["model"]
+    ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
     if llama_bench:
         from .llama_cpp import attach_llama_cpp
         attach_llama_cpp(rows, llama_bench, src, protocols, repeats, kv_bytes=lambda kv_len: kv_cache_bytes(cfg, kv_len),
@@ -279,13 +177,6 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     return rows
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 def run_bench(args, dev=None, log=None) -> dict:
@@ -300,11 +191,12 @@ def run_bench(args, dev=None, log=None) -> dict:
     if dev is None:
         from ..gpu.native import get_device
         dev = get_device()
-    from ..profile.roofline import measure_bandwidth
+    from ..runtime.engine import _run
     mib = args.roofline_mib or (16 if quick else 1024)
-    log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB ...")
-    roof = measure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
-    log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']})")
+    log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB, compute peaks ...")
+    roof = _run(ameasure_rooflines(dev, mib, quick))
+    log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']}); "
+        + ", ".join(f"{k} {v['tflops']} TFLOP/s" for k, v in roof["compute"].items()))
     peers_ok, peers_note = (False, "disabled (--no-peers)") if args.no_peers else _peer_availability(dev)
     if not peers_ok:
         log(f"peers: {peers_note}")
@@ -331,19 +223,14 @@ def run_bench(args, dev=None, log=None) -> dict:
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
                                llama_bench=getattr(args, "llama_bench", None),
-                               streams=parse_streams(getattr(args, "streams", None)))
-    for r in results:
-        r["peers"] = r["peers"] or {}
-        for name in ("hf_eager", "cuda_graph"):
-            r["peers"].setdefault(name, {"skipped": peers_note})
-        r["peers"].setdefault("llama_cpp", {"skipped": "not run (no --llama-bench)"})
+                               streams=parse_streams(getattr(args, "streams", None)),
+                               peak_tflops=roof["compute"]["f32"]["tflops"])
+    fill_skipped_peers(results, peers_note)
     from .. import __version__
-    report = {"webdrift_version": __version__, "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "command": getattr(args, "command_line", None) or "webdrift bench",
-              "machine": machine_info(dev),
-              "protocol": [{"prompt_tokens": p, "new_tokens": m} for p, m in protocols],
-              "sampling": "greedy (temperature 0), EOS ignored", "batch": 1, "prefill_chunk": args.prefill_chunk,
-              "repeats": args.repeats, "roofline": roof, "peers_note": peers_note, "results": results}
+    report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                         command=getattr(args, "command_line", None) or "webdrift bench", machine=machine_info(dev),
+                         protocols=protocols, prefill_chunk=args.prefill_chunk, repeats=args.repeats, roofline=roof,
+                         peers_note=peers_note, results=results)
     return report
 
 
@@ -353,24 +240,6 @@ def _peer_availability(dev) -> tuple[bool, str]:
         return False, f"the adapter ({dev.info.adapter}) is not an NVIDIA GPU, so CUDA peers could not share it; skipped"
     from .bench_peers import availability
     return availability()
-
-
-def missing_fields(report: dict) -> list[str]:
-    """Paths of required report fields that are absent (an empty list: the report is complete)."""
-    miss = [f for f in REPORT_FIELDS if f not in report]
-    miss += [f"machine.{f}" for f in MACHINE_FIELDS if f not in report.get("machine", {})]
-    for f in ("best_GBps", "bytes", "method"):
-        if f not in report.get("roofline", {}):
-            miss.append(f"roofline.{f}")
-    if not report.get("results"):
-        miss.append("results[]")
-    for i, r in enumerate(report.get("results", [])):
-        miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f not in r]
-        if r.get("error") is None:
-            miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f != "error" and r.get(f) is None]
-        peers = r.get("peers") or {}
-        miss += [f"results[{i}].peers.{p}" for p in PEER_NAMES if p not in peers]
-    return miss
 
 
 # -- output --------------------------------------------------------------------------------------
@@ -397,18 +266,18 @@ def _peer_cell(p: dict | None) -> str:
 
 
 def format_table(report: dict, markdown: bool = False) -> str:
-    head = ["model", "quant", "prompt/new", "prefill tok/s", "decode tok/s", "% roofline", "ceiling tok/s",
-            "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
+    head = ["model", "quant", "prompt/new", "prefill tok/s", "prefill % f32 peak", "decode tok/s", "% roofline",
+            "ceiling tok/s", "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
             "HF eager decode / prefill tok/s (wd/peer)", "CUDA graph decode / prefill tok/s (wd/peer)"]
     rows = []
     for r in report["results"]:
         pr = r.get("peers") or {}
         if r.get("error"):
             rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}",
-                         "error: " + r["error"][:90], "", "", "", "", "", "", "", "", ""])
+                         "error: " + r["error"][:90], "", "", "", "", "", "", "", "", "", ""])
             continue
         rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}", _fmt(r["prefill_tps"]),
-                     _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
+                     _fmt(r.get("prefill_pct_compute"), ".2f"), _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
                      _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
                      _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
     if markdown:
@@ -422,7 +291,17 @@ def format_table(report: dict, markdown: bool = False) -> str:
     roof = report["roofline"]
     out.append(f"streaming read: {roof['best_GBps']} GB/s best, {roof['median_GBps']} GB/s median "
                f"({roof['bytes'] >> 20} MiB, {roof['reps']} reps, {roof['method']}); peers: {report['peers_note']}")
+    out.append(compute_line(roof))
     return "\n".join(out)
+
+
+def compute_line(roof: dict) -> str:
+    """The compute peaks of a report (reports before issue 11 have none)."""
+    peaks = roof.get("compute") or {}
+    if not peaks:
+        return "compute peaks: not measured in this report"
+    return "compute peaks (multiply-adds x 2, best): " + ", ".join(
+        f"{k} {v['tflops']} TFLOP/s ({v['method']})" for k, v in peaks.items())
 
 
 def write_markdown(path: str, report: dict) -> None:
@@ -440,8 +319,9 @@ def write_markdown(path: str, report: dict) -> None:
             "% roofline = decode tok/s / (bandwidth / bytes read per token: weights + f32 KV cache at the "
             "mean position). Peer cells: decode / prefill tok/s with the ratio webdrift / peer in brackets; "
             "llama.cpp (llama-bench, CUDA) on the same GGUF file: tg at depth = prompt, pp at depth 0; "
-            "PyTorch fp16 on the same GPU (fp16 weights whatever webdrift's quant)."), "",
-           format_table(report, markdown=True), ""]
+            "PyTorch fp16 on the same GPU (fp16 weights whatever webdrift's quant). Prefill % f32 peak = "
+            "prefill tok/s x 2 x the weights' multiply-adds per token / the f32 peak below."), "",
+           compute_line(roof) + ".", "", format_table(report, markdown=True), ""]
     new = not os.path.exists(path) or os.path.getsize(path) == 0
     d = os.path.dirname(path)
     if d:
@@ -539,12 +419,62 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--compare", nargs="+", default=None, metavar="REPORT",
+                   help="print the rows of saved reports side by side (e.g. desktop and browser / node_bench.mjs "
+                        "on the same GPU: ratios to the first) instead of running")
     p.add_argument("--markdown", default=None, metavar="PATH", help="append a section to a markdown file")
     p.add_argument("--plot", default=None, metavar="PATH", help="decode tok/s vs size beside the roofline (png)")
     p.set_defaults(func=cmd_bench)
 
 
+def compare_table(reports: list[dict]) -> str:
+    """Rows of several reports side by side (markdown): per (model, quant, prompt/new), each
+    report's route, adapter, decode / prefill tok/s, ttft, load s and peak GPU memory, with decode
+    and prefill as a ratio of the first report's (e.g. browser / desktop on the same GPU)."""
+    def key(r):
+        return (r["model"], r["quant"], r["prompt_tokens"], r["new_tokens"])
+
+    first = {key(r): r for r in reports[0]["results"]}
+    order = list(dict.fromkeys(key(r) for rep in reports for r in rep["results"]))
+    head = ["model", "quant", "prompt/new", "route", "adapter", "decode tok/s", "prefill tok/s", "ttft s", "load s",
+            "peak GPU mem", "decode / first", "prefill / first"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for k in order:
+        for rep in reports:
+            m = rep.get("machine", {})
+            for r in (r for r in rep["results"] if key(r) == k):
+                base = first.get(k) or {}
+
+                def ratio(f, r=r, base=base):
+                    a, b = r.get(f), base.get(f)
+                    return f"{a / b:.2f}" if a and b else "-"
+                cells = [k[0], k[1], f"{k[2]}/{k[3]}", m.get("route", "desktop (wgpu-native)"), m.get("adapter", "?")]
+                cells += (["error: " + r["error"][:60], "", "", "", "", "", ""] if r.get("error") else
+                          [_fmt(r["decode_tps"]), _fmt(r["prefill_tps"]), _fmt(r["ttft_s"], ".3f"), _fmt(r["load_s"], ".2f"),
+                           _gib(r["peak_gpu_bytes"]), ratio("decode_tps"), ratio("prefill_tps")])
+                lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def cmd_compare(paths: list[str]) -> int:
+    reports = []
+    for p in paths:
+        try:
+            with open(p) as f:
+                rep = json.load(f)
+        except (OSError, ValueError) as e:
+            raise InvalidArgumentError(f"--compare {p}: cannot read a report ({type(e).__name__}: {e})") from None
+        miss = missing_fields(rep)
+        if miss:
+            raise InvalidArgumentError(f"--compare {p}: not a complete bench report (missing {', '.join(miss[:5])})")
+        reports.append(rep)
+    print(compare_table(reports))
+    return 0
+
+
 def cmd_bench(args) -> int:
+    if getattr(args, "compare", None):
+        return cmd_compare(args.compare)
     if args.repeats < 1:
         raise InvalidArgumentError(f"--repeats {args.repeats}: must be >= 1")
     if not hasattr(args, "command_line"):

@@ -4,7 +4,8 @@
 
 Builds the browser bundle if it is missing or stale (build_wasm: from a source checkout, or from
 an installed webdrift, whose wheel carries web/ and build_wasm/ as package data of webdrift.tools;
-`bundle_builder()` picks the one this file belongs to), then serves it: the demo page at `/`, the module at `/webdrift.js`, and the model at
+`bundle_builder()` picks the one this file belongs to), then serves it: the demo page at `/`, the benchmark page at `/bench.html` (or `/bench`: the
+protocol of `webdrift bench` in the browser), the module at `/webdrift.js`, and the model at
 `/models/<file>.gguf` with `/models/default.json` ({name, url, size, sha256}: what
 `createEngine()` loads when given no model) and `/models/<file>.gguf.sha256`.
 Nothing is fetched from anywhere else: the pages run Python (Pyodide) and the model on the
@@ -167,6 +168,8 @@ class WebdriftHandler(SimpleHTTPRequestHandler):
             return
         if path.endswith("/"):
             path += "index.html"
+        elif path == "/bench":            # the benchmark page (bench.html: bench() of webdrift.js)
+            path = "/bench.html"
         root = Path(self.directory).resolve()
         try:
             fs = Path(self.translate_path(path)).resolve()
@@ -356,8 +359,8 @@ def cmd_serve(args) -> int:
     sys.stderr.write(f"webdrift: serving {bundle}\n")
     if model:
         sys.stderr.write(f"webdrift: model {model.name} ({model.file}, {model.size / 1e6:.1f} MB, sha256 {model.sha256[:12]}...)\n")
-    print(f"webdrift: open http://{shown}:{port}/   (module: http://{shown}:{port}/webdrift.js; Ctrl-C stops)",
-          flush=True)
+    print(f"webdrift: open http://{shown}:{port}/   (module: http://{shown}:{port}/webdrift.js; benchmark: "
+          f"http://{shown}:{port}/bench.html; Ctrl-C stops)", flush=True)
     try:
         srv.serve_forever()
     except KeyboardInterrupt:

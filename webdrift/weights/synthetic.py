@@ -10,11 +10,14 @@ kernel meets inf or NaN.
 
 Generation is cheap: one pool of random bytes per storage type (a few MiB, block aligned) is
 tiled to each tensor's size, so loading an 8B shape costs a memcpy per tensor, not an RNG pass.
-Desktop only (imports numpy when bytes are first made); not for the browser.
+Plain Python (no numpy): the browser's bench page makes synthetic models too (the largest
+tensor is made in WASM memory before its upload).
 """
 
 from __future__ import annotations
 
+import random
+import struct
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -85,34 +88,37 @@ _POOLS: dict[str, bytes] = {}
 _POOL_BLOCKS = 1 << 17       # blocks per pool: 4.3 MiB of Q8_0, 2.6 MiB of Q4_1, 256 KiB of F16
 
 
+def _f16_high(exponent: int, sign: bool | None) -> bytes:
+    """A bytes.translate table: a random byte -> the high byte of an f16 with that exponent field
+    (5 bits), the sign bit `sign` (None: the byte's own top bit, random), and the byte's low 2
+    bits as the mantissa's top bits."""
+    return bytes((b & 0x80 if sign is None else 0x80 if sign else 0) | (exponent << 2) | (b & 0x03)
+                 for b in range(256))
+
+
 def _pool(type_name: str) -> bytes:
-    """Random bytes of whole blocks of type_name, every f16 field a small finite number."""
+    """Random bytes of whole blocks of type_name, every f16 field a small finite number. Plain
+    Python (random.randbytes and C-speed slice assignments, ~0.1 s): the browser's bench makes
+    synthetic models too, and has no numpy."""
     p = _POOLS.get(type_name)
     if p is not None:
         return p
-    import numpy as np
-    rng = np.random.default_rng(0x5EED)
+    rng = random.Random(0x5EED)
     bb, _ = _BLOCK[type_name]
-    raw = rng.integers(0, 256, size=(_POOL_BLOCKS, bb), dtype=np.uint8)
-
-    def small_f16(n: int, exponent: int, sign: bool) -> np.ndarray:
-        # f16 bits: sign | exponent field (5 bits) | random mantissa -> magnitude 2^(exponent-15) * [1, 2)
-        m = rng.integers(0, 1 << 10, size=n, dtype=np.uint16)
-        s = (rng.integers(0, 2, size=n, dtype=np.uint16) << 15) if sign else np.uint16(0)
-        return (m | np.uint16(exponent << 10) | s).astype(np.uint16)
-
+    raw = bytearray(rng.randbytes(_POOL_BLOCKS * bb))
+    # an f16 field at byte offset o of each block: raw[o::bb] low bytes (random mantissa bits),
+    # raw[o+1::bb] high bytes -> magnitude 2^(exponent-15) * [1, 2)
     if type_name == "F32":          # norm weights: ones
-        raw = np.ones(_POOL_BLOCKS, np.float32).view(np.uint8).reshape(_POOL_BLOCKS, 4)
+        raw = bytearray(struct.pack("<f", 1.0) * _POOL_BLOCKS)
     elif type_name == "F16":        # values in +-[2^-7, 2^-6)
-        raw = small_f16(_POOL_BLOCKS, 8, True).view(np.uint8).reshape(_POOL_BLOCKS, 2)
+        raw[1::2] = raw[1::2].translate(_f16_high(8, None))
     elif type_name == "Q8_0":       # d in [2^-12, 2^-11), q random int8
-        raw[:, 0:2] = small_f16(_POOL_BLOCKS, 3, False).view(np.uint8).reshape(-1, 2)
-    elif type_name == "Q4_1":       # d in [2^-10, 2^-9), m = -8 d (values centred on 0)
-        d = small_f16(_POOL_BLOCKS, 5, False)
-        m = (-8.0 * d.view(np.float16).astype(np.float32)).astype(np.float16).view(np.uint16)
-        raw[:, 0:2] = d.view(np.uint8).reshape(-1, 2)
-        raw[:, 2:4] = m.view(np.uint8).reshape(-1, 2)
-    p = raw.tobytes()
+        raw[1::bb] = raw[1::bb].translate(_f16_high(3, False))
+    elif type_name == "Q4_1":       # d in [2^-10, 2^-9), m = -8 d (values centred on 0): exponent + 3, sign set
+        raw[1::bb] = raw[1::bb].translate(_f16_high(5, False))
+        raw[2::bb] = raw[0::bb]
+        raw[3::bb] = raw[1::bb].translate(_f16_high(8, True))
+    p = bytes(raw)
     _POOLS[type_name] = p
     return p
 

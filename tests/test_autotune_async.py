@@ -1,0 +1,175 @@
+"""The tuner's decision logic with asynchronous timestamps (the browser's way): a device that
+has timestamp queries but reads them only by awaiting gets the static choice at first use and a
+queued measurement; `await tune_pending` measures it (one timing per await), the fastest
+candidate by the fake clock below wins, also when timestamps are quantized to 100 us (timed in
+growing batches), a candidate whose compile error arrives late is skipped, and the result is
+cached, exported and reused by a fresh process.
+
+The fake device wraps the real (lavapipe) one for compiling kernels; its timed submits run
+nothing and its `read_timestamps` (async) reports the cost the test assigns to each dispatch."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from webdrift.errors import GPUError
+from webdrift.kernels import autotune
+from webdrift.kernels.linear import GemvVariant, LinearKernel
+
+FAST = GemvVariant("row", rows=1, wg=64)      # every adapter can run it
+NEXT = GemvVariant("split", rows=4, wg=64)     # likewise
+FAST_NS, NEXT_NS, SLOW_NS = 3_000, 5_000, 10_000
+
+
+def tag(v: GemvVariant) -> str:
+    return f"gemv:{v.variant}:{v.rows}:{v.wg}:{v.unroll}:{v.rps}"
+
+
+class TaggedLinear(LinearKernel):
+    """LinearKernel whose dispatches are labelled with their variant (so the fake clock knows them)."""
+
+    def __init__(self, *a, variant=None, **kw):
+        super().__init__(*a, variant=variant, **kw)
+        self._tag = tag(variant)
+
+    def dispatch(self, buffers, workgroups, label=""):
+        return super().dispatch(buffers, workgroups, self._tag)
+
+
+class AsyncTimedDevice:
+    """A GPU that reads timestamps only asynchronously; `quantum_ns` rounds each reading down."""
+
+    has_timestamps = True
+    can_time_sync = False
+    has_sync_reads = False
+
+    def __init__(self, real, quantum_ns: int = 1, is_cpu: bool = False, reject: str = ""):
+        self._real = real
+        self.info = replace(real.info, is_cpu=is_cpu, adapter=f"fake-async-gpu-{quantum_ns}-{is_cpu}-{reject}")
+        self.quantum = quantum_ns
+        self.reads = 0
+        self.reject = reject          # pipelines whose label starts with this "fail to compile" (reported late)
+        self.failed: list[str] = []
+
+    def create_pipeline(self, wgsl, bindings, entry="main", label=""):
+        if self.reject and label.startswith(self.reject):
+            self.failed.append(label)
+        return self._real.create_pipeline(wgsl, bindings, entry, label)
+
+    async def check_errors(self):
+        if self.failed:
+            label, self.failed = self.failed[0], []
+            raise GPUError(f"kernel {label!r} failed to compile: workgroup storage over the limit")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    @property
+    def has_subgroups(self):
+        return self._real.has_subgroups
+
+    @property
+    def has_f16(self):
+        return self._real.has_f16
+
+    def submit(self, dispatches, copies=None, timestamps=None):
+        if timestamps is None:
+            return self._real.submit(dispatches, copies)
+        timestamps.pending = list(dispatches)       # nothing runs: the clock is fake
+        return 0
+
+    def read_timestamps_sync(self, rec):
+        raise AssertionError("the async tuner must not read timestamps synchronously")
+
+    async def read_timestamps(self, rec):
+        await asyncio.sleep(0)
+        self.reads += 1
+        cost = [FAST_NS if d.label == tag(FAST) else NEXT_NS if d.label == tag(NEXT) else SLOW_NS for d in rec.pending]
+        assert not any(self.reject and d.pipeline.label.startswith(self.reject) for d in rec.pending), \
+            "a candidate that failed to compile was timed"
+        spans = [sum(cost)] if rec.whole else cost
+        rec.ticks_ns.extend((1_000_000, 1_000_000 + s // self.quantum * self.quantum) for s in spans)
+        rec.pending = None
+
+
+@pytest.fixture
+def tuner(monkeypatch, tmp_path):
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    monkeypatch.setattr(autotune, "_pending", {})
+    monkeypatch.setattr(autotune, "_new", {})
+    monkeypatch.setattr(autotune, "LinearKernel", TaggedLinear)
+    from tests.gpu_util import device, make_weight
+    w, _ = make_weight(np.zeros((64, 128), np.float32), "q4")
+    return device(), w
+
+
+@pytest.mark.parametrize("quantum_ns", [1, 100_000])
+def test_async_tuning_queues_measures_caches_and_reuses(tuner, quantum_ns):
+    real, w = tuner
+    dev = AsyncTimedDevice(real, quantum_ns)
+    static = autotune.static_choice(dev)
+    assert static != FAST
+    # first use: the static choice at once, the measurement queued (nothing timed yet)
+    assert autotune.choose_gemv(dev, w) == static
+    assert autotune.pending(dev) and dev.reads == 0
+    steps = []
+    got = asyncio.run(autotune.tune_pending(dev, progress=lambda d, t, k: steps.append((d, t))))
+    assert steps[-1][0] == steps[-1][1] == len(got) and dev.reads > 0
+    (key, choice), = got.items()
+    assert GemvVariant(**choice) == FAST            # the cheapest by the fake clock, quantized or not
+    assert autotune.pending(dev) == []
+    reads = dev.reads
+    assert autotune.choose_gemv(dev, w) == FAST and dev.reads == reads and not autotune.pending(dev)
+    # a fresh process (the browser's next visit): choices imported from the store, nothing re-measured
+    exported = autotune.export_choices(new_only=True)
+    assert exported == {key: choice}
+    autotune._memory.clear()
+    assert autotune.import_choices(exported) == 1
+    assert autotune.choose_gemv(dev, w) == FAST and not autotune.pending(dev) and dev.reads == reads
+
+
+def test_software_adapter_keeps_static_rule_unless_forced(tuner):
+    real, w = tuner
+    dev = AsyncTimedDevice(real, is_cpu=True)
+    assert autotune.choose_gemv(dev, w) == autotune.static_choice(dev) and not autotune.pending(dev)
+    assert autotune.choose_gemv(dev, w, enabled=False) == autotune.static_choice(dev) and not autotune.pending(dev)
+    assert autotune.choose_gemv(dev, w, enabled="force") == autotune.static_choice(dev)
+    assert len(autotune.pending(dev)) == 1
+    got = asyncio.run(autotune.tune_pending(dev))
+    assert [GemvVariant(**v) for v in got.values()] == [FAST]
+    assert autotune.choose_gemv(dev, w, enabled="force") == FAST
+    assert autotune.choose_gemv(dev, w) == autotune.static_choice(dev)     # not forced: the rule, cache or not
+
+
+def test_pause_and_cancel(tuner):
+    real, w = tuner
+    dev = AsyncTimedDevice(real)
+    autotune.choose_gemv(dev, w)
+    autotune.choose_gemv(dev, w, int8=True)
+    assert len(autotune.pending(dev)) == 2
+    paused = []
+
+    async def pause():
+        paused.append(1)
+
+    done = asyncio.run(autotune.tune_pending(dev, pause=pause, cancelled=lambda: len(paused) > 1))
+    assert len(done) == 1 and len(autotune.pending(dev)) == 1     # stopped before the second: still queued
+    assert len(paused) > dev.reads > 1          # paused before the first and after every timing
+    autotune.forget(dev)
+    assert autotune.pending(dev) == []
+
+
+def test_candidate_failing_to_compile_late_is_skipped(tuner):
+    """The browser reports a pipeline's compile error asynchronously (e.g. a variant over the
+    adapter's workgroup-memory limit): the async tuner awaits the device's errors after compiling
+    each candidate and never times or chooses one that failed."""
+    real, w = tuner
+    dev = AsyncTimedDevice(real, reject="linear_row")
+    autotune.choose_gemv(dev, w)
+    got = asyncio.run(autotune.tune_pending(dev))
+    assert [GemvVariant(**v) for v in got.values()] == [NEXT]

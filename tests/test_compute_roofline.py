@@ -1,0 +1,73 @@
+"""The compute roofline probes (profile/compute.py, issue 11): each probe's per-thread result
+equals its recurrence computed independently (numpy), so the timed kernels really do the
+multiply-adds they are credited with; the bench report carries the peaks and each row's share
+of the f32 peak; the FLOPs per token count the weight matrices."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.gpu_util import device
+from webdrift.profile import compute
+
+
+def run(coro):
+    return asyncio.new_event_loop().run_until_complete(coro)
+
+
+def sums(r) -> np.ndarray:
+    return np.frombuffer(r["sums"], np.float32)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16"])
+def test_float_probe_sums_its_chains(kind):
+    """a <- a * 0.5 + 0.25 from a0 = x + j: every lane reaches 0.5 (x = (g mod 64) / 128), so a
+    thread's sum of 8 chains x 4 lanes is 16 exactly; with 3 steps it is the closed form."""
+    dev = device()
+    if kind == "f16" and not dev.has_f16:
+        pytest.fail("this adapter has no shader-f16: run on one that has it (lavapipe does)")
+    r = run(compute.ameasure_compute(dev, kind, reps=1, workgroups=2, iters=64))
+    assert r["tflops"] > 0 and r["threads"] == 512
+    np.testing.assert_array_equal(sums(r), np.full(512, 16.0, np.float32))
+    r3 = run(compute.ameasure_compute(dev, kind, reps=1, workgroups=1, iters=3))
+    x = (np.arange(256) % 64) / 128.0
+    want = sum(4 * ((x + j) * 0.125 + 0.25 * (1 + 0.5 + 0.25)) for j in range(compute.CHAINS))
+    np.testing.assert_allclose(sums(r3), want, rtol=2e-3 if kind == "f16" else 1e-6)
+
+
+def test_int8_probe_sums_its_chains():
+    """a <- dot4I8Packed(a, 0x01010101) + a: a's four signed bytes summed and added (wrapping)."""
+    r = run(compute.ameasure_compute(device(), "int8", reps=1, workgroups=1, iters=40))
+    a = np.array([[(g % 7) + j for j in range(compute.CHAINS)] for g in range(256)], np.int64)
+    for _ in range(40):
+        b = (a & 0xFFFFFFFF).astype(np.uint32).view(np.uint8).reshape(256, compute.CHAINS, 4).view(np.int8)
+        a = a + b.astype(np.int64).sum(axis=-1)
+        a = ((a + 2**31) % 2**32) - 2**31              # i32 wraps
+    np.testing.assert_array_equal(sums(r), a.sum(axis=1).astype(np.float32))
+
+
+def test_prefill_flops_count_the_weight_matrices():
+    from webdrift.weights.synthetic import synthetic_source
+    src = synthetic_source("smollm2-135m", "q4")
+    cfg = src.config
+    per_layer = cfg.dim * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.dim + 3 * cfg.dim * cfg.ffn_dim
+    assert compute.prefill_flops_per_token(src) == 2 * (cfg.n_layers * per_layer + cfg.vocab_size * cfg.dim)
+
+
+def test_bench_reports_compute_peaks(tmp_path):
+    import json
+
+    from webdrift.tools.cli import main
+    js = tmp_path / "r.json"
+    assert main(["bench", "--quick", "--quant", "q4", "--no-peers", "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    peaks = rep["roofline"]["compute"]
+    assert set(peaks) >= {"f32", "int8"} and all(v["tflops"] > 0 for v in peaks.values())
+    from webdrift.weights.synthetic import synthetic_source
+    flops = compute.prefill_flops_per_token(synthetic_source("tiny", "q4"))   # what --quick runs
+    for r in rep["results"]:
+        want = 100 * r["prefill_tps"] * flops / (peaks["f32"]["tflops"] * 1e12)
+        assert r["prefill_pct_compute"] == pytest.approx(want, rel=0.01, abs=0.01)

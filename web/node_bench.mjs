@@ -1,0 +1,131 @@
+// webdrift's browser build outside a browser: `webdrift bench`'s protocol through Pyodide in Node.js,
+// the bundle's worker code (worker.js) and the webdrift wheel, with navigator.gpu from Dawn's node
+// binding (npm `webgpu`: the WebGPU implementation and WGSL compiler inside Chrome). It measures
+// what a page would get from the same Dawn, on GPUs that Chromium's own WebGPU does not offer.
+//
+//   node bundle/node_bench.mjs --webgpu node_modules/webgpu --synthetic smollm2-135m --quant q4,f16 --json out.json
+//
+// Options (as `webdrift bench`): --synthetic NAMES, --quant f16,q8,q4, --model FILE.gguf, --protocol P/N,...,
+// --repeats N, --prefill-chunk N, --roofline-mib N, --int8-activations auto|on|off,
+// --autotune on|off|force, --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
+// default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
+// enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
+// the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
+// The report is the desktop's schema (webdrift/profile/benchmark.py), machine.route "node (Pyodide+Dawn)".
+// Needs: Node >= 18 and a bundle (python -m build_wasm --out bundle/); this file lies in the bundle.
+
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { pathToFileURL, fileURLToPath } from "node:url";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+
+function parseArgs(argv) {
+  const o = { dawn: [] };
+  const bools = new Set(["quick"]);
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if (!a.startsWith("--")) throw new Error(`unexpected argument ${a}`);
+    const k = a.slice(2).replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+    if (bools.has(k)) { o[k] = true; continue; }
+    const v = argv[++i];
+    if (v === undefined) throw new Error(`${a} needs a value`);
+    if (k === "dawn") o.dawn.push(v); else o[k] = v;
+  }
+  return o;
+}
+
+const args = parseArgs(process.argv.slice(2));
+
+// -- navigator.gpu from Dawn -----------------------------------------------------------------------
+let spec = args.webgpu || "webgpu";
+if (args.webgpu) {
+  const p = path.resolve(args.webgpu);
+  spec = pathToFileURL(fs.statSync(p).isDirectory() ? path.join(p, "index.js") : p).href;
+}
+const { create, globals } = await import(spec);
+Object.assign(globalThis, globals);
+const gpu = create(args.dawn);
+Object.defineProperty(globalThis, "navigator", {
+  value: { gpu, userAgent: `Node.js ${process.version} + Dawn (npm webgpu) ${os.platform()} ${os.arch()}`,
+           hardwareConcurrency: os.cpus().length },
+  configurable: true, writable: true });
+
+// -- what worker.js expects of a Web Worker ------------------------------------------------------
+globalThis.self = globalThis;
+const realFetch = globalThis.fetch;
+globalThis.fetch = async (url, init) => {          // the bundle's files and local models: file: URLs
+  const u = new URL(String(url));
+  if (u.protocol !== "file:") return realFetch(url, init);
+  try {
+    const data = fs.readFileSync(fileURLToPath(u));
+    return new Response(data, { status: 200, headers: { "content-length": String(data.length) } });
+  } catch (e) {
+    return new Response(`not found: ${e.message}`, { status: 404, statusText: "Not Found" });
+  }
+};
+const cacheRoot = process.env.WEBDRIFT_CACHE || path.join(os.homedir(), ".cache", "webdrift");
+const choicesFile = path.resolve(args.choices || path.join(cacheRoot, "autotune", "node_dawn_choices.json"));
+self.webdriftChoiceStore = {
+  async load() {
+    try { return JSON.parse(fs.readFileSync(choicesFile, "utf8")); } catch { return {}; }
+  },
+  async store(choices) {
+    const all = { ...(await this.load()), ...choices };
+    fs.mkdirSync(path.dirname(choicesFile), { recursive: true });
+    fs.writeFileSync(choicesFile + ".tmp", JSON.stringify(all, null, 1));
+    fs.renameSync(choicesFile + ".tmp", choicesFile);
+    return Object.keys(choices).length;
+  },
+};
+let onResult = null;
+self.postMessage = (m) => {
+  if (m.type === "progress") {
+    const p = m.progress;
+    if (p.phase === "log") console.error(p.message);
+    else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
+      `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);
+  } else if (m.type === "result" || m.type === "error") onResult(m);
+};
+await import(pathToFileURL(path.join(HERE, "worker.js")).href);
+
+// -- the run -------------------------------------------------------------------------------------
+const opts = {
+  synthetic: args.synthetic, quant: args.quant, protocol: args.protocol, quick: !!args.quick,
+  repeats: args.repeats ? Number(args.repeats) : undefined, prefillChunk: args.prefillChunk ? Number(args.prefillChunk) : undefined,
+  rooflineMiB: args.rooflineMib ? Number(args.rooflineMib) : undefined, int8Activations: args.int8Activations,
+  autotune: args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on",
+  host: navigator.userAgent, route: "node (Pyodide+Dawn)", date: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
+  command: "node node_bench.mjs " + process.argv.slice(2).join(" "),
+};
+if (args.model) {
+  const file = path.resolve(args.model);
+  opts.model = { url: pathToFileURL(file).href, name: path.basename(file), sha256: null, cache: false };
+}
+const t0 = performance.now();
+const msg = await new Promise((resolve) => {
+  onResult = resolve;
+  self.onmessage({ data: { type: "bench", id: 1, opts } });
+});
+if (msg.type === "error") {
+  console.error(`webdrift: error: ${msg.error.name}: ${msg.error.message}`);
+  process.exit(2);
+}
+const report = msg.value;
+report.wall_s = Math.round((performance.now() - t0) / 10) / 100;
+const f = (v, d = 1) => (v === null || v === undefined ? "-" : Number(v).toFixed(d));
+console.log(`${report.machine.adapter} (${report.machine.backend}), ${report.machine.route}; streaming read ` +
+  `${report.roofline.best_GBps} GB/s (${report.roofline.method})`);
+for (const r of report.results) {
+  console.log(r.error ? `${r.model} ${r.quant} ${r.prompt_tokens}/${r.new_tokens}: error: ${r.error}` :
+    `${r.model} ${r.quant} ${r.prompt_tokens}/${r.new_tokens}: prefill ${f(r.prefill_tps)} tok/s, decode ` +
+    `${f(r.decode_tps)} tok/s (${f(r.pct_roofline)}% of roofline), load ${f(r.load_s, 2)} s, peak ` +
+    `${f(r.peak_gpu_bytes / 1048576)} MiB`);
+}
+if (args.json) {
+  fs.mkdirSync(path.dirname(path.resolve(args.json)), { recursive: true });
+  fs.writeFileSync(args.json, JSON.stringify(report, null, 1));
+  console.log(`report written to ${args.json}`);
+}
+process.exit(report.results.some((r) => r.error) ? 1 : 0);

@@ -1,0 +1,271 @@
+"""The benchmark protocol and its report schema, shared by `webdrift bench` (desktop) and the
+browser's bench page (`bench()` of webdrift.js, `browser_api.api_bench`), so one script can put
+their rows side by side.
+
+Protocol (ML Drift): batch 1, greedy, a prompt of 1024 token ids then 256 generated tokens, and
+128 / 128; token ids are fed directly (no tokenizer), EOS is ignored so every run generates all
+its tokens. Per model and weight format a row reports prefill tokens/s (prompt / time to first
+token on the host), decode tokens/s ((new - 1) / time after the first token), the decode ceiling
+of the memory roofline measured in the same run (profile/roofline.py) and the % of it reached,
+the peak of GPU memory webdrift allocated (the device's live-buffer high-water mark) and load
+time. Where kernel choices are measured asynchronously (the browser), the engine is built once,
+its queued measurements run (kernels/autotune.tune_pending), and it is built again with them.
+Models: a real model's ModelSource, or a synthetic one (weights/synthetic.py: random weights in a
+real model's shapes, made without numpy). The desktop tool adds its peers (PyTorch, llama.cpp),
+tables and plots on top (webdrift/tools/bench.py).
+Must not: import numpy, wgpu or js; import webdrift.tools.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+
+from ..errors import InvalidArgumentError, WebdriftError
+
+PROTOCOL = [(1024, 256), (128, 128)]
+QUICK_PROTOCOL = [(32, 16), (16, 8)]
+SAMPLING = "greedy (temperature 0), EOS ignored"
+DESKTOP_ROUTE = "desktop (wgpu-native)"
+BROWSER_ROUTE = "browser (Pyodide+WebGPU)"
+
+# every result row of a complete report has these (values may be None only where `error` says why)
+ROW_FIELDS = ("model", "quant", "source", "params", "weight_bytes", "prompt_tokens", "new_tokens",
+              "prefill_tps", "decode_tps", "ttft_s", "read_bytes_per_token", "roofline_decode_tps",
+              "pct_roofline", "peak_gpu_bytes", "load_s", "peers", "error")
+REPORT_FIELDS = ("webdrift_version", "date", "command", "machine", "protocol", "sampling", "batch",
+                 "roofline", "peers_note", "results")
+MACHINE_FIELDS = ("adapter", "backend", "vendor", "driver", "adapter_type", "max_binding_bytes",
+                  "max_buffer_bytes", "features", "host", "python", "wgpu", "route")
+PEER_NAMES = ("hf_eager", "cuda_graph", "llama_cpp")
+
+
+def parse_protocol(text: str) -> list[tuple[int, int]]:
+    """'1024/256,128/128' -> [(1024, 256), (128, 128)]."""
+    out = []
+    for part in str(text).split(","):
+        try:
+            p, m = (int(x) for x in part.strip().split("/"))
+        except ValueError:
+            raise InvalidArgumentError(f"--protocol {text!r}: write PROMPT/NEW pairs, e.g. 1024/256,128/128") from None
+        if p < 1 or m < 1:
+            raise InvalidArgumentError(f"--protocol {text!r}: token counts must be >= 1")
+        out.append((p, m))
+    return out
+
+
+def prompt_ids(vocab: int, n: int, seed: int = 1234) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab) for _ in range(n)]
+
+
+def machine_info(dev, route: str, host: str, python: str) -> dict:
+    """The machine part of a report, from the device object (and what the caller knows of the host)."""
+    ai = dev.adapter_info
+    return {"adapter": dev.info.adapter, "backend": dev.info.backend, "vendor": dev.info.vendor,
+            "driver": ai.get("description", ""), "adapter_type": ai.get("adapter_type", ""),
+            "max_binding_bytes": dev.max_binding_size, "max_buffer_bytes": dev.max_buffer_size,
+            "features": sorted(dev.info.features), "host": host, "python": python,
+            "wgpu": dev.wgpu_version, "route": route}
+
+
+def model_label(src) -> tuple[str, str]:
+    """(model, quant) labels of a source: synthetic name/quant, or file name/runtime formats."""
+    if getattr(src, "format", "") == "synthetic":
+        return src.name, src.quant
+    from ..models.footprint import plan_weights
+    fmts = sorted({p.fmt for p in plan_weights(src) if p.o > 1})
+    name = getattr(src, "bench_name", None) or str(src.path).replace("\\", "/").rsplit("/", 1)[-1]
+    return name, "+".join(fmts)
+
+
+def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
+                 autotune=True):
+    """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
+    assembly path (runtime/loading.py)."""
+    from ..runtime.loading import EngineOptions, assemble
+    from ..weights.synthetic import NullTokenizer
+    options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations,
+                            autotune=autotune)
+    return assemble(src, options, dev, tokenizer=NullTokenizer())
+
+
+async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1):
+    from ..runtime.engine import SamplingParams
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, n=n)
+    return await eng.agenerate(ids, sp)
+
+
+async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
+    """The memory roofline (streaming read over `mib` MiB, profile/roofline.py) with the compute
+    peaks under "compute" (profile/compute.py: f32, f16 where the adapter has it, int8 dot)."""
+    from .compute import ameasure_peaks
+    from .roofline import ameasure_bandwidth
+    roof = await ameasure_bandwidth(dev, mib << 20, reps=3 if quick else 10)
+    roof["compute"] = await ameasure_peaks(dev, reps=3 if quick else 5, workgroups=16 if quick else 2048,
+                                           iters=64 if quick else 1024)
+    return roof
+
+
+def prefill_pct_compute(prefill_tps: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
+    """A prefill's share (%) of a compute peak: tokens/s x FLOPs per token / peak."""
+    if not peak_tflops or not prefill_tps:
+        return None
+    return round(100.0 * prefill_tps * flops_per_token / (peak_tflops * 1e12), 2)
+
+
+def streams_needed_context(p: int, m: int, k: int) -> int:
+    """A context that holds k streams of m tokens after a p-token prompt (runtime/streams.py: each
+    stream's segment is whole attention chunks, at most 256 rows each)."""
+    return p + k * (m + 256) + 256
+
+
+async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log) -> dict:
+    """Aggregate decode tokens/s of k streams decoded together (for each k of ks), and its ratio
+    to the single stream's decode tokens/s."""
+    out = {}
+    for k in ks:
+        rs = await agenerate_ids(eng, ids, m, n=k)
+        dec = rs[0].stats.decode_s
+        total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+        out[str(k)] = {"decode_tps_total": round(total, 2),
+                       "vs_single": round(total / single_tps, 3) if single_tps else None}
+        log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def empty_row(base: dict, p: int, m: int, **kw) -> dict:
+    r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
+             read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
+             load_s=None, peers=None, error=None, prefill_pct_compute=None)
+    r.update(kw)
+    return r
+
+
+async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
+                       log=None, int8_activations: bool | None = None, autotune=True, progress=None,
+                       streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
+    """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    progress(phase, done, total): "load", "tune" (queued kernel measurements) and "run".
+    streams: also decode k streams together per protocol (row["streams"]);
+    peak_tflops: the compute peak the prefill GEMM's arithmetic runs at (f32 today), for each row's
+    prefill_pct_compute (weights' FLOPs per token, profile/compute.py)."""
+    from ..kernels import autotune as tuner
+    from ..models.footprint import decode_read_bytes, plan_weights
+    from ..profile.roofline import decode_ceiling
+    from .compute import prefill_flops_per_token
+    log = log or (lambda s: None)
+    progress = progress or (lambda phase, done, total: None)
+    model, quant = model_label(src)
+    cfg = src.config
+    plans = plan_weights(src)
+    base = {"model": model, "quant": quant, "source": str(src.path),
+            "params": sum(_numel(t.shape) for t in src.tensors.values()), "weight_bytes": sum(p.nbytes for p in plans)}
+    max_ctx = max(max([p + m] + [streams_needed_context(p, m, k) for k in streams or []]) for p, m in protocols)
+    if cfg.max_position and max_ctx > cfg.max_position:
+        return [empty_row(base, p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
+                for p, m in protocols]
+    gc.collect()
+    before = dev.bytes_allocated
+    dev.peak_bytes = before
+    log(f"loading {model} ({quant}) ...")
+    eng = None
+    try:
+        progress("load", 0, 1)
+        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune)
+        await dev.check_errors()
+        queued = tuner.pending(dev)
+        if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
+            log(f"  tuning {len(queued)} kernel choices ...")
+            await tuner.tune_pending(dev, progress=lambda d, t, k: progress("tune", d, t))
+            eng = None
+            gc.collect()
+            before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
+            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune)
+            await dev.check_errors()
+        progress("load", 1, 1)
+        base["int8_activations"] = eng.model.int8
+        base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
+        base["int8_chain"] = eng.model.int8_chain
+        ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
+        await agenerate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4)     # compile + warm every kernel
+        rows = []
+        runs, done = len(protocols) * max(1, repeats), 0
+        for p, m in protocols:
+            best = None
+            for _ in range(max(1, repeats)):
+                out = await agenerate_ids(eng, ids[:p], m)
+                done += 1
+                progress("run", done, runs)
+                st = out.stats
+                if st.new_tokens != m:
+                    raise WebdriftError(f"generated {st.new_tokens} tokens, expected {m} ({st.finish_reason})")
+                if best is None or st.decode_tokens_per_s > best.decode_tokens_per_s:
+                    best = st
+            read = decode_read_bytes(cfg, plans, p + (m - 1) / 2)            # mean cache length of the run
+            ceil = decode_ceiling(bandwidth_GBps, read)
+            dtps = best.decode_tokens_per_s
+            rows.append(empty_row(base, p, m, prefill_tps=round(best.prefill_tokens_per_s, 2), decode_tps=round(dtps, 2),
+                                  ttft_s=round(best.prefill_s, 5), read_bytes_per_token=int(read),
+                                  roofline_decode_tps=round(ceil, 2),
+                                  pct_roofline=round(100.0 * dtps / ceil, 2) if ceil else None,
+                                  load_s=round(eng.load_s, 3),
+                                  prefill_pct_compute=prefill_pct_compute(best.prefill_tokens_per_s,
+                                                                          prefill_flops_per_token(src), peak_tflops)))
+            log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
+                f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
+            if streams:
+                rows[-1]["streams"] = await abench_streams(eng, ids[:p], m, dtps, streams, log)
+        peak = dev.peak_bytes - before
+        for r in rows:
+            r["peak_gpu_bytes"] = peak
+    except Exception as e:  # noqa: BLE001 - one model failing (limits, device loss) must not lose the report
+        log(f"  {type(e).__name__}: {e}")
+        return [empty_row(base, p, m, error=f"{type(e).__name__}: {e}") for p, m in protocols]
+    finally:
+        tuner.forget(dev)               # queued measurements hold this engine's buffers
+        del eng
+        gc.collect()
+    return rows
+
+
+def make_report(*, version: str, date: str, command: str, machine: dict, protocols, prefill_chunk: int,
+                repeats: int, roofline: dict, peers_note: str, results: list[dict]) -> dict:
+    """The report: REPORT_FIELDS plus prefill_chunk and repeats (the same for every route)."""
+    return {"webdrift_version": version, "date": date, "command": command, "machine": machine,
+            "protocol": [{"prompt_tokens": p, "new_tokens": m} for p, m in protocols],
+            "sampling": SAMPLING, "batch": 1, "prefill_chunk": prefill_chunk, "repeats": repeats,
+            "roofline": roofline, "peers_note": peers_note, "results": results}
+
+
+def fill_skipped_peers(results: list[dict], peers_note: str, llama_note: str = "not run (no --llama-bench)") -> None:
+    for r in results:
+        r["peers"] = r["peers"] or {}
+        for name in ("hf_eager", "cuda_graph"):
+            r["peers"].setdefault(name, {"skipped": peers_note})
+        r["peers"].setdefault("llama_cpp", {"skipped": llama_note})
+
+
+def missing_fields(report: dict) -> list[str]:
+    """Paths of required report fields that are absent (an empty list: the report is complete)."""
+    miss = [f for f in REPORT_FIELDS if f not in report]
+    miss += [f"machine.{f}" for f in MACHINE_FIELDS if f not in report.get("machine", {})]
+    for f in ("best_GBps", "bytes", "method"):
+        if f not in report.get("roofline", {}):
+            miss.append(f"roofline.{f}")
+    if not report.get("results"):
+        miss.append("results[]")
+    for i, r in enumerate(report.get("results", [])):
+        miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f not in r]
+        if r.get("error") is None:
+            miss += [f"results[{i}].{f}" for f in ROW_FIELDS if f != "error" and r.get(f) is None]
+        peers = r.get("peers") or {}
+        miss += [f"results[{i}].peers.{p}" for p in PEER_NAMES if p not in peers]
+    return miss

@@ -1,0 +1,158 @@
+"""The compute roofline of the adapter, measured in the same run as the benchmark (issue 11):
+peak multiply-add throughput through WebGPU for f32, f16 (where shader-f16 exists) and int8
+dot products (`dot4I8Packed`, 4 multiply-adds per instruction).
+
+Each probe runs WG-thread workgroups in which every thread keeps CHAINS independent chains of
+vector multiply-adds (`fma` on vec4 for f32 / f16, `dot4I8Packed` with its accumulate for int8)
+over ITERS iterations, with no memory traffic but one final store per thread (the sum of its
+chains, so nothing is optimised away and the result can be checked: tests compare it with the
+closed form of the recurrence). Throughput = multiply-adds x 2 / kernel time, best of `reps`
+(GPU timestamps where the device has them, else host time of submit + read).
+
+    f32 / f16   a <- a * m + c           per chain: 4 lanes x ITERS multiply-adds
+    int8        a <- dot4(a, y) + a      per chain: 4 multiply-adds x ITERS (a's bytes are the
+                                         running sum's: each step depends on the last)
+
+A prefill's arithmetic is 2 x (weights' multiply-adds per token) x tokens; its share of the
+relevant peak (f32 today: the GEMM accumulates in f32) is what the bench reports.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..gpu.base import Dispatch, TimestampRecorder
+from ..kernels.bindings import Bindings
+
+WG = 256
+CHAINS = 8
+ITERS = 1024
+
+FLOAT_PROBE = """
+{ENABLE}
+// Compute probe ({T}): CHAINS independent vec4 fma chains per thread, ITERS steps each.
+{OUT_DECL}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let x = {T}(f32(gid.x % 64u) * 0.0078125);
+  let m = vec4<{T}>({T}(0.5));
+  let c = vec4<{T}>({T}(0.25));
+{INIT}
+  for (var i = 0u; i < {ITERS}u; i++) {
+{STEP}
+  }
+  let s = {SUM};
+  out[gid.x] = f32(s.x + s.y + s.z + s.w);
+}
+"""
+
+INT8_PROBE = """
+// Compute probe (int8): CHAINS independent dot4I8Packed chains per thread, ITERS steps each.
+{OUT_DECL}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let y = 0x01010101u;          // four int8 ones: dot4(a, y) = the sum of a's four signed bytes
+{INIT}
+  for (var i = 0u; i < {ITERS}u; i++) {
+{STEP}
+  }
+  out[gid.x] = f32({SUM});
+}
+"""
+
+
+def probe_source(kind: str, n_threads: int, iters: int = ITERS) -> tuple[str, Bindings]:
+    """The WGSL of one probe ("f32", "f16" or "int8") writing out[n_threads] f32."""
+    b = Bindings()
+    decl = b.array("out", "array<f32>", f"({n_threads}) each thread's sum of chains", writable=True)
+    chains = range(CHAINS)
+    if kind == "int8":
+        src = (INT8_PROBE.replace("{INIT}", "\n".join(f"  var a{j} = i32(gid.x % 7u) + {j};" for j in chains))
+               .replace("{STEP}", "\n".join(f"    a{j} = dot4I8Packed(bitcast<u32>(a{j}), y) + a{j};" for j in chains))
+               .replace("{SUM}", " + ".join(f"a{j}" for j in chains)))
+    else:
+        t = "f16" if kind == "f16" else "f32"
+        src = (FLOAT_PROBE.replace("{ENABLE}", "enable f16;" if kind == "f16" else "")
+               .replace("{INIT}", "\n".join(f"  var a{j} = vec4<{{T}}>(x + {{T}}({j}.0));" for j in chains))
+               .replace("{STEP}", "\n".join(f"    a{j} = fma(a{j}, m, c);" for j in chains))
+               .replace("{SUM}", " + ".join(f"a{j}" for j in chains)).replace("{T}", t))
+    src = src.replace("{OUT_DECL}", decl).replace("{WG}", str(WG)).replace("{ITERS}", str(iters))
+    return src, b
+
+
+def multiply_adds(n_threads: int, iters: int = ITERS) -> int:
+    """Multiply-adds one probe dispatch performs (any kind: 4 per chain step)."""
+    return n_threads * CHAINS * iters * 4
+
+
+def kinds(dev) -> list[str]:
+    """The probes this adapter can run."""
+    return ["f32"] + (["f16"] if dev.has_f16 else []) + ["int8"]
+
+
+async def ameasure_compute(dev, kind: str, reps: int = 5, workgroups: int = 2048, iters: int = ITERS) -> dict:
+    """Peak multiply-add throughput of one probe kind: {"kind", "tflops" (2 ops per multiply-add,
+    best of reps), "median_tflops", "method", "threads"}; `out` is returned too (per-thread sums,
+    for checking against the recurrence's closed form)."""
+    workgroups = max(1, min(workgroups, dev.max_workgroups))
+    n = workgroups * WG
+    src, b = probe_source(kind, n, iters)
+    out = dev.create_buffer(4 * n, label=f"compute.{kind}")
+    try:
+        pipe = dev.create_pipeline(src, b.kinds, label=f"compute_{kind}")
+        d = Dispatch(pipe, dev.create_bind_group(pipe, b.buffers({"out": out})), (workgroups, 1, 1), f"compute_{kind}")
+        dev.submit([d])                                  # compile and warm up
+        sums = await dev.read_buffer(out, 0, 4 * min(n, 1024))
+        await dev.check_errors()
+        times_ns: list[float] = []
+        timed = dev.has_timestamps
+        if timed and dev.can_time_sync:
+            rec = TimestampRecorder(reps)
+            dev.submit([d] * reps, timestamps=rec)
+            dev.read_timestamps_sync(rec)
+            times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
+        elif timed:
+            for _ in range(3):
+                rec = TimestampRecorder(1, whole=True)
+                dev.submit([d] * reps, timestamps=rec)
+                await dev.read_timestamps(rec)
+                times_ns += [float(e - s) / reps for s, e in rec.ticks_ns if e > s]
+        if not times_ns:
+            timed = False
+            for _ in range(reps):
+                t0 = time.perf_counter_ns()
+                dev.submit([d])
+                await dev.read_buffer(out, 0, 4)
+                times_ns.append(float(time.perf_counter_ns() - t0))
+    finally:
+        dev.release_buffer(out)
+    times_ns.sort()
+    ops = 2 * multiply_adds(n, iters)
+    return {"kind": kind, "tflops": round(ops / times_ns[0] / 1e3, 3),
+            "median_tflops": round(ops / times_ns[len(times_ns) // 2] / 1e3, 3),
+            "method": "gpu-timestamps" if timed else "host-clock", "threads": n, "sums": sums}
+
+
+async def ameasure_peaks(dev, reps: int = 5, workgroups: int = 2048, iters: int = ITERS) -> dict:
+    """{kind: {"tflops", "median_tflops", "method"}} for every probe the adapter runs."""
+    out = {}
+    for k in kinds(dev):
+        r = await ameasure_compute(dev, k, reps, workgroups, iters)
+        out[k] = {f: r[f] for f in ("tflops", "median_tflops", "method")}
+    return out
+
+
+def prefill_flops_per_token(src) -> float:
+    """2 x the multiply-adds of one token through the model's weight matrices (every 2-D tensor
+    except the token embedding, which is a lookup; a tied LM head counts once as the head)."""
+    names = set(src.tensors)
+    tied = "output.weight" not in names and "lm_head.weight" not in names
+    total = 0
+    for name, t in src.tensors.items():
+        if len(t.shape) != 2:
+            continue
+        if name in ("token_embd.weight", "model.embed_tokens.weight") and not tied:
+            continue                       # an untied embedding: a lookup, no arithmetic
+        total += t.shape[0] * t.shape[1]
+    return 2.0 * total
