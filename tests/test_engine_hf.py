@@ -152,6 +152,27 @@ def test_greedy_matches_transformers(hf_case):
     assert out.stats.new_tokens == 16 and out.stats.prompt_tokens == len(ids)
 
 
+def test_speculative_greedy_matches_plain(hf_case):
+    """Tree verification (issue 13): random draft trees hiding the true continuation
+    (tests/spec_util.py) give the plain greedy tokens on every architecture here (biases, MQA with
+    head_dim 40, llama3 rope scaling), and lookup drafts on a repetitive prompt too."""
+    from tests.spec_util import OracleDrafter
+    name, eng, _ = hf_case
+    rng = np.random.default_rng(7)
+    accepted = 0
+    for k in range(6):
+        ids = rng.integers(3, VOCAB, int(rng.integers(1, 60))).tolist()
+        plain = eng.generate(ids, max_new_tokens=24, stop_at_eos=False)
+        spec = eng.generate(ids, max_new_tokens=24, stop_at_eos=False,
+                            speculative=OracleDrafter(ids + plain.token_ids, VOCAB, seed=k))
+        assert spec.token_ids == plain.token_ids, (name, k)
+        accepted += spec.stats.accepted_tokens
+    assert accepted > 20, name
+    ids = list(range(100, 130)) * 3
+    assert (eng.generate(ids, max_new_tokens=16, stop_at_eos=False, speculative="lookup").token_ids
+            == eng.generate(ids, max_new_tokens=16, stop_at_eos=False).token_ids)
+
+
 def test_sliced_layout_gives_same_logits(tmp_path, hf_tokenizer_dir):
     """Tensor virtualization end to end: the whole model with every activation in ML Drift's
     sliced HSWBC4 storage computes the same logits as with linear storage."""

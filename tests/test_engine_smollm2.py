@@ -151,3 +151,14 @@ def test_int8_activations_choice(engine, smollm2_gguf_path):
     assert not engine.model.int8
     with pytest.raises(webdrift.UnsupportedModelError, match="int8 activations"):
         webdrift.load(str(smollm2_gguf_path), max_context=64, weight_format="f16", int8_activations=True)
+
+
+def test_speculative_lookup_greedy(engine):
+    """Issue 13 on the real model: prompt-lookup drafts on text that repeats itself are verified as
+    trees and accepted, and the tokens are exactly the plain greedy ones."""
+    prompt = "one two three four five six seven eight, one two three four five six seven eight, one two"
+    plain = engine.generate(prompt, max_new_tokens=12, stop_at_eos=False)
+    spec = engine.generate(prompt, max_new_tokens=12, stop_at_eos=False, speculative="lookup")
+    assert spec.token_ids == plain.token_ids and spec.text == plain.text
+    assert spec.stats.spec_passes > 0 and spec.stats.accepted_tokens > 0
+    assert spec.stats.spec_passes + spec.stats.plain_steps < len(plain.token_ids) - 1    # fewer passes than tokens

@@ -187,3 +187,85 @@ def test_attention_streams(pos0, F, N, T, window, grouped):
     cap = F + T * N
     got, ref = run_attention(4, 2, 64, cap, pos0, T, window=window, grouped=grouped, streams=(F, N), seed=pos0)
     assert_close(got, ref)
+
+
+# -- tree attention (kernels/tree.py): a block of query rows sees the cache below pos0 and, in
+# the block, only its ancestors ------------------------------------------------------------------
+def tree_parents(shape: str, n: int, seed: int = 0) -> list[int]:
+    """Parent arrays (parents[0] = -1, each parent before its child) of several shapes."""
+    rng = np.random.default_rng(seed)
+    if shape == "chain":
+        return [-1] + list(range(n - 1))
+    if shape == "star":
+        return [-1] + [0] * (n - 1)
+    if shape == "wide":       # (3, 2)-like: three children of the root, two of each, then chains
+        par = [-1]
+        for i in range(1, n):
+            par.append(0 if i <= 3 else (i - 4) // 2 + 1 if i <= 9 else i - 6)
+        return par
+    return [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+
+
+def tree_attention_ref(q_rel, kc, vc, pos0, parents, group, scale):
+    """Row t (a node) sees keys [0, pos0) and pos0 + a for its ancestors a (itself included)."""
+    kvh_n, rows, dh = q_rel.shape
+    T = rows // group
+    out = np.zeros((T, kvh_n * group * dh))
+    for kvh in range(kvh_n):
+        for row in range(rows):
+            t, g = divmod(row, group)
+            keys, a = list(range(pos0)), t
+            anc = []
+            while a >= 0:
+                anc.append(pos0 + a)
+                a = parents[a]
+            keys += sorted(anc)
+            s = kc[kvh, keys].astype(np.float64) @ q_rel[kvh, row].astype(np.float64) * scale
+            w = np.exp(s - s.max())
+            w /= w.sum()
+            h = kvh * group + g
+            out[t, h * dh:(h + 1) * dh] = vc[kvh][:, keys].astype(np.float64) @ w
+    return out
+
+
+def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, grouped, seed=0):
+    from webdrift.kernels.tree import pack_tree
+    group, T = H // KVH, len(parents)
+    rows_cap = t_cap * group
+    scale = DH ** -0.5
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    q_d = TensorDesc("q", DH, rows_cap, b=KVH)
+    out_d = TensorDesc("out", H * DH, t_cap)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, grouped=grouped, tree=True)
+    comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
+    part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
+    tree = device().create_buffer(len(pack_tree([-1], 0, t_cap)) * t_cap, label="tree")
+    device().write_buffer(tree, pack_tree(parents, pos0, t_cap))
+    ob = upload(out_d, fill=SENTINEL)
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part, "tree": tree}, T,
+        pos0=pos0)
+    run(comb, {"part": part, "out": ob}, T, pos0=pos0)
+    got = download(out_d, ob)
+    assert (got[T:] == SENTINEL).all()
+    return got[:T], tree_attention_ref(q, kc, vc, pos0, parents, group, scale)
+
+
+@pytest.mark.parametrize("shape,n,pos0", [("chain", 1, 0), ("chain", 9, 60), ("star", 7, 37), ("wide", 23, 250),
+                                          ("random", 33, 100), ("random", 64, 190), ("random", 5, 0)])
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_tree_attention_shapes(shape, n, pos0, grouped):
+    """Trees of several shapes and odd sizes, blocks crossing the 64-key chunks, SmolLM2's GQA."""
+    assert_close(*run_tree_attention(9, 3, 64, 512, pos0, tree_parents(shape, n, seed=n), 64, grouped))
+
+
+@pytest.mark.parametrize("H,KVH,DH", [(4, 2, 128), (6, 2, 40), (4, 4, 32), (8, 1, 64)])
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_tree_attention_head_sizes(H, KVH, DH, grouped):
+    assert_close(*run_tree_attention(H, KVH, DH, 512, 77, tree_parents("random", 19, seed=3), 20, grouped))
+
+
+def test_tree_chain_equals_causal():
+    """A chain is ordinary causal attention over the block: the same output as tree=False."""
+    got, _ = run_tree_attention(4, 2, 32, 256, 45, tree_parents("chain", 12), 12, False)
+    causal, _ = run_attention(4, 2, 32, 256, 45, 12, seed=0)
+    np.testing.assert_allclose(got, causal, rtol=1e-6, atol=1e-6)

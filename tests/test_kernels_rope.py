@@ -111,3 +111,37 @@ def test_rope_qkv_large_position():
     kref = rope_ref(qkv[:, H * DH: (H + 1) * DH].reshape(T, 1, DH).astype(np.float64), pos, "half", DH)
     kc = read_f32(kcb, cap * DH).reshape(cap, DH)
     np.testing.assert_allclose(kc[pos], kref[:, 0], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_rope_qkv_tree_positions(style):
+    """tree=True: row t is rotated by its tree record's position (pos0 + its depth), but still
+    written at cache slot pos0 + t."""
+    from webdrift.kernels.tree import depths, pack_tree
+    H, KVH, DH, cap, pos0 = 4, 2, 32, 64, 20
+    parents = [-1, 0, 0, 1, 2, 2, 4]                     # depths 0 1 1 2 2 2 3
+    T, group = len(parents), H // KVH
+    rng = np.random.default_rng(7)
+    qkv = rng.standard_normal((T, (H + 2 * KVH) * DH)).astype(np.float32)
+    qkv_d = TensorDesc("qkv", (H + 2 * KVH) * DH, T_CAP)
+    q_d = TensorDesc("q", DH, T_CAP * group, b=KVH)
+    kcb, vcb = f32_buffer(np.zeros((KVH, cap, DH))), f32_buffer(np.zeros((KVH, DH, cap)))
+    qb = upload(q_d)
+    tree = device().create_buffer(4096, label="tree")
+    device().write_buffer(tree, pack_tree(parents, pos0, T_CAP))
+    k = RopeQKVKernel(device(), qkv_d, q_d, H, KVH, DH, cap, style == "half", tree=True)
+    run(k, {"qkv": upload(qkv_d, qkv), "q": qb, "kc": kcb, "vc": vcb, "inv_freq": f32_buffer(inv_freq(DH)),
+            "tree": tree}, T, pos0=pos0)
+    x = qkv.astype(np.float64)
+    pos = pos0 + np.array([0, 1, 1, 2, 2, 2, 3])
+    assert list(pos - pos0) == depths(parents)
+    q = rope_ref(x[:, : H * DH].reshape(T, H, DH), pos, style, DH)
+    kk = rope_ref(x[:, H * DH: (H + KVH) * DH].reshape(T, KVH, DH), pos, style, DH)
+    tol = {"rtol": 1e-4, "atol": 2e-4}
+    got_q = download(q_d, qb, squeeze=False)[:, : T * group]
+    np.testing.assert_allclose(got_q, q.reshape(T, KVH, group, DH).transpose(1, 0, 2, 3).reshape(KVH, -1, DH), **tol)
+    kc = read_f32(kcb, KVH * cap * DH).reshape(KVH, cap, DH)
+    np.testing.assert_allclose(kc[:, pos0: pos0 + T], kk.transpose(1, 0, 2), **tol)   # slots pos0 + t
+    vc = read_f32(vcb, KVH * DH * cap).reshape(KVH, DH, cap)
+    np.testing.assert_array_equal(vc[:, :, pos0: pos0 + T],
+                                  x[:, (H + KVH) * DH:].reshape(T, KVH, DH).transpose(1, 2, 0).astype(np.float32))

@@ -241,3 +241,24 @@ def test_extreme_finite_logits_are_not_flagged():
     lg[0, 200] = f32.max
     assert greedy(lg)[0] == 200
     assert greedy(lg, span=128)[0] == 200
+
+
+def test_argmax_per_row():
+    """per_row (tree verification): every row t < n_tokens gets its spans' maxima at
+    part[t * n_parts ..]; the host's reduction of them is numpy's argmax; rows past n_tokens are
+    not written."""
+    V, span, rows, T = 1000, 256, 6, 5
+    rng = np.random.default_rng(11)
+    lg = rng.standard_normal((rows, V)).astype(np.float32)
+    lg[2, [5, 700]] = 9.0                                     # a tie across spans: lowest id
+    d = TensorDesc("logits", V, rows)
+    am = ArgmaxKernel(device(), d, V, span=span, per_row=True)
+    part = u32_zeros(2 * am.n_parts * rows)
+    write_step(T)
+    device().submit([am.dispatch({"step": step_buffer(), "logits": upload(d, lg), "part": part}, am.workgroups(rows))])
+    p = read_u32(part, 2 * am.n_parts * rows).reshape(rows, am.n_parts, 2)
+    for t in range(T):
+        vals = p[t, :, 0].view(np.float32)
+        best = int(np.argmax(vals))                           # first max: spans are in id order
+        assert p[t, best, 1] == np.argmax(lg[t])
+    assert (p[T:] == 0xDEADBEEF).all()

@@ -92,7 +92,7 @@ ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_form
 # generate()'s options: the Engine's SamplingParams.
 SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
                          "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos", "numResponses": "n",
-                         "firstTokens": "first_tokens"}
+                         "firstTokens": "first_tokens", "speculative": "speculative"}
 # JS has one number type: whole numbers of these arrive as floats when computed in JS
 _INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed", "n"}
 
@@ -128,7 +128,8 @@ def result_dict(r: GenerationResult) -> dict:
         "promptTokens": s.prompt_tokens, "newTokens": s.new_tokens, "tokenizeS": s.tokenize_s,
         "prefillS": s.prefill_s, "decodeS": s.decode_s, "totalS": s.total_s,
         "prefillTokensPerS": s.prefill_tokens_per_s, "decodeTokensPerS": s.decode_tokens_per_s,
-        "finishReason": s.finish_reason}}
+        "finishReason": s.finish_reason, "specPasses": s.spec_passes, "draftedTokens": s.drafted_tokens,
+        "acceptedTokens": s.accepted_tokens, "plainSteps": s.plain_steps}}
 
 
 def engine_info(eng: Engine) -> dict:

@@ -5,10 +5,12 @@
 // and one CHUNK of key positions; it writes an unnormalised partial result:
 //   part[(kvh, row, split)] = (acc[0..DH), running max m, sum l)
 // Causal: the key at position kp is visible to the query at position p iff kp <= p (and
-// kp > p - WINDOW when sliding). Cache row k holds position key_pos(t, k) (= k for one sequence;
-// streams: the shared prompt, then each stream's own chunk-aligned segment, other streams' keys
-// are NO_KEY; kernels/step.py). Chunks with no visible key write m = -inf and are skipped by the
-// combine, so a stream's partial sums are exactly a single sequence's.
+// kp > p - WINDOW when sliding); with TREE also only as the row's tree record says
+// (attention_common.visible). Cache row k holds position key_pos(t, k) (= k for one sequence
+// and for a tree block; streams: the shared prompt, then each stream's own chunk-aligned
+// segment, other streams' keys are NO_KEY; kernels/step.py). Chunks with no visible key write
+// m = -inf and are skipped by the combine, so a stream's partial sums are exactly a single
+// sequence's.
 // Dispatch: (NSPLIT, T * GROUP, KVH).
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
@@ -24,8 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = row / GROUP;
   let p = row_pos(t);                              // this query's position
   let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
-  var lo = 0u;
-  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let lo = window_lo(t, p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // the chunk's keys: positions kp0 .. kp0 + CHUNK - 1
   if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
@@ -36,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let k = k0 + lid;
   let kp = kp0 + lid;
-  let vis = kp <= p && kp >= lo;
+  let vis = visible(t, p, lo, kp);
   var s = -3.0e38;
   if (vis) {
     let kb = (kvh * CAP + k) * (DH / 4u);

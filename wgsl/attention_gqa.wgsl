@@ -38,8 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let p = row_pos(t);                              // this token's position
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
-  var lo = 0u;
-  if (WINDOW > 0u && p + 1u > WINDOW) { lo = p + 1u - WINDOW; }
+  let lo = window_lo(t, p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
   if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
@@ -50,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let k = k0 + lid;
   let kp = kp0 + lid;
-  let vis = kp <= p && kp >= lo;
+  let vis = visible(t, p, lo, kp);
 {{S_DECL}}
   if (vis) {
     let kb = (kvh * CAP + k) * DH4;

@@ -5,7 +5,8 @@
 //   kc    : (KVH, CAP, DH)  K cache as conv weights OHWI, O = cache position, I = DH
 //   vc    : (KVH, DH, CAP)  V cache as conv weights OHWI, O = DH, I = cache position
 // Row t sits at position p = row_pos(t) and is written at cache row row_cache(t) (= p for one
-// sequence; streams: in the row's own segment, kernels/step.py); no copies ever.
+// sequence; streams: in the row's own segment, kernels/step.py); no copies ever. With TREE it
+// is rotated by its tree record's position instead (a tree node: its depth).
 // ROPE_HALF rotates pairs (i, i + DH/2) (HF); otherwise pairs (2i, 2i+1) (llama.cpp GGUF order).
 // QK_NORM applies RMSNorm over DH to q and k heads before rotation (Gemma 3).
 // One workgroup per (head slot, token), DH/2 threads, one rotation pair each.
@@ -17,6 +18,7 @@
 {{INV_FREQ_DECL}}
 {{QN_DECL}}
 {{KN_DECL}}
+{{TREE_DECL}}
 const H: u32 = {{H}}u;
 const KVH: u32 = {{KVH}}u;
 const DH: u32 = {{DH}}u;
@@ -64,7 +66,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     a = a * inv * (kn[c0] + W_OFFSET); b = b * inv * (kn[c1] + W_OFFSET);
   }
 #endif
+#if TREE
+  let ang = f32(tree[t * TREE_ROW]) * inv_freq[i];
+#else
   let ang = f32(p) * inv_freq[i];
+#endif
   let cs = cos(ang);
   let sn = sin(ang);
   let ra = a * cs - b * sn;

@@ -4,8 +4,9 @@
 // holding a NaN or an infinity (tested on the bits: compilers may assume floats are finite)
 // writes the id NONFINITE instead, which sample.wgsl turns into the NONFINITE token. One
 // workgroup over a 128k vocabulary took ~170 us on an H100 (latency of ~500 dependent loads per
-// invocation); 32 workgroups take a few us. Dispatch: (NPART, rows, 1): workgroup_id.y = r is
-// the row (the streams: one per row; otherwise 1), its spans at part[2 NPART r ..].
+// invocation); 32 workgroups take a few us. Dispatch: (NPART, 1, 1); PER_ROW (the streams'
+// sampler, tree verification: every row's argmax): (NPART, T, 1), row r = workgroup_id.y
+// writing its spans at part[2 NPART r ..].
 {{STEP_DECL}}
 {{L_DECL}}
 {{PART_DECL}}
@@ -24,6 +25,9 @@ fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+#if PER_ROW
+  if (wid.y >= step.n_tokens) { return; }
+#endif
   if (lid == 0u) { atomicStore(&bad, 0u); }
   workgroupBarrier();
   let r = wid.y;

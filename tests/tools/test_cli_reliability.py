@@ -198,3 +198,18 @@ def test_status_shows_waits_over_a_second():
     time.sleep(1.1)
     s.close()
     assert quiet.getvalue() == ""
+
+
+def test_speculative_flag(tiny, eng, capsys):
+    """`--speculative lookup` (issue 13): the same text as the Python API without speculation, the
+    summary line says what was drafted; an unknown mode is a one-line error, exit 2."""
+    argv = ["generate", "--model", tiny, "--max-context", "128", "--max-new-tokens", "9", "--no-stop-at-eos",
+            "the the the the the"]
+    assert main(argv + ["--speculative", "lookup"]) == 0
+    cap = capsys.readouterr()
+    assert cap.out == eng.generate("the the the the the", max_new_tokens=9, stop_at_eos=False).text + "\n"
+    assert re.search(r"; speculative: \d+ of \d+ drafted tokens accepted in \d+ passes, \d+ plain steps$",
+                     cap.err.strip().splitlines()[-1]), cap.err
+    assert main(argv + ["--speculative", "medusa"]) == 2
+    err = capsys.readouterr().err
+    assert "webdrift: error: speculative='medusa'" in err and "Traceback" not in err

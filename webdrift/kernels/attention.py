@@ -14,6 +14,7 @@ from ..tensor import TensorDesc
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
 from .quantize import block_defines, declare_rows, row_words
+from .tree import declare_tree
 
 
 class AttentionKernel(Kernel):
@@ -24,6 +25,7 @@ class AttentionKernel(Kernel):
       kc    (KVH, cap, DH / 4) vec4<f32> K cache
       vc    (KVH, DH, cap / 4) vec4<f32> V cache
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials
+      tree  (rows_cap / GROUP, ROW_WORDS) u32 per query row, only with tree (kernels/tree.py)
     Dispatch: per head (nsplit, T * GROUP, KVH); grouped (nsplit, T, KVH)."""
     template = "attention"
     MAX_CHUNK = 256
@@ -39,11 +41,12 @@ class AttentionKernel(Kernel):
 
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
-                 grouped: bool = False):
+                 grouped: bool = False, tree: bool = False):
         """cap: cache rows per KV head (a multiple of 4); rows_cap: q_rel's rows; window: sliding
         window (0: none); softcap: scores soft-capped at it. grouped (attention_gqa.wgsl): one
         workgroup per (chunk, token, KV head) serves all the query heads of that KV head (K and
-        V read once for them); else one per query head."""
+        V read once for them); else one per query head. tree: each query row sees only what its
+        record in the "tree" binding allows (kernels/tree.py: tree verification)."""
         if head_dim % 4 or head_dim > self.MAX_CHUNK:
             raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.MAX_CHUNK}, "
                                         f"got {head_dim}")
@@ -64,7 +67,8 @@ class AttentionKernel(Kernel):
              "CHUNK4": self.CHUNK // 4, "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": ceil_div(self.CHUNK, nj),
              "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
              "ROWS_CAP": rows_cap, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
-             "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0)}
+             "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
+             "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""}
         self.grouped = grouped
         if grouped:
             if self.group > self.MAX_GQA:

@@ -13,6 +13,7 @@ from ..gpu.base import Device
 from ..tensor import TensorDesc
 from .base import Kernel, wgsl_float
 from .bindings import Bindings
+from .tree import declare_tree
 
 
 def declare_rope_outputs(b: Bindings, q: TensorDesc, n_kv: int, head_dim: int, cap: int) -> dict:
@@ -33,11 +34,14 @@ class RopeQKVKernel(Kernel):
       kc, vc    K cache (KVH, cap, DH) and V cache (KVH, DH, cap), f32, written at the positions
       inv_freq  (DH / 2) f32 rotation frequencies
       qn, kn    (DH) f32 QK-norm weights, only with qk_norm
+      tree      (T_cap, ROW_WORDS) u32 per-row records, only with tree: row t is rotated by its
+                record's `pos` (kernels/tree.py), still written at cache position pos0 + t
     Dispatch: (H + 2 KVH, T)."""
     template = "rope_qkv"
 
     def __init__(self, dev: Device, qkv: TensorDesc, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
-                 cap: int, rope_half: bool, qk_norm: bool = False, eps: float = 1e-6, w_offset: float = 0.0):
+                 cap: int, rope_half: bool, qk_norm: bool = False, eps: float = 1e-6, w_offset: float = 0.0,
+                 tree: bool = False):
         """rope_half: rotate pairs (i, i + DH/2) (HF); else (2i, 2i+1) (llama.cpp's GGUF order).
         qk_norm: RMSNorm (eps, weight + w_offset) of each q and k head before rotation (Gemma 3)."""
         self.n_slots = n_heads + 2 * n_kv
@@ -48,7 +52,8 @@ class RopeQKVKernel(Kernel):
              "KN_DECL": b.array("kn", "array<f32>", f"({head_dim}) k norm weight") if qk_norm else "",
              "H": n_heads, "KVH": n_kv, "DH": head_dim, "HALF": head_dim // 2, "GROUP": n_heads // n_kv,
              "CAP": cap, "ROPE_HALF": rope_half, "QK_NORM": qk_norm, "EPS": wgsl_float(eps),
-             "W_OFFSET": wgsl_float(w_offset)}
+             "W_OFFSET": wgsl_float(w_offset), "TREE": tree,
+             "TREE_DECL": declare_tree(b, q_rel.w // (n_heads // n_kv)) if tree else ""}
         super().__init__(dev, d, b, "rope_qkv")
 
     def workgroups(self, t: int):

@@ -122,6 +122,7 @@ class RopeKV(Op):
     inv_freq: Buffer
     q_norm: Buffer | None = None
     k_norm: Buffer | None = None
+    tree: bool = False           # rotate each row by its tree record's position (kernels/tree.py)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -130,6 +131,7 @@ class Attention(Op):
     v_cache: Buffer
     window: int                  # sliding window (0: the whole cache)
     grouped: bool                # one workgroup per KV head serves its query heads
+    tree: bool = False           # each query row sees what its tree record allows (kernels/tree.py)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -139,7 +141,7 @@ class Combine(Op):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Argmax(Op):
-    per_row: bool = False        # every logits row (the streams), else the one row
+    per_row: bool = False        # every row's span maxima (the streams, tree verification), not the last row's
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -156,14 +158,18 @@ class ForwardBuilder:
     all_logits: logits of every row (scoring) instead of sampling from the last one;
     streams: every row is a stream of its own (runtime/streams.py): logits and a sampled token per
     row (the head runs on every row);
-    fuse: fold each RMSNorm into the GEMV that consumes it.
+    fuse: fold each RMSNorm into the GEMV that consumes it;
+    tree: tree verification (speculative decoding): RoPE positions and attention masks from the
+    per-row tree records (kernels/tree.py), every row's logits and their argmax spans.
     """
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str, fuse: bool = True,
-                 streams: bool = False):
+                 streams: bool = False, tree: bool = False):
         m, cfg = model, model.cfg
         self.m, self.cfg, self.stage, self.all_logits, self.fuse = m, cfg, stage, all_logits, fuse
-        self.streams = streams
+        self.streams, self.tree = streams, tree
+        if tree and not all_logits:
+            raise ValueError("tree verification needs every row's logits (all_logits)")
         # int8 activations per GEMV role (decode kernels only; the model's choice)
         self.int8 = {r: stage == "decode" and v for r, v in m.int8_roles.items()}
         self.int8["head"] = self.int8["head"] and not all_logits
@@ -171,7 +177,7 @@ class ForwardBuilder:
         self.chain = m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
         # the QKV GEMV applies RoPE, the Q relayout and the KV append: the integer-dot one, or
         # the float decode one where its variant computes rows in subgroups
-        self.rope_epilogue = not cfg.qk_norm and (
+        self.rope_epilogue = not cfg.qk_norm and not tree and (
             self.int8["qkv"] or (fuse and stage == "decode" and self._float_rope_epilogue()))
         self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
@@ -214,8 +220,9 @@ class ForwardBuilder:
                     g.tensor(f"{nm}{i}", row_words(width), layout="linear")
         if self.int8["head"]:
             g.tensor("xql", row_words(cfg.dim), rows, layout="linear")
-        if not self.all_logits:
-            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), T if self.streams else 1, layout="linear")
+        if not self.all_logits or self.tree:
+            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), T if self.tree or self.streams else 1,
+                     layout="linear")
 
     # -- one decoder layer ---------------------------------------------------------------------
     def layer(self, i: int, lw) -> None:
@@ -247,7 +254,7 @@ class ForwardBuilder:
         g.add(Linear(label=label, writes=(f"qkv{i}",), y=f"qkv{i}", variant=self._variant(lw.wqkv, int8=int8), norm=norm,
                      pre_norm=pre_norm, **common))
         g.add(RopeKV(label=f"L{i}.rope_kv", reads=(f"qkv{i}",), writes=(f"q{i}",), k_cache=lw.k_cache,
-                     v_cache=lw.v_cache, inv_freq=freq, q_norm=lw.q_norm, k_norm=lw.k_norm))
+                     v_cache=lw.v_cache, inv_freq=freq, q_norm=lw.q_norm, k_norm=lw.k_norm, tree=self.tree))
         return f"q{i}"
 
     def attention(self, i: int, lw, q: str) -> str:
@@ -257,7 +264,7 @@ class ForwardBuilder:
             m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
             enabled=m.autotune)
         self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(f"part{i}",), k_cache=lw.k_cache,
-                             v_cache=lw.v_cache, window=window, grouped=bool(grouped)))
+                             v_cache=lw.v_cache, window=window, grouped=bool(grouped), tree=self.tree))
         return f"part{i}"
 
     def combine(self, i: int, lw, part: str) -> str:
@@ -326,6 +333,8 @@ class ForwardBuilder:
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
                          variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
+        if self.tree:
+            g.add(Argmax(label="argmax_rows", reads=("logits",), writes=("amax",), per_row=True, head=True))
         if not self.all_logits:
             per_row = {"per_row": self.streams, **head}
             g.add(Argmax(label="argmax", reads=("logits",), writes=("amax",), **per_row))

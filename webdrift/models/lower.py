@@ -35,6 +35,7 @@ class LowerContext:
     spare: Buffer                # bound where a kernel declares a tensor it never touches
     cap_stride: int              # KV cache rows per head
     capacity: int                # tokens per step the program is built for
+    tree: Buffer | None = None   # (capacity, ROW_WORDS) u32 tree records (kernels/tree.py), tree programs
 
     def desc(self, name: str):
         return self.graph.desc(name)
@@ -118,9 +119,9 @@ def _rope(op: F.RopeKV, c: LowerContext):
     (qkv,), (q,) = op.reads, op.writes
     k = RopeQKVKernel(c.dev, c.desc(qkv), c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
                       rope_half=cfg.rope_style == "half", qk_norm=op.q_norm is not None, eps=cfg.norm_eps,
-                      w_offset=cfg.norm_weight_offset)
+                      w_offset=cfg.norm_weight_offset, tree=op.tree)
     binds = {"step": c.step, "qkv": c.arena_range(qkv), "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
-             "inv_freq": op.inv_freq}
+             "inv_freq": op.inv_freq} | ({"tree": c.tree} if op.tree else {})
     return k, binds | ({"qn": op.q_norm, "kn": op.k_norm} if op.q_norm is not None else {})
 
 
@@ -129,8 +130,9 @@ def _attention(op: F.Attention, c: LowerContext):
     (q,), (part,) = op.reads, op.writes
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
-                        scale, window=op.window, grouped=op.grouped)
-    return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache, "part": c.arena_range(part)}
+                        scale, window=op.window, grouped=op.grouped, tree=op.tree)
+    return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
+               "part": c.arena_range(part)} | ({"tree": c.tree} if op.tree else {})
 
 
 def _combine(op: F.Combine, c: LowerContext):
@@ -142,7 +144,7 @@ def _combine(op: F.Combine, c: LowerContext):
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
-    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="r" if op.per_row else "0u")
+    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u", per_row=op.per_row)
     return k, {"step": c.step, "logits": c.arena_range("logits"), "part": c.arena_range("amax")}
 
 

@@ -30,12 +30,23 @@ from ..errors import (
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
+from ..kernels.tree import row_words
 from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 from ..tokenizer.tokenizer import check_text
 from . import streams
 from .options import EngineOptions
+from .speculative import (
+    MAX_TREE,
+    BackOff,
+    DraftTree,
+    TreeVerifier,
+    check_mode,
+    greedy_walk,
+    make_drafter,
+    sampled_walk,
+)
 from .streams import FIRST_TOKENS, MAX_STREAMS
 
 RING = 4          # staging buffers for token read-back
@@ -51,6 +62,11 @@ class GenerationStats:
     decode_s: float = 0.0
     total_s: float = 0.0
     finish_reason: str = ""       # "eos", "length", "context", "stopped"
+    # speculative decoding (runtime/speculative.py); all 0 without it
+    spec_passes: int = 0          # tree-verification passes
+    drafted_tokens: int = 0       # draft tokens verified (tree nodes below the roots)
+    accepted_tokens: int = 0      # draft tokens accepted (each pass also emits one model token)
+    plain_steps: int = 0          # plain decode steps taken while speculating (no draft, back-off)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -61,12 +77,27 @@ class GenerationStats:
         n = self.new_tokens - 1
         return n / self.decode_s if self.decode_s > 0 and n > 0 else 0.0
 
+    @property
+    def drafted_per_pass(self) -> float:
+        return self.drafted_tokens / self.spec_passes if self.spec_passes else 0.0
+
+    @property
+    def accepted_per_pass(self) -> float:
+        """Draft tokens accepted per verification pass (tokens per pass = this + 1)."""
+        return self.accepted_tokens / self.spec_passes if self.spec_passes else 0.0
+
     def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
-                "tokenize_s": round(self.tokenize_s, 6), "prefill_s": round(self.prefill_s, 6),
-                "decode_s": round(self.decode_s, 6), "total_s": round(self.total_s, 6),
-                "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
-                "decode_tokens_per_s": round(self.decode_tokens_per_s, 2), "finish_reason": self.finish_reason}
+        d = {"prompt_tokens": self.prompt_tokens, "new_tokens": self.new_tokens,
+             "tokenize_s": round(self.tokenize_s, 6), "prefill_s": round(self.prefill_s, 6),
+             "decode_s": round(self.decode_s, 6), "total_s": round(self.total_s, 6),
+             "prefill_tokens_per_s": round(self.prefill_tokens_per_s, 2),
+             "decode_tokens_per_s": round(self.decode_tokens_per_s, 2), "finish_reason": self.finish_reason}
+        if self.spec_passes or self.plain_steps:
+            d |= {"spec_passes": self.spec_passes, "drafted_tokens": self.drafted_tokens,
+                  "accepted_tokens": self.accepted_tokens, "plain_steps": self.plain_steps,
+                  "drafted_per_pass": round(self.drafted_per_pass, 3),
+                  "accepted_per_pass": round(self.accepted_per_pass, 3)}
+        return d
 
 
 @dataclass
@@ -86,13 +117,14 @@ class SamplingParams:
     stop_at_eos: bool = True
     n: int = 1                        # streams decoded together (runtime/streams.py)
     first_tokens: str = "distinct"    # how the streams' first tokens differ: "distinct" or "sampled"
+    speculative: object = None        # None, "lookup", or a runtime.speculative.Drafter
 
     @classmethod
     def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True,
-             n=1, first_tokens="distinct"):
+             n=1, first_tokens="distinct", speculative=None):
         """Checked parameters: every value is one the Step uniform holds (kernels/step.py: top_k a
         u32, temperature and top_p f32 that stay normal numbers), else an InvalidArgumentError
-        naming the argument."""
+        naming the argument. speculative: a draft source (runtime/speculative.py)."""
         def bad(name, v, want):
             raise InvalidArgumentError(f"{name}={shown(v)}: {want}")
 
@@ -127,8 +159,11 @@ class SamplingParams:
             bad("n", n, f"must be an integer in [1, {MAX_STREAMS}] (streams decoded together)")
         if first_tokens not in FIRST_TOKENS:
             bad("first_tokens", first_tokens, f"must be one of {', '.join(FIRST_TOKENS)}")
+        check_mode(speculative)
+        if speculative is not None and n > 1:
+            bad("speculative", speculative, "runs one stream: use it with n=1")
         return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos, int(n),
-                   first_tokens)
+                   first_tokens, speculative)
 
 
 U32_MAX = 0xFFFFFFFF
@@ -200,6 +235,8 @@ class Engine:
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         self._score: Program | None = None
         self._streams: streams.StreamRunner | None = None   # built on the first n > 1
+        self._verifier: TreeVerifier | None = None     # speculative decoding, built on first use
+        self.tree_buf = None
         self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
         self.decode.bind(self.arena)
         self.prefill.bind(self.arena)
@@ -216,12 +253,13 @@ class Engine:
                        self.out_tokens, fuse=self._fuse, streams=streams)
 
     def _fit_arena(self, program: Program) -> None:
-        """Bind a program built after load (scoring, the streams) to the arena, first growing the
-        arena (every program is bound to the new one) if it needs more."""
+        """Bind a program built after load (scoring, the streams, tree verification) to the arena,
+        first growing the arena (every program is bound to the new one) if it needs more."""
         if program.arena_bytes > self.arena.size:
             self.dev.release_buffer(self.arena)
             self.arena = self.dev.create_buffer(program.arena_bytes, STORAGE, "arena")
-            for other in (self.decode, self.prefill, self._score, self._streams and self._streams.program):
+            for other in (self.decode, self.prefill, self._score, self._streams and self._streams.program,
+                          self._verifier and self._verifier.program):
                 if other is not None:
                     other.bind(self.arena)
         program.bind(self.arena)
@@ -229,20 +267,24 @@ class Engine:
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop_at_eos: bool = True, n: int = 1,
-                 first_tokens: str = "distinct") -> GenerationResult | list[GenerationResult]:
+                 stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct",
+                 speculative=None) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids).
         n > 1: n continuations decoded together from one prefill (runtime/streams.py), returned as
-        a list; first_tokens: "distinct" (the n most likely first tokens) or "sampled"."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens)
+        a list; first_tokens: "distinct" (the n most likely first tokens) or "sampled".
+        speculative="lookup": draft tokens by prompt lookup and verify them as a tree in one pass
+        (the same tokens as without it; README "Speculative decoding")."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens,
+                                 speculative)
         return _run(self.agenerate(prompt, sp))
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct"):
+               stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct", speculative=None):
         """Yield text pieces as tokens are produced (the pieces concatenate to the full text);
         n > 1: (stream index, piece) pairs, each stream's pieces concatenating to its text."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens)
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens,
+                                 speculative)
         loop = asyncio.new_event_loop()
         agen = self.aevents(prompt, sp)
         try:
@@ -382,60 +424,36 @@ class Engine:
             st.total_s = time.perf_counter() - t0
             yield "done", GenerationResult("", [], st)
             return
-        dev = self.dev
         t_pf = time.perf_counter()
-        tickets = [None] * RING   # submission of the step that fills each ring slot
-        with prof.phase("prefill.submit", tokens=len(ids)):
-            for pos, part, disp in self._submit_prompt(ids, sp):
-                copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
-                tickets[0] = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
-        pos = len(ids)
-        decode_list = self.decode.dispatches(1)
-        submitted = 1             # tokens whose step has been submitted
+        source = (self._speculative_tokens(ids, sp, budget, st) if sp.speculative is not None
+                  else self._plain_tokens(ids, sp, budget))
         read = 0
         t_dec = None
         finish = "length"
-        while read < submitted:
-            # keep IN_FLIGHT steps queued: submit steps up to `read + IN_FLIGHT` before reading
-            # token `read`, so the GPU has the next step while the host waits, reads and encodes
-            # (each step's uniform is written in queue order, between the submits)
-            while submitted < budget and not self._stop_requested and submitted < read + IN_FLIGHT:
-                with prof.phase("decode.submit", step=submitted):
-                    dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
-                                                              sp.temperature, sp.top_k, sp.top_p))
-                    tickets[submitted % RING] = dev.submit(
-                        decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
-                        timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
-                submitted += 1
-            with prof.phase("readback", token=read):
-                raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
-            tok = struct.unpack("<I", raw)[0]
-            if tok >= self.config.vocab_size:
-                raise self._bad_token(tok, read, len(ids))
-            read += 1
-            if read == 1:
-                st.prefill_s = time.perf_counter() - t_pf
-                t_dec = time.perf_counter()
-            if tok in eos:
-                finish = "eos"
-                break
-            out.append(tok)
-            with prof.phase("detokenize"):
-                piece = dec.push(tok)
-            if piece:
-                pieces.append(piece)
-                yield "text", piece
-            if self._stop_requested:
-                finish = "stopped"
-                break
-            if read == budget and budget < sp.max_new_tokens:
-                finish = "context"
+        try:
+            async for tok in source:
+                read += 1
+                if read == 1:
+                    st.prefill_s = time.perf_counter() - t_pf
+                    t_dec = time.perf_counter()
+                if tok in eos:
+                    finish = "eos"
+                    break
+                out.append(tok)
+                with prof.phase("detokenize"):
+                    piece = dec.push(tok)
+                if piece:
+                    pieces.append(piece)
+                    yield "text", piece
+                if self._stop_requested:
+                    finish = "stopped"
+                    break
+                if read == budget and budget < sp.max_new_tokens:
+                    finish = "context"
+        finally:
+            await source.aclose()      # drains the steps still in flight (their tokens are discarded)
         if finish != "eos" and finish != "stopped" and read < budget:
             finish = "stopped"
-        # drain the steps still in flight (their tokens are discarded)
-        while read < submitted:
-            await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
-            read += 1
         tail = dec.flush()
         if tail:
             pieces.append(tail)
@@ -446,6 +464,174 @@ class Engine:
         st.total_s = time.perf_counter() - t0
         st.finish_reason = finish
         yield "done", GenerationResult("".join(pieces), out, st)
+
+    async def _plain_tokens(self, ids: list[int], sp: SamplingParams, budget: int):
+        """The generated tokens, one decode step each, until `budget` or a stop request (the
+        consumer stops reading at EOS; closing this drains the steps still queued)."""
+        dev, prof = self.dev, self.profiler
+        tickets = [None] * RING   # submission of the step that fills each ring slot
+        with prof.phase("prefill.submit", tokens=len(ids)):
+            for pos, part, disp in self._submit_prompt(ids, sp):
+                copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
+                tickets[0] = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
+        pos = len(ids)
+        decode_list = self.decode.dispatches(1)
+        submitted = 1             # tokens whose step has been submitted
+        read = 0
+        try:
+            while read < submitted:
+                # keep IN_FLIGHT steps queued: submit steps up to `read + IN_FLIGHT` before reading
+                # token `read`, so the GPU has the next step while the host waits, reads and encodes
+                # (each step's uniform is written in queue order, between the submits)
+                while submitted < budget and not self._stop_requested and submitted < read + IN_FLIGHT:
+                    with prof.phase("decode.submit", step=submitted):
+                        dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
+                                                                  sp.temperature, sp.top_k, sp.top_p))
+                        tickets[submitted % RING] = dev.submit(
+                            decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
+                            timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
+                    submitted += 1
+                with prof.phase("readback", token=read):
+                    raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
+                tok = struct.unpack("<I", raw)[0]
+                if tok >= self.config.vocab_size:
+                    raise self._bad_token(tok, read, len(ids))
+                read += 1
+                yield tok
+        finally:
+            while read < submitted:
+                await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
+                read += 1
+
+    # -- speculative decoding (runtime/speculative.py) ---------------------------------------
+    async def _speculative_tokens(self, ids: list[int], sp: SamplingParams, budget: int, st: GenerationStats):
+        """The generated tokens with speculative decoding: after the prompt, each round either
+        verifies a draft tree in one pass (greedy: the longest path the model agrees with, plus
+        the model's own next token) or, when the drafter has nothing or backs off, runs plain
+        decode steps (pipelined like `_plain_tokens`) until it has a draft again.
+        Cache invariant between rounds: slots [0, pos) hold the prompt and every emitted token
+        but the last, `last`, which is the next round's input (the tree's root)."""
+        if sp.temperature != 0.0 and self._layout != "linear":
+            raise InvalidArgumentError("speculative sampling (temperature > 0) reads logits rows in the linear "
+                                       "activation layout only: load with layout='linear' or use temperature=0")
+        dev, prof, verifier = self.dev, self.profiler, self._tree_verifier()
+        drafter = make_drafter(sp.speculative)
+        backoff = BackOff()
+        # the prompt, then its first token
+        with prof.phase("prefill.submit", tokens=len(ids)):
+            for pos, part, disp in self._submit_prompt(ids, sp):
+                copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
+                ticket = dev.submit(disp, copies)
+        with prof.phase("readback", token=0):
+            raw = await dev.map_read(self.ring[0], 4, ticket)
+        last = self._check_token(struct.unpack("<I", raw)[0], 0, len(ids))
+        yield last
+        emitted, pos = 1, len(ids)
+        drafter.reset(ids + [last])
+        while emitted < budget and not self._stop_requested:
+            tree = None
+            if backoff.may_draft():
+                # the tree's rows sit at slots pos .. pos + n - 1: all inside the cache
+                tree = drafter.propose(min(MAX_TREE, self.max_context - pos), budget - emitted)
+                if tree is not None:
+                    self._check_tree(tree, last, pos)
+            if tree is None:
+                n_plain = 0
+                async for tok in self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids)):
+                    emitted, n_plain, last = emitted + 1, n_plain + 1, tok
+                    drafter.append(tok)
+                    yield tok
+                pos += n_plain
+                st.plain_steps += n_plain
+                continue
+            with prof.phase("verify", nodes=len(tree.tokens)):
+                argmax = await verifier.argmax_rows(tree, pos, emitted, sp)
+            if sp.temperature == 0.0:
+                for t in argmax:
+                    self._check_token(t, emitted, len(ids))
+                toks, path = greedy_walk(tree, argmax)
+            else:   # the draws of a pass depend on (seed, index of its first token) only
+                rng = random.Random(sp.seed * 1_000_003 + emitted)
+                toks, path = await sampled_walk(tree, lambda row, at=pos: verifier.row_probs(row, sp, at), rng)
+            verifier.compact_path(path, pos)
+            st.spec_passes += 1
+            st.drafted_tokens += len(tree.tokens) - 1
+            st.accepted_tokens += len(path) - 1
+            backoff.verified(len(path) - 1)
+            pos += len(path)
+            for tok in toks[:budget - emitted]:
+                emitted, last = emitted + 1, tok
+                drafter.append(tok)
+                yield tok
+
+    async def _plain_burst(self, last: int, pos: int, emitted: int, budget: int, sp: SamplingParams, drafter,
+                           backoff: BackOff, prompt_tokens: int):
+        """Plain decode steps from `last` at slot pos (pipelined, IN_FLIGHT ahead) until the budget,
+        a stop request, or the drafter has a tree again (the steps in flight then are read and
+        yielded: their tokens are valid). Closing it early drains what is in flight."""
+        dev = self.dev
+        dev.write_buffer(self.ids_buf, struct.pack("<I", last))
+        decode_list = self.decode.dispatches(1)
+        tickets = [None] * RING
+        submitted = read = 0
+        want_tree = False
+        try:
+            while True:
+                while (emitted + submitted < budget and submitted < read + IN_FLIGHT and not want_tree
+                       and not self._stop_requested):
+                    k = emitted + submitted      # the index of the token this step generates
+                    dev.write_buffer(self.step_buf, pack_step(1, pos + submitted, k, sp.seed, sp.temperature,
+                                                              sp.top_k, sp.top_p))
+                    tickets[k % RING] = dev.submit(decode_list, [(self.out_tokens, 4 * k, self.ring[k % RING], 0, 4)])
+                    submitted += 1
+                if read == submitted:
+                    return
+                k = emitted + read
+                with self.profiler.phase("readback", token=k):
+                    raw = await dev.map_read(self.ring[k % RING], 4, tickets[k % RING])
+                tok = self._check_token(struct.unpack("<I", raw)[0], k, prompt_tokens)
+                read += 1
+                backoff.plain_step()
+                yield tok
+                if not want_tree and backoff.may_draft():
+                    left = budget - emitted - read
+                    want_tree = left > 0 and drafter.propose(2, left) is not None
+        finally:
+            while read < submitted:
+                k = emitted + read
+                await dev.map_read(self.ring[k % RING], 4, tickets[k % RING])
+                read += 1
+
+    def _check_token(self, tok: int, step: int, prompt_tokens: int) -> int:
+        if tok >= self.config.vocab_size:
+            raise self._bad_token(tok, step, prompt_tokens)
+        return tok
+
+    def _check_tree(self, tree: DraftTree, last: int, pos: int) -> None:
+        """A drafter's tree must be rooted at the last token and fit the verification pass and the
+        cache (InvalidArgumentError naming the limit)."""
+        if not isinstance(tree, DraftTree) or tree.tokens[0] != last:
+            raise InvalidArgumentError(f"the drafter proposed {shown(tree)}: a DraftTree rooted at the last token "
+                                       f"({last}) is needed")
+        room = min(MAX_TREE, self.max_context - pos)
+        if len(tree.tokens) > room:
+            raise InvalidArgumentError(f"the drafter proposed a tree of {len(tree.tokens)} nodes; at cache position "
+                                       f"{pos} of {self.max_context} at most {room} fit (MAX_TREE = {MAX_TREE})")
+        v = self.config.vocab_size
+        bad = [t for t in tree.tokens if not (_is_int(t) and 0 <= t < v)]
+        if bad:
+            raise InvalidArgumentError(f"the drafter proposed token {shown(bad[0])}; ids must be in [0, {v})")
+
+    def _tree_verifier(self) -> TreeVerifier:
+        """The tree-verification program (every row's logits, tree masks) and its buffers, built on
+        first use (the arena grows to fit it)."""
+        if self._verifier is None:
+            self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
+            program = Program(self.model, self._prefill_stage, MAX_TREE, True, self._layout, self.step_buf,
+                              self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf)
+            self._fit_arena(program)
+            self._verifier = TreeVerifier(self, program)
+        return self._verifier
 
     def _bad_token(self, tok: int, step: int, prompt_tokens: int) -> Exception:
         """The error for a sampled id outside the vocabulary: NumericalError for the sampler's

@@ -413,6 +413,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "its ratio to one stream")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
+    p.add_argument("--speculative", default=None, metavar="MODE",
+                   help="instead of the protocol: speculative decoding (e.g. 'lookup') vs plain greedy on a "
+                        "~500-token rewriting task and a free-form chat, real models only (bench_spec.py)")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
@@ -476,6 +479,8 @@ def cmd_bench(args) -> int:
         raise InvalidArgumentError(f"--repeats {args.repeats}: must be >= 1")
     if not hasattr(args, "command_line"):
         args.command_line = _command_line()
+    if args.speculative is not None:
+        return cmd_bench_speculative(args)
     t0 = time.perf_counter()
     report = run_bench(args)
     report["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -506,6 +511,32 @@ def cmd_bench(args) -> int:
             return 1
         print(f"bench --quick: report complete ({len(report['results'])} rows) in {report['wall_s']} s")
     return 1 if lc_errors else 0
+
+
+def cmd_bench_speculative(args) -> int:
+    """`webdrift bench --speculative MODE`: bench_spec.py's tasks for each --model (exit 1 if a
+    speculative output differs from the plain one)."""
+    from .bench_spec import format_rows, run_speculative_bench
+    if args.synthetic:
+        raise InvalidArgumentError("--speculative needs real models (--model): drafts come from text")
+    log = lambda s: sys.stderr.write(s + "\n")
+    new_tokens = 32 if args.quick else 256
+    from .. import __version__
+    report = {"webdrift_version": __version__, "command": args.command_line, "new_tokens": new_tokens,
+              "sampling": "greedy (temperature 0), chat template, EOS ends a run", "results": []}
+    for model in args.model or [DEFAULT_MODEL]:
+        log(f"{model}: speculative={args.speculative} vs plain ...")
+        for r in run_speculative_bench(model, args.speculative, new_tokens, args.repeats, log):
+            report["results"].append(dict(r, model=model))
+    print(format_rows(report["results"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"report written to {args.json}")
+    differ = [r for r in report["results"] if not r.get("identical", True)]
+    for r in differ:
+        sys.stderr.write(f"webdrift: error: {r['model']} {r['task']}: speculative output differs from plain greedy\n")
+    return 1 if differ else 0
 
 
 def _command_line() -> str:

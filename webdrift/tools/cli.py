@@ -230,7 +230,10 @@ def summary_line(stats) -> str:
     rate = stats.new_tokens / gen_s if gen_s > 0 else 0.0
     return (f"webdrift: {stats.new_tokens} token{'s' if stats.new_tokens != 1 else ''} in {gen_s:.2f} s "
             f"({rate:.2f} tokens/s, {stats.decode_tokens_per_s:.2f} after the first); prompt "
-            f"{stats.prompt_tokens} tokens in {stats.prefill_s:.2f} s; {FINISH.get(stats.finish_reason, stats.finish_reason)}")
+            f"{stats.prompt_tokens} tokens in {stats.prefill_s:.2f} s; {FINISH.get(stats.finish_reason, stats.finish_reason)}"
+            + (f"; speculative: {stats.accepted_tokens} of {stats.drafted_tokens} drafted tokens accepted in "
+               f"{stats.spec_passes} passes, {stats.plain_steps} plain steps"
+               if stats.spec_passes or stats.plain_steps else ""))
 
 
 def _run_generation(eng, prompt, sampling: dict, status: Status, on_text=None):
@@ -252,7 +255,7 @@ def _run_generation(eng, prompt, sampling: dict, status: Status, on_text=None):
 
 def _sampling(args) -> dict:
     return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-            "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos}
+            "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos, "speculative": args.speculative}
 
 
 def _write(piece: str) -> None:
@@ -426,6 +429,9 @@ def _add_sampling_args(p, max_new_tokens: int):
     p.add_argument("--seed", type=int, default=None, help="random seed for sampling (default: a random one)")
     p.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false",
                    help="keep generating after the model's end-of-sequence token")
+    p.add_argument("--speculative", default=None, metavar="MODE",
+                   help="speculative decoding: 'lookup' drafts tokens from earlier text (prompt lookup) and "
+                        "verifies them as a tree in one pass; the same output (default: off)")
 
 
 def build_parser() -> argparse.ArgumentParser:

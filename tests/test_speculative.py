@@ -1,0 +1,173 @@
+"""Speculative decoding (runtime/speculative.py): greedy output with tree verification is token
+for token the plain greedy output, on the tiny GGUF model (tests/tiny_model.py) over many prompts
+and trees (tests/spec_util.py), with EOS inside a tree, drafts that are never accepted, trees
+near the end of the context and max_new_tokens reached inside a tree; the lookup drafter and the
+greedy walk against hand-worked examples; bad input. The reference is always the same engine's
+plain greedy decoding (itself checked against transformers in test_engine_hf.py)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import webdrift
+from tests.spec_util import OracleDrafter, WrongDrafter
+from tests.tiny_model import write_tiny_gguf
+from webdrift.errors import InvalidArgumentError
+from webdrift.runtime.speculative import MAX_TREE, Drafter, DraftTree, LookupDrafter, greedy_walk
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("spec") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def eng(tiny_path):
+    return webdrift.load(tiny_path, max_context=256, autotune=False)
+
+
+def prompts(n, seed=0):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 266) for _ in range(rng.randint(1, 40))] for _ in range(n)]
+
+
+def check_same(eng, ids, drafter_cls=OracleDrafter, seed=0, **kw):
+    plain = eng.generate(ids, **kw)
+    spec = eng.generate(ids, speculative=drafter_cls(ids + plain.token_ids, eng.config.vocab_size, seed), **kw)
+    assert spec.token_ids == plain.token_ids, (ids, plain.token_ids, spec.token_ids)
+    assert spec.text == plain.text
+    assert (spec.stats.finish_reason, spec.stats.new_tokens) == (plain.stats.finish_reason, plain.stats.new_tokens)
+    return plain, spec
+
+
+def test_greedy_identical_many_prompts(eng):
+    """20 prompts x random trees (sizes 2..64, chains, stars, random shapes; true paths of 0..10
+    tokens placed after the distractors, so every accepted path is compacted)."""
+    passes = accepted = 0
+    for k, ids in enumerate(prompts(20)):
+        _, spec = check_same(eng, ids, seed=k, max_new_tokens=48, stop_at_eos=False)
+        s = spec.stats
+        assert s.spec_passes + s.plain_steps > 0
+        assert s.drafted_tokens >= s.accepted_tokens
+        passes, accepted = passes + s.spec_passes, accepted + s.accepted_tokens
+    assert passes > 100 and accepted > 200            # trees were really verified and accepted
+
+
+def test_eos_inside_a_tree(eng):
+    """Prompts whose plain greedy output ends at EOS: the speculative run stops at the same token
+    (EOS on an accepted path, or as the bonus token) with finish_reason "eos"."""
+    found = 0
+    for k, ids in enumerate(prompts(150, seed=1)):
+        plain = eng.generate(ids, max_new_tokens=60)
+        if plain.stats.finish_reason != "eos":
+            continue
+        found += 1
+        for seed in range(3):
+            d = OracleDrafter(ids + plain.token_ids + [2] + [5] * 20, eng.config.vocab_size, seed)
+            spec = eng.generate(ids, max_new_tokens=60, speculative=d)
+            assert spec.token_ids == plain.token_ids and spec.stats.finish_reason == "eos"
+            assert spec.stats.new_tokens == plain.stats.new_tokens
+        if found == 3:
+            break
+    assert found >= 1, "no prompt of the tiny model reached EOS"
+
+
+def test_nothing_ever_accepted(eng):
+    """Drafts that never match: the same tokens, no draft token accepted, and the back-off runs
+    plain decode steps between the (failing) verification passes."""
+    for k, ids in enumerate(prompts(4, seed=2)):
+        _, spec = check_same(eng, ids, WrongDrafter, seed=k, max_new_tokens=40, stop_at_eos=False)
+        s = spec.stats
+        assert s.accepted_tokens == 0 and s.spec_passes > 0 and s.plain_steps > s.spec_passes
+
+
+@pytest.mark.parametrize("max_new", [1, 2, 5, 13])
+def test_max_new_tokens_inside_a_tree(eng, max_new):
+    for k, ids in enumerate(prompts(3, seed=3)):
+        _, spec = check_same(eng, ids, seed=k, max_new_tokens=max_new, stop_at_eos=False)
+        assert len(spec.token_ids) == max_new and spec.stats.finish_reason == "length"
+
+
+def test_context_end(tiny_path):
+    """A 64-token context: trees shrink to the rows left in the cache; the output stops at the
+    context like plain decoding ("context")."""
+    small = webdrift.load(tiny_path, max_context=64, autotune=False)
+    for k, n in enumerate([20, 50, 62, 63]):
+        ids = [(7 * i + k) % 260 + 3 for i in range(n)]
+        plain, _ = check_same(small, ids, seed=k, max_new_tokens=100, stop_at_eos=False)
+        assert plain.stats.finish_reason == "context" and len(plain.token_ids) == 64 - n
+
+
+def test_gemm_verification_pass(tiny_path):
+    """The verification pass through the tiled GEMM kernels (the GPU's prefill stage)."""
+    e = webdrift.load(tiny_path, max_context=256, autotune=False, prefill_kernels="gemm")
+    for k, ids in enumerate(prompts(4, seed=4)):
+        check_same(e, ids, seed=k, max_new_tokens=32, stop_at_eos=False)
+
+
+def test_lookup_mode_identical(eng):
+    """speculative="lookup" on prompts that repeat themselves: the same tokens as plain decoding."""
+    for k, ids in enumerate(prompts(5, seed=5)):
+        ids = ids + ids[: len(ids) // 2] + ids
+        plain = eng.generate(ids, max_new_tokens=40, stop_at_eos=False)
+        spec = eng.generate(ids, max_new_tokens=40, stop_at_eos=False, speculative="lookup")
+        assert spec.token_ids == plain.token_ids
+
+
+def test_stream_and_chat_take_speculative(eng):
+    msgs = [{"role": "user", "content": "the cat the cat the cat"}]
+    assert eng.chat(msgs, max_new_tokens=12, speculative="lookup").token_ids == eng.chat(msgs, max_new_tokens=12).token_ids
+    ids = prompts(1, seed=6)[0]
+    assert "".join(eng.stream(ids, max_new_tokens=10, speculative="lookup")) == eng.generate(ids, max_new_tokens=10).text
+
+
+# -- the parts, by hand ------------------------------------------------------------------------
+def test_greedy_walk():
+    tree = DraftTree([9, 5, 6, 7, 8, 7], [-1, 0, 0, 1, 2, 2])
+    # the model after the root says 6 (node 2), after node 2 says 7 (node 5), after node 5 says 4
+    assert greedy_walk(tree, [6, 0, 7, 0, 0, 4]) == ([6, 7, 4], [0, 2, 5])
+    assert greedy_walk(tree, [3, 0, 0, 0, 0, 0]) == ([3], [0])           # nothing accepted: one token
+    with pytest.raises(ValueError):
+        DraftTree([1, 2], [-1, 1])                                        # a parent after its child
+
+
+def test_lookup_drafter():
+    d = LookupDrafter(min_ngram=2, max_ngram=3, depth=4, branches=3)
+    d.reset([1, 2, 3, 4, 5, 6, 1, 2, 3, 9, 9, 1, 2])
+    t = d.propose(64, 10)
+    # "1 2" matched twice (3-gram "x 1 2" not followed by the same x): continuations 3 9 9 1 and 3 4 5 6
+    assert t.tokens == [2, 3, 9, 9, 1, 4, 5, 6] and t.parents == [-1, 0, 1, 2, 3, 1, 5, 6]
+    assert d.propose(4, 10).tokens == [2, 3, 9, 9]                       # node limit
+    assert d.propose(64, 1).tokens == [2, 3]                             # depth limit
+    d.append(7)
+    assert d.propose(64, 10) is None                                     # "2 7" never seen
+    d.reset([5, 5, 5, 5])
+    assert d.propose(64, 3).tokens == [5, 5, 5, 5]
+
+
+def test_bad_input(eng):
+    with pytest.raises(InvalidArgumentError, match="speculative='medusa'"):
+        eng.generate([5, 6], speculative="medusa")
+    with pytest.raises(InvalidArgumentError, match="forecast"):
+        eng.generate([5, 6], speculative="forecast:/nonexistent.bin")
+    with pytest.raises(InvalidArgumentError, match="speculative=3"):
+        eng.generate([5, 6], speculative=3)
+
+    class TooBig(Drafter):
+        def reset(self, context): self.last = context[-1]
+        def append(self, token): self.last = token
+        def propose(self, max_nodes, max_depth):
+            return DraftTree([self.last] + [4] * MAX_TREE, [-1] + list(range(MAX_TREE)))
+
+    with pytest.raises(InvalidArgumentError, match=f"tree of {MAX_TREE + 1} nodes"):
+        eng.generate([5, 6], max_new_tokens=8, speculative=TooBig())
+
+    class WrongRoot(TooBig):
+        def propose(self, max_nodes, max_depth):
+            return DraftTree([self.last + 1, 4], [-1, 0])
+
+    with pytest.raises(InvalidArgumentError, match="rooted at the last token"):
+        eng.generate([5, 6], max_new_tokens=8, speculative=WrongRoot())
+    assert eng.generate([5, 6], max_new_tokens=4).token_ids                # still usable
