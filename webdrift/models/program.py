@@ -27,10 +27,10 @@ class Program:
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str,
                  step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
-                 fuse: bool = True):
+                 fuse: bool = True, lora=None):
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
-        self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse)   # its decisions
+        self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse, lora)   # its decisions
         self.graph = self.forward.build()
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
             "min-storage-buffer-offset-alignment", 256))))

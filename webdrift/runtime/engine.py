@@ -82,9 +82,12 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop_at_eos: bool = True
+    lora: str | None = None       # the resident LoRA adapter applied (Engine.add_lora), or none
+    lora_scale: float = 1.0       # its strength (0: the base model)
 
     @classmethod
-    def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True):
+    def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True,
+             lora=None, lora_scale=1.0):
         """Checked parameters: every value is one the Step uniform holds (kernels/step.py: top_k a
         u32, temperature and top_p f32 that stay normal numbers), else an InvalidArgumentError
         naming the argument."""
@@ -118,7 +121,13 @@ class SamplingParams:
             bad("seed", seed, "must be None or an integer (used modulo 2**32)")
         if not isinstance(stop_at_eos, bool):
             bad("stop_at_eos", stop_at_eos, "must be True or False")
-        return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos)
+        if lora is not None and not isinstance(lora, str):
+            bad("lora", lora, "must be None or the name of an adapter added with add_lora / loras=")
+        s = _as_float(lora_scale)
+        if s is None or not abs(s) <= F32_MAX:
+            bad("lora_scale", lora_scale, "must be a finite number (1.0: the adapter as trained, 0: the base model)")
+        return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos,
+                   lora, s)
 
 
 U32_MAX = 0xFFFFFFFF
@@ -185,12 +194,20 @@ class Engine:
         self.out_tokens = dev.create_buffer(4 * (max_context + 1), STORAGE, "out_tokens")      # (steps) u32
         self.ring = [dev.create_buffer(16, READBACK, f"token_ring{i}") for i in range(RING)]
         self._layout, self._fuse = options.layout, options.fuse
+        # LoRA slots (models/lora.py): the pool exists before the programs that bind it
+        self.lora_pool = None
+        if options.lora_enabled:
+            from ..models.lora import LoraPool
+            self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
+                                      options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64))
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         self._score: Program | None = None
         self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
         self.decode.bind(self.arena)
         self.prefill.bind(self.arena)
+        for name, src in (options.loras or {}).items():
+            self._add_lora(name, src)
         self.load_s = time.perf_counter() - t0
         # one request at a time: every public entry point that touches the GPU state (generate,
         # stream, chat, agenerate, achat, logits) holds this lock while it runs, a stream() from its
@@ -201,21 +218,69 @@ class Engine:
 
     def _program(self, stage: str, capacity: int, all_logits: bool) -> Program:
         return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
-                       self.out_tokens, fuse=self._fuse)
+                       self.out_tokens, fuse=self._fuse, lora=self.lora_pool)
+
+    # -- LoRA adapters ----------------------------------------------------------------------
+    @property
+    def loras(self) -> list[str]:
+        """The names of the resident LoRA adapters."""
+        return sorted(self.lora_pool.resident) if self.lora_pool is not None else []
+
+    def add_lora(self, name: str, source, *, label: str | None = None) -> None:
+        """Make a LoRA adapter resident under `name`: a PEFT folder (adapter_config.json +
+        adapter_model.safetensors), a llama.cpp GGUF LoRA path, or a GGUF file's bytes (`label`
+        names them in messages). Refused with a WebdriftError naming the file and the mismatch
+        (the engine unchanged) if it does not fit the model, its rank exceeds max_lora_rank or the
+        pool is full. Writes the adapter's rows into the pool; rebuilds no program."""
+        self._acquire("add_lora")
+        try:
+            self._add_lora(name, source, label)
+        finally:
+            self._release()
+
+    def _add_lora(self, name, source, label=None) -> None:
+        from ..weights.lora import read_checked
+        if self.lora_pool is None:
+            raise InvalidArgumentError("this engine has no LoRA slots: load it with enable_lora=True or loras={...}")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a LoRA adapter's name must be a non-empty str, got {shown(name)}")
+        if name in self.lora_pool.resident:
+            raise InvalidArgumentError(f"a LoRA adapter named {shown(name)} is already loaded (remove_lora it first)")
+        ad = read_checked(source, self.config, self.lora_pool.max_rank, label)
+        self.lora_pool.add(name, ad)
+
+    def remove_lora(self, name: str) -> None:
+        """Free a resident adapter's pool rows."""
+        self._acquire("remove_lora")
+        try:
+            if self.lora_pool is None or name not in self.lora_pool.resident:
+                raise InvalidArgumentError(f"no LoRA adapter named {shown(name)}; loaded: {self.loras}")
+            self.lora_pool.remove(name)
+        finally:
+            self._release()
+
+    def _apply_lora(self, sp: SamplingParams) -> None:
+        """Point the LoRA slots at the request's adapter (16 bytes written when it changes)."""
+        if sp.lora is not None and (self.lora_pool is None or sp.lora not in self.lora_pool.resident):
+            hint = "" if self.lora_pool is not None else " (load with enable_lora=True or loras={...})"
+            raise InvalidArgumentError(f"lora={shown(sp.lora)}: no such adapter; loaded: {self.loras}{hint}")
+        if self.lora_pool is not None:
+            self.lora_pool.activate(sp.lora, sp.lora_scale)
 
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop_at_eos: bool = True) -> GenerationResult:
-        """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids)."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+                 stop_at_eos: bool = True, lora: str | None = None, lora_scale: float = 1.0) -> GenerationResult:
+        """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids);
+        lora: a resident adapter's name (add_lora), applied at lora_scale."""
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, lora, lora_scale)
         return _run(self.agenerate(prompt, sp))
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop_at_eos: bool = True):
+               stop_at_eos: bool = True, lora: str | None = None, lora_scale: float = 1.0):
         """Yield text pieces as tokens are produced (the pieces concatenate to the full text)."""
-        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos)
+        sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, lora, lora_scale)
         loop = asyncio.new_event_loop()
         agen = self.aevents(prompt, sp)
         try:
@@ -336,6 +401,7 @@ class Engine:
             ids = self.encode_prompt(prompt)
         st.tokenize_s = time.perf_counter() - t0
         self._check_fits(len(ids))
+        self._apply_lora(sp)
         st.prompt_tokens = len(ids)
         budget = min(sp.max_new_tokens, self.max_context - len(ids))
         eos = set(self.tokenizer.eos_token_ids) | set(self.config.eos_token_ids) if sp.stop_at_eos else set()
@@ -424,11 +490,14 @@ class Engine:
                         f"{self.config.vocab_size}")
 
     # -- teacher-forced logits ---------------------------------------------------------------
-    def logits(self, ids: list[int]):
-        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced."""
+    def logits(self, ids: list[int], lora: str | None = None, lora_scale: float = 1.0):
+        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced;
+        lora: a resident adapter applied at lora_scale."""
         import numpy as np
+        sp = SamplingParams.make(lora=lora, lora_scale=lora_scale)
         self._acquire("logits")
         try:
+            self._apply_lora(sp)
             return self._logits(ids, np)
         finally:
             self._release()
