@@ -330,3 +330,22 @@ def test_engine_without_lora_slots(setup):
     assert plain.loras == []
     # without LoRA the programs have no LoRA op
     assert not any("lora" in op.label for op in plain.decode.graph.ops)
+
+
+def test_cli_generate_with_lora(setup):
+    """`webdrift generate --lora PATH --lora-scale S` gives the API's tokens."""
+    import subprocess
+    import sys
+    prompt = "The quick brown fox"
+    cmd = [sys.executable, "-m", "webdrift", "generate", "--model", str(setup["base"]), "--lora",
+           str(setup["dirs"]["b"]), "--lora-scale", "0.75", "--max-lora-rank", "16", "--max-new-tokens", "6",
+           "--no-stop-at-eos", "--json", "--quiet", "--prompt", prompt]
+    out = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)["token_ids"]
+    want = setup["eng"].generate(prompt, max_new_tokens=6, lora="b", lora_scale=0.75, stop_at_eos=False).token_ids
+    assert got == want
+    # a bad adapter path: one line naming it, exit 2
+    bad = subprocess.run(cmd[:7] + ["/nonexistent/adapter"] + cmd[8:], check=False,
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "/nonexistent/adapter" in bad.stderr
