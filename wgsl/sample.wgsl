@@ -27,7 +27,7 @@ var<workgroup> sel: atomic<u32>;
 var<workgroup> bad: atomic<u32>;      // 1: a logit is NaN or inf (cleared first: not every driver
                                       // zeroes workgroup memory per dispatch; lavapipe keeps it)
 const NONFINITE: u32 = 0xffffffffu;   // the token written for a row with a non-finite logit
-const LOWEST: f32 = -3.4028235e38;    // the lowest finite f32
+const LOWEST: f32 = -3.4028234663852886e38;    // the lowest finite f32
 
 fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
 

@@ -12,7 +12,7 @@ const V: u32 = {{V}}u;
 const SPAN: u32 = {{SPAN}}u;
 const WG: u32 = 256u;
 const NONFINITE: u32 = 0xffffffffu;   // id of a span with a non-finite logit (never a token id)
-const LOWEST: f32 = -3.4028235e38;    // the lowest finite f32: an invocation with no ids yet
+const LOWEST: f32 = -3.4028234663852886e38;    // the lowest finite f32: an invocation with no ids yet
 var<workgroup> rv: array<f32, 256>;
 var<workgroup> ri: array<u32, 256>;
 var<workgroup> bad: atomic<u32>;      // 1: a logit of this span is NaN or inf (cleared first: not
