@@ -277,6 +277,13 @@ const handlers = {
     const onToken = (piece) => post({ type: "token", id: m.id, piece });
     return (await callApi("api_chat", JSON.stringify(m.messages), JSON.stringify(m.opts || {}), onToken)).result;
   },
+  async loadLora(m) {
+    const bytes = await fetchBytes(m.url, `loading LoRA adapter ${m.name}`);
+    return (await callApi("api_add_lora", m.name, bytes, fileName(m.url))).loras;
+  },
+  async removeLora(m) {
+    return (await callApi("api_remove_lora", m.name)).loras;
+  },
   async tokenize(m) {
     return (await callApi("api_tokenize", JSON.stringify(m.text))).ids;
   },

@@ -91,9 +91,9 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     options = EngineOptions(max_context=max_context, weight_format=weight_format, prefill_chunk=prefill_chunk,
                             layout=layout, fuse=fuse, autotune=autotune, prefill_kernels=prefill_kernels,
                             int8_activations=int8_activations, max_binding_bytes=max_binding_bytes,
-                            loras=loras, enable_lora=enable_lora, max_lora_rank=max_lora_rank,
+                            enable_lora=enable_lora or bool(loras), max_lora_rank=max_lora_rank,
                             lora_pool_rank=lora_pool_rank)
-    return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress)
+    return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress, loras=loras)
 
 
 def __getattr__(name):

@@ -196,7 +196,7 @@ class Engine:
         self._layout, self._fuse = options.layout, options.fuse
         # LoRA slots (models/lora.py): the pool exists before the programs that bind it
         self.lora_pool = None
-        if options.lora_enabled:
+        if options.enable_lora:
             from ..models.lora import LoraPool
             self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
                                       options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64))
@@ -206,8 +206,6 @@ class Engine:
         self.arena = dev.create_buffer(max(self.decode.arena_bytes, self.prefill.arena_bytes), STORAGE, "arena")
         self.decode.bind(self.arena)
         self.prefill.bind(self.arena)
-        for name, src in (options.loras or {}).items():
-            self._add_lora(name, src)
         self.load_s = time.perf_counter() - t0
         # one request at a time: every public entry point that touches the GPU state (generate,
         # stream, chat, agenerate, achat, logits) holds this lock while it runs, a stream() from its

@@ -6,7 +6,6 @@ Must not: import numpy, wgpu or js; import the Engine (the Engine imports this).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 
 from ..errors import InvalidArgumentError
@@ -34,10 +33,9 @@ class EngineOptions:
     prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
     int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
     max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
-    enable_lora: bool = False             # build the programs with LoRA slots (implied by loras)
+    enable_lora: bool = False             # build the programs with LoRA slots (load(loras=...) sets it)
     max_lora_rank: int = 64               # the largest adapter rank the slots take
     lora_pool_rank: int | None = None     # rank rows of resident adapters (None: 2 * max_lora_rank)
-    loras: dict | None = None             # {name: PEFT folder | GGUF LoRA path | bytes} added at load
 
     def __post_init__(self):
         def bad(name: str, want: str):
@@ -74,17 +72,6 @@ class EngineOptions:
         if self.lora_pool_rank is not None and (not _is_int(self.lora_pool_rank)
                                                 or not self.max_lora_rank <= self.lora_pool_rank <= 65536):
             bad("lora_pool_rank", f"must be None or an integer in [max_lora_rank ({self.max_lora_rank}), 65536]")
-        if self.loras is not None:
-            if not isinstance(self.loras, dict) or not all(
-                    isinstance(k, str) and k and isinstance(v, (str, os.PathLike, bytes, bytearray, memoryview))
-                    for k, v in self.loras.items()):
-                bad("loras", "must be a dict {name: PEFT folder, GGUF LoRA path or a GGUF file's bytes}")
-            object.__setattr__(self, "loras", dict(self.loras))
-
-    @property
-    def lora_enabled(self) -> bool:
-        """Whether the programs get LoRA slots (enable_lora, or adapters given at load)."""
-        return self.enable_lora or bool(self.loras)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -181,8 +181,7 @@ def _load(args, status: Status):
     from ..runtime.loading import EngineOptions, assemble, make_tokenizer, open_source
     lora = getattr(args, "lora", None)
     options = EngineOptions(max_context=args.max_context, weight_format=args.weight_format,
-                            loras={"lora": lora} if lora else None,
-                            max_lora_rank=getattr(args, "max_lora_rank", 64))
+                            enable_lora=bool(lora), max_lora_rank=getattr(args, "max_lora_rank", 64))
     source = open_source(args.model)       # a known model not in the cache yet: hub.pull shows its own progress
     tokenizer = make_tokenizer(source)
     status.set("starting the GPU device")
@@ -194,7 +193,8 @@ def _load(args, status: Status):
 
     def tensors(done, total, name):
         status.set("loading the weights", f"{done}/{total} tensors")
-    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors)
+    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors,
+                   loras={"lora": lora} if lora else None)
     status.done()
     return eng
 

@@ -287,6 +287,9 @@ def read_checked(source, cfg, max_rank: int, name: str | None = None) -> LoraAda
     damaged file tripping the readers) becomes a ModelFileError naming the file."""
     label = name if name is not None else (os.fspath(source) if isinstance(source, (str, os.PathLike))
                                            else "<lora bytes>")
+    if isinstance(source, LoraAdapter):   # made in memory (bench's random adapters)
+        source.check(cfg, max_rank)
+        return source
     try:
         ad = read_lora(source, name)
     except WebdriftError:
