@@ -118,10 +118,14 @@ def test_logits_match_peft(setup, name):
 def test_switch_and_back_is_bit_identical_to_fresh_load(setup):
     eng, ids = setup["eng"], ids_for(70, seed=9)
     a1 = eng.logits(ids, lora="a")
+    decode_list = eng.decode.dispatches(1)
     b1 = eng.logits(ids, lora="b")
     a2 = eng.logits(ids, lora="a")
     assert not np.array_equal(a1, b1)
     assert np.array_equal(a1, a2)
+    # switching rebuilt nothing: the same prebuilt dispatch list (pipelines, bind groups)
+    eng.generate(ids[:4], max_new_tokens=2, lora="b")
+    assert eng.decode.dispatches(1) is decode_list
     fresh = webdrift.load(str(setup["base"]), loras={"a": str(setup["dirs"]["a"])}, max_lora_rank=16,
                           max_context=256, prefill_chunk=64, autotune=False)
     assert np.array_equal(fresh.logits(ids, lora="a"), a1)

@@ -439,6 +439,13 @@ def format_table(report: dict, markdown: bool = False) -> str:
                      _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
                      _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
                      _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
+    if any(r.get("lora") for r in report["results"]):   # bench --lora-rank
+        head.append("LoRA decode tok/s (ratio) / switch ms")
+        for row, r in zip(rows, report["results"]):
+            lo = r.get("lora") or {}
+            row.append(f"error: {lo['error'][:60]}" if lo.get("error") else
+                       f"r{lo.get('rank')}: {_fmt(lo.get('decode_tps'))} ({_fmt(lo.get('decode_ratio'), '.2f')}) / "
+                       f"{_fmt(lo.get('switch_ms'), '.3f')}" if lo else "")
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
