@@ -175,6 +175,24 @@ def test_generate_with_lora_follows_peft_greedy(setup):
     assert plain.token_ids == base[len(ids):]
 
 
+@pytest.mark.parametrize("layout,fuse,kernels", [("sliced", True, "gemv"), ("linear", False, "gemm")])
+def test_other_layouts_fusions_and_kernels(setup, layout, fuse, kernels):
+    """Sliced activations; separate norm ops (fuse=False) with the tiled prefill GEMM (the score
+    program's kernels) and its decode GEMVs."""
+    eng = webdrift.load(str(setup["base"]), loras={"b": str(setup["dirs"]["b"])}, max_lora_rank=16, max_context=256,
+                        prefill_chunk=64, autotune=False, layout=layout, fuse=fuse, prefill_kernels=kernels)
+    ids = ids_for(30, seed=17)
+    ref = setup["refs"]["b"]
+    if layout == "linear":
+        assert_matches(eng.logits(ids, lora="b"), ref_logits(ref, ids))
+    res = eng.generate(ids, max_new_tokens=5, lora="b", stop_at_eos=False)
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(5):
+            seq.append(int(ref(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert res.token_ids == seq[len(ids):]
+
+
 # -- GGUF LoRA ------------------------------------------------------------------------------------
 _GGUF_NAMES = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
                "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
