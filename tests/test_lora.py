@@ -371,3 +371,31 @@ def test_cli_generate_with_lora(setup):
     bad = subprocess.run(cmd[:7] + ["/nonexistent/adapter"] + cmd[8:], check=False,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "/nonexistent/adapter" in bad.stderr
+
+
+def test_damaged_gguf_lora_bytes_give_webdrift_errors(tmp_path):
+    """Truncated or byte-flipped GGUF LoRA files: read or refused with a short WebdriftError,
+    never another exception (no GPU involved: the reader and the model check)."""
+    import random
+
+    from tiny_model import write_tiny_gguf, write_tiny_lora
+
+    from webdrift.weights.gguf import GGUFFile
+    from webdrift.weights.lora import read_checked
+    from webdrift.weights.source import config_from_gguf
+    cfg = config_from_gguf(GGUFFile(write_tiny_gguf(tmp_path / "tiny.gguf")))
+    from pathlib import Path
+    good = Path(write_tiny_lora(tmp_path / "lora.gguf", rank=4)).read_bytes()
+    assert read_checked(good, cfg, 8, "lora.gguf").rank == 4
+    rng = random.Random(0)
+    for k in range(300):
+        data = bytearray(good)
+        if k % 3 == 0:
+            data = data[:rng.randrange(len(data))]
+        else:
+            for _ in range(rng.randrange(1, 8)):
+                data[rng.randrange(min(len(data), 2048 if k % 3 == 1 else len(data)))] = rng.randrange(256)
+        try:
+            read_checked(bytes(data), cfg, 8, "fuzz.gguf")
+        except WebdriftError as e:
+            assert len(str(e)) <= 1000 and "fuzz.gguf" in str(e), str(e)
