@@ -405,7 +405,7 @@ class ForwardBuilder:
         in the int8 chain also the int8 row of the next GEMV, next_gemv = (row, its format, its norm)."""
         g, cfg = self.g, self.cfg
         int8 = self.int8[role]
-        # the LoRA shrink reads the float input: attn{i} / act{i} (int8 x: their quantized rows)
+        # the LoRA shrink reads the float input attn{i} / act{i} (also where this GEMV reads its int8 row)
         lora = self._lora(i, role, f"attn{i}" if role == "o" else f"act{i}", None)
         u, lo = self._u(lora), {"lora": lora}
         if cfg.post_norms:
