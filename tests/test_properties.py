@@ -448,7 +448,8 @@ option_values = {"max_context": st.integers(-2, 600), "weight_format": st.sample
                  "prefill_chunk": st.integers(-1, 300), "layout": st.sampled_from(["linear", "tiled", None]),
                  "fuse": st.booleans(), "autotune": st.booleans(), "prefill_kernels": st.sampled_from(["auto", "x"]),
                  "int8_activations": st.sampled_from([None, False, "on", {"head": 1}, {"qkv": False}]),
-                 "max_binding_bytes": st.one_of(st.none(), st.integers(0, 2**40))}
+                 "max_binding_bytes": st.one_of(st.none(), st.integers(0, 2**40)), "enable_lora": st.booleans(),
+                 "max_lora_rank": st.integers(-1, 2000), "lora_pool_rank": st.one_of(st.none(), st.integers(-1, 70000))}
 
 
 @given(st.data())

@@ -78,3 +78,26 @@ def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, nan_r
     w.write_tensors_to_file()
     w.close()
     return str(path)
+
+
+def write_tiny_lora(path, *, rank: int = 4, alpha: float = 8.0, seed: int = 1) -> str:
+    """A random LoRA adapter of the tiny model on all seven targets, as llama.cpp's GGUF LoRA
+    files hold it (gguf-py): general.type "adapter", adapter.lora.alpha, `blk.N.<tensor>.weight.
+    lora_a` (rank, in) and `.lora_b` (out, rank) in F16."""
+    hd = DIM // HEADS
+    shapes = {"attn_q": (HEADS * hd, DIM), "attn_k": (KV_HEADS * hd, DIM), "attn_v": (KV_HEADS * hd, DIM),
+              "attn_output": (DIM, HEADS * hd), "ffn_gate": (FFN, DIM), "ffn_up": (FFN, DIM), "ffn_down": (DIM, FFN)}
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), "llama")
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", alpha)
+    for i in range(LAYERS):
+        for name, (n_out, n_in) in shapes.items():
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_a", rng.normal(0, n_in ** -0.5, (rank, n_in)).astype(np.float16))
+            w.add_tensor(f"blk.{i}.{name}.weight.lora_b", rng.normal(0, 0.3, (n_out, rank)).astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)

@@ -171,6 +171,7 @@ export class Engine {
    * Generate a continuation of `prompt` (a string, or an array of token ids).
    * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
    * speculative ("lookup": prompt-lookup drafts verified as a tree; the same tokens, fewer passes),
+   * lora (a name given to loadLora), loraScale (1),
    * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`),
    * numResponses (1; K > 1: K responses decoded together from one prompt, onToken(piece, stream)),
    * firstTokens ("distinct": the K most likely first tokens, or "sampled").
@@ -192,6 +193,23 @@ export class Engine {
       return Promise.reject(new WebdriftError("chat(messages): messages must be an array of {role, content}", "InvalidArgumentError"));
     }
     return this._enqueue({ type: "chat", messages, opts }, { onToken, signal });
+  }
+
+  /**
+   * Make a LoRA adapter resident under `name`: `url` is a llama.cpp GGUF LoRA file (general.type
+   * "adapter"). The engine needs LoRA slots: createEngine({enableLora: true, maxLoraRank}).
+   * Then generate(prompt, {lora: name, loraScale}). Resolves to the names of the resident adapters.
+   */
+  loadLora(name, url) {
+    if (typeof name !== "string" || !name) {
+      return Promise.reject(new WebdriftError("loadLora(name, url): name must be a non-empty string", "InvalidArgumentError"));
+    }
+    return this._enqueue({ type: "loadLora", name, url: new URL(String(url), pageBase()).href }, {});
+  }
+
+  /** Free a resident LoRA adapter; resolves to the names of those left. */
+  removeLora(name) {
+    return this._enqueue({ type: "removeLora", name }, {});
   }
 
   /** Token ids of `text` (as generate() would tokenize it). */
@@ -235,7 +253,8 @@ export class Engine {
 // The engine options, as webdrift.load takes them on the desktop (webdrift/browser_api.py maps
 // these names to Python's in ENGINE_OPTION_NAMES).
 const ENGINE_OPTIONS = ["maxContext", "weightFormat", "prefillChunk", "layout", "fuse", "autotune",
-                        "prefillKernels", "int8Activations", "maxBindingBytes"];
+                        "prefillKernels", "int8Activations", "maxBindingBytes", "enableLora", "maxLoraRank",
+                        "loraPoolRank"];
 
 async function startWorker(options, model) {
   const check = checkWebGPU();
@@ -260,7 +279,7 @@ async function startWorker(options, model) {
  * download must match; default: from <model>.sha256 or models/default.json when the server has it),
  * maxContext (KV-cache length; default min(model, 2048)), and the desktop's other engine options
  * (webdrift.load's, in camelCase): weightFormat, prefillChunk, layout, fuse, autotune, prefillKernels,
- * int8Activations, maxBindingBytes;
+ * int8Activations, maxBindingBytes, enableLora (LoRA slots for loadLora), maxLoraRank, loraPoolRank;
  * cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
  */
 export async function createEngine(options = {}) {

@@ -373,6 +373,13 @@ const handlers = {
   async tuned() {
     return tuning ? await tuning : { tuned: 0, stored: 0, seconds: 0 };
   },
+  async loadLora(m) {
+    const bytes = await fetchBytes(m.url, `loading LoRA adapter ${m.name}`);
+    return (await callApi("api_add_lora", m.name, bytes, fileName(m.url))).loras;
+  },
+  async removeLora(m) {
+    return (await callApi("api_remove_lora", m.name)).loras;
+  },
   async tokenize(m) {
     return (await callApi("api_tokenize", JSON.stringify(m.text))).ids;
   },

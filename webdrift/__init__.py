@@ -48,7 +48,9 @@ __all__ = [
 def load(model: str | None = None, *, max_context: int | None = None, weight_format: str | None = None,
          device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
          progress=None, fuse: bool = True, autotune: bool | str = True, prefill_kernels: str = "auto",
-         int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None):
+         int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None,
+         loras: dict | None = None, enable_lora: bool = False, max_lora_rank: int = 64,
+         lora_pool_rank: int | None = None):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`; default `webdrift.hub.DEFAULT_MODEL`,
     smollm2-135m), a .gguf path, or an HF folder.
 
@@ -70,6 +72,12 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     max-storage-buffer-binding-size (default: the adapter's limit). The token embedding and LM
     head split into row shards to fit it (as they do at the adapter's own limit); to check how a
     model behaves on an adapter with smaller bindings, or to test the sharded path.
+    loras: {name: adapter} LoRA adapters made resident at load (a PEFT folder with
+    adapter_config.json + adapter_model.safetensors, or a llama.cpp GGUF LoRA file); applied per
+    request with generate(..., lora=name, lora_scale=1.0). enable_lora: build the LoRA slots
+    without adapters yet (Engine.add_lora later). max_lora_rank: the largest rank the slots take
+    (default 64); lora_pool_rank: rank rows of resident adapters together (default 2 *
+    max_lora_rank). Without either, the programs are exactly those of a build without LoRA.
     device: a device to load onto (default: wgpu-native's, `webdrift.gpu.native.get_device()`).
     auto_pull: fetch a known model into the cache if it is not there yet (False: ModelNotFoundError).
     progress: progress(done, total, name) called per weight tensor uploaded.
@@ -83,8 +91,10 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
         model = DEFAULT_MODEL
     options = EngineOptions(max_context=max_context, weight_format=weight_format, prefill_chunk=prefill_chunk,
                             layout=layout, fuse=fuse, autotune=autotune, prefill_kernels=prefill_kernels,
-                            int8_activations=int8_activations, max_binding_bytes=max_binding_bytes)
-    return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress)
+                            int8_activations=int8_activations, max_binding_bytes=max_binding_bytes,
+                            enable_lora=enable_lora or bool(loras), max_lora_rank=max_lora_rank,
+                            lora_pool_rank=lora_pool_rank)
+    return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress, loras=loras)
 
 
 def __getattr__(name):

@@ -88,13 +88,16 @@ def _with(options: EngineOptions | None, kw: dict) -> EngineOptions | None:
 ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_format",
                        "prefillChunk": "prefill_chunk", "layout": "layout", "fuse": "fuse", "autotune": "autotune",
                        "prefillKernels": "prefill_kernels", "int8Activations": "int8_activations",
-                       "maxBindingBytes": "max_binding_bytes"}
+                       "maxBindingBytes": "max_binding_bytes", "enableLora": "enable_lora",
+                       "maxLoraRank": "max_lora_rank", "loraPoolRank": "lora_pool_rank"}
 # generate()'s options: the Engine's SamplingParams.
 SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
                          "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos", "numResponses": "n",
-                         "firstTokens": "first_tokens", "speculative": "speculative"}
+                         "firstTokens": "first_tokens", "speculative": "speculative", "lora": "lora",
+                         "loraScale": "lora_scale"}
 # JS has one number type: whole numbers of these arrive as floats when computed in JS
-_INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed", "n"}
+_INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed", "n",
+                    "max_lora_rank", "lora_pool_rank"}
 
 
 def _from_js(opts: dict | None, names: dict[str, str]) -> dict:
@@ -368,6 +371,24 @@ async def api_chat(messages_json, opts_json, on_token=None) -> dict:
         raise InvalidArgumentError("chat(messages): messages must be an array of {role, content} objects")
     sp = sampling_from_options(_loads(opts_json))
     return _results(await eng.achat(messages, sp, on_text=_on_text(on_token, sp)))
+
+
+@_json_api
+async def api_add_lora(name, data, label=None) -> dict:
+    """engine.loadLora(name, url): a GGUF LoRA file's bytes (fetched by the worker) made resident
+    (the engine needs LoRA slots: createEngine({enableLora: true}))."""
+    eng = _engine()
+    if not isinstance(name, str):
+        raise InvalidArgumentError("loadLora(name, url): name must be a string")
+    eng.add_lora(name, _as_bytes(data), label=label or name)
+    return {"loras": eng.loras}
+
+
+@_json_api
+async def api_remove_lora(name) -> dict:
+    eng = _engine()
+    eng.remove_lora(name)
+    return {"loras": eng.loras}
 
 
 @_json_api

@@ -37,13 +37,45 @@ fn epilogue(t: u32, o: u32, acc: f32, acc2: f32) {
   y_write1(0u, t, 0u, o, epilogue_value(t, o, acc, acc2));
 }
 
+#if LORA
+// LoRA "expand" (kernels/lora.py LoraOut): the adapter's low-rank term of output o of token t,
+// sum_j u[t, seg * LR + j] * B[off + j, col], from the shrink's row (lora_shrink.wgsl: its
+// adapter offset, rank and u = scale * x_in A^T). part 1: the second weight (gate/up's up).
+{{LU_DECL}}
+{{LB_DECL}}
+fn lora_delta(t: u32, o: u32, part: u32) -> f32 {
+  let row = t * {{LUW}}u;
+  let off = lu[row];
+  let rank = lu[row + 1u];
+  var seg = part;
+#if LSEG3
+  seg = select(select(2u, 1u, o < {{LS2}}u), 0u, o < {{LS1}}u);   // q | k | v
+#endif
+  let col = o + part * {{LO1}}u;
+  var v = 0.0;
+  for (var j = 0u; j < rank; j++) {
+    let c = (off + j) * {{LBO}}u + col;
+    let bw = unpack2x16float(lb[c / 2u]);
+    v += bitcast<f32>(lu[row + 4u + seg * {{LR}}u + j]) * select(bw.x, bw.y, (c & 1u) == 1u);
+  }
+  return v;
+}
+#endif
+
 fn epilogue_value(t: u32, o: u32, acc: f32, acc2: f32) -> f32 {
   var v = acc;
+  var v2 = acc2;
+#if LORA
+  v += lora_delta(t, o, 0u);
+#if DUAL
+  v2 += lora_delta(t, o, 1u);
+#endif
+#endif
 #if BIAS
   v += bias[o];
 #endif
 #if DUAL
-  v = act(v) * acc2;
+  v = act(v) * v2;
 #endif
 #if SOFTCAP
   v = {{CAP}} * tanh(clamp(v / {{CAP}}, -15.0, 15.0));

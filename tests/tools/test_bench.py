@@ -208,3 +208,16 @@ def test_compare_puts_reports_side_by_side(tmp_path, capsys):
     assert lines[1].rstrip(" |").endswith("0.85 | 0.80")          # 170/200, 800/1000
     assert main(["bench", "--compare", str(a), str(bad)]) == 2
     assert "not a complete bench report" in capsys.readouterr().err
+
+def test_bench_lora_rank_fields():
+    """--lora-rank R: each row gets decode tok/s with a random rank-R adapter on all seven targets,
+    with the LoRA slots but no adapter, the ratio to the plain engine and the switch host time."""
+    from webdrift.gpu.native import get_device
+    from webdrift.tools.bench import bench_model
+    from webdrift.weights.synthetic import synthetic_source
+    rows = bench_model(get_device(), synthetic_source("tiny", "q4"), [(8, 4)], 100.0, lora_rank=4)
+    lo = rows[0]["lora"]
+    assert "error" not in lo, lo
+    assert lo["rank"] == 4 and lo["decode_tps"] > 0 and lo["slots_no_adapter_decode_tps"] > 0
+    assert lo["decode_ratio"] == round(lo["decode_tps"] / rows[0]["decode_tps"], 3)
+    assert 0 < lo["switch_ms"] < 1.0 and lo["pool_bytes"] > 0

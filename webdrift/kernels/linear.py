@@ -23,6 +23,7 @@ from ..tensor import TensorDesc
 from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
+from .lora import LoraOut
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
@@ -75,6 +76,7 @@ class Epilogue:
     softcap: float | None = None
     qout: QuantOut | None = None
     rope: RopeOut | None = None
+    lora: LoraOut | None = None
 
 
 def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) -> str:
@@ -98,6 +100,7 @@ class LinearKernel(Kernel):
       q, kc, vc, inv_freq   with epilogue.rope (RopeOut)
       qout      (T_cap, row_words(O)) u32 int8 rows, with epilogue.qout; qnw: (O) f32 the next
                 GEMV's norm weight, with qout.norm_offset
+      lu, lb    the LoRA shrink's rows and the B pool, with epilogue.lora (kernels/lora.py)
     Dispatch: workgroups(t)."""
 
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
@@ -154,6 +157,7 @@ class LinearKernel(Kernel):
             d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
                      RCAP=rope.cap, ROPE_HALF=rope.rope_half)
+        d.update(ep.lora.declare(b, w.o) if ep.lora is not None else {"LU_DECL": "", "LB_DECL": "", "LORA": False})
         if qout is not None:
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
                      QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")

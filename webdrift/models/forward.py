@@ -25,6 +25,16 @@ in one arena; every op lists what it reads and writes:
     proj{i}, ffo{i} (T, dim)     Gemma 3: O projection / FFN output before its post-norm
     xq*{i}     (T, row words)    int8 rows of the integer-dot GEMVs (QuantizeKernel's format)
     xl, logits (T or 1, dim / vocab), amax (argmax partials)
+    lu_{g}{i}  (T, 4 + nseg * max_rank) u32   LoRA shrink rows of GEMV group g (with a LoRA pool)
+
+LoRA (models/lora.py's pool, when the engine has LoRA enabled): each of a layer's four GEMVs
+(q|k|v, o, gate|up, down) gets a LoraShrink op (u = scale * x_in A^T, x_in the GEMV's input as
+the GEMV sees it: for q|k|v and gate|up the RMS-normed x, computed from the float residual
+stream) and a LoraEpilogue (+ u B^T on each output, before the bias, the activation, RoPE and any
+quantizing epilogue). Two fusions change with LoRA, because the shrink reads float inputs: the
+attention combine writes float rows (then a quantize op) instead of the O projection's int8 row,
+and the int8 chain's gate/up GEMV also writes act (the down shrink's input). Without a pool the
+ops are exactly those of a build without LoRA.
 Must not: import numpy or wgpu; allocate GPU memory (program.py binds, lower.py builds kernels).
 """
 
@@ -38,6 +48,7 @@ from ..kernels.attention import AttentionCombineKernel, AttentionKernel
 from ..kernels.autotune import choose_attention, choose_gemv, choose_qout
 from ..kernels.base import ceil_div
 from ..kernels.linear import GemvVariant
+from ..kernels.lora import u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 
@@ -93,6 +104,30 @@ class RopeEpilogue:
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
+class LoraShrink(Op):
+    """u = scale * x_in A^T for the LoRA targets of one GEMV (kernels/lora.py); x_in = x, or
+    RMSNorm(x) * norm weight when `norm` is given (the norm the GEMV applies to its input)."""
+    a: Buffer                    # the layer's A pool of this GEMV group (models/lora.py)
+    ctl: Buffer                  # adapter table + per-row entry index
+    n_in: int
+    nseg: int                    # targets of the GEMV (q|k|v: 3, gate|up: 2, else 1)
+    max_rank: int
+    norm: Buffer | None = None
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
+class LoraEpilogue:
+    """The GEMV adds u B^T to each output (its LoraShrink's rows `u`, the B pool `b`)."""
+    u: str
+    b: Buffer
+    nseg: int
+    max_rank: int
+    cols: int                    # B pool row width (outputs of the group's targets)
+    splits: tuple[int, ...]      # q|k|v: first outputs of k and v
+    dual: bool                   # gate|up: the second weight reads segment 1
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class Linear(Op):
     """y = x W^T (W: w, or w and w2 as gate/up: y = act(x Wg^T) * (x Wu^T)) with its epilogue."""
     stage: str                   # "decode": GEMV kernels, "prefill": tiled GEMM
@@ -111,6 +146,7 @@ class Linear(Op):
     softcap: float | None = None
     qout: QuantOutput | None = None
     rope: RopeEpilogue | None = None
+    lora: LoraEpilogue | None = None   # + the LoRA term u B^T (before bias / activation / RoPE / qout)
     columns: tuple[int, int] | None = None   # write only logits columns (c0, n): an LM-head row shard
 
 
@@ -164,8 +200,10 @@ class ForwardBuilder:
     """
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str, fuse: bool = True,
-                 streams: bool = False, tree: bool = False):
+                 streams: bool = False, tree: bool = False, lora=None):
+        """lora: the engine's LoraPool (models/lora.py): every layer GEMV gets a LoRA slot."""
         m, cfg = model, model.cfg
+        self.lora = lora
         self.m, self.cfg, self.stage, self.all_logits, self.fuse = m, cfg, stage, all_logits, fuse
         self.streams, self.tree = streams, tree
         if tree and not all_logits:
@@ -179,7 +217,10 @@ class ForwardBuilder:
         # the float decode one where its variant computes rows in subgroups
         self.rope_epilogue = not cfg.qk_norm and not tree and (
             self.int8["qkv"] or (fuse and stage == "decode" and self._float_rope_epilogue()))
-        self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
+        # the O projection's int8 row written by the attention combine; not with LoRA, whose
+        # shrink reads the float attention rows (a quantize op makes the int8 row instead)
+        self.combine_quant = (self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
+                              and lora is None)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         self.g = Graph(capacity, layout)
         self._tensors()
@@ -223,6 +264,10 @@ class ForwardBuilder:
         if not self.all_logits or self.tree:
             g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), T if self.tree or self.streams else 1,
                      layout="linear")
+        if self.lora is not None:
+            for i in range(cfg.n_layers):
+                for name, grp in self.lora.groups.items():
+                    g.tensor(f"lu_{name}{i}", u_width(grp.nseg, self.lora.max_rank), layout="linear")
 
     # -- one decoder layer ---------------------------------------------------------------------
     def layer(self, i: int, lw) -> None:
@@ -239,8 +284,9 @@ class ForwardBuilder:
         x, norm, pre_norm = self._normed_input(i, "qkv", "x", lw.attn_norm, f"xqa{i}", f"h{i}", "attn_norm",
                                                quantize=not (self.chain and i > 0))
         freq = self.m.inv_freq_local if cfg.layer_is_sliding(i) else self.m.inv_freq
-        common = {"stage": self.stage, "w": lw.wqkv, "int8_input": int8, "bias": lw.bqkv, "reads": (x,),
-                      "x_partials": self._chained(i > 0)}
+        lora = self._lora(i, "qkv", "x", lw.attn_norm)
+        common = {"stage": self.stage, "w": lw.wqkv, "int8_input": int8, "bias": lw.bqkv, "reads": (x, *self._u(lora)),
+                  "x_partials": self._chained(i > 0), "lora": lora}
         if self.rope_epilogue:
             variant = self._variant(lw.wqkv, int8=int8)
             if not int8:   # the float GEMV's subgroups compute pairs of rows: twice the chosen rows,
@@ -285,17 +331,22 @@ class ForwardBuilder:
 
     def gate_up(self, i: int, lw) -> str:
         cfg, g = self.cfg, self.g
-        act = {"stage": self.stage, "w": lw.w_gate, "w2": lw.w_up, "act": cfg.act}
-        if self.chain:   # writes only the down GEMV's int8 row (y is never written: x satisfies the binding)
-            g.add(Linear(label=f"L{i}.gate_up+act+quant", reads=(f"xqf{i}",), writes=(f"xqd{i}",), y=f"act{i}", int8_input=True,
-                         variant=self._qout_variant(lw.w_gate, lw.w_up), pre_norm=True, x_partials=self._chained(True),
-                         qout=QuantOutput(row=f"xqd{i}", fmt=lw.w_down.fmt, norm=None, write_y=False), **act))
+        lora = self._lora(i, "gateup", "x", lw.ffn_norm)
+        act = {"stage": self.stage, "w": lw.w_gate, "w2": lw.w_up, "act": cfg.act, "lora": lora}
+        if self.chain:   # writes only the down GEMV's int8 row (y is never written: x satisfies the binding),
+            # and act too with LoRA (the down shrink's input)
+            writes = (f"act{i}", f"xqd{i}") if lora else (f"xqd{i}",)
+            g.add(Linear(label=f"L{i}.gate_up+act+quant", reads=(f"xqf{i}", *self._u(lora)), writes=writes, y=f"act{i}",
+                         int8_input=True, variant=self._qout_variant(lw.w_gate, lw.w_up), pre_norm=True,
+                         x_partials=self._chained(True),
+                         qout=QuantOutput(row=f"xqd{i}", fmt=lw.w_down.fmt, norm=None, write_y=lora is not None), **act))
             return f"xqd{i}"
         int8 = self.int8["gateup"]
         x, norm, pre_norm = self._normed_input(i, "gateup", "x", lw.ffn_norm, f"xqf{i}", f"h2_{i}", "ffn_norm",
                                                quantize=True, quant_label="norm+quant_ffn")
         label = f"L{i}.norm+gate_up+act" if norm is not None else f"L{i}.gate_up+act"
-        g.add(Linear(label=label, reads=(x,), writes=(f"act{i}",), y=f"act{i}", int8_input=int8, norm=norm, pre_norm=pre_norm,
+        g.add(Linear(label=label, reads=(x, *self._u(lora)), writes=(f"act{i}",), y=f"act{i}", int8_input=int8, norm=norm,
+                     pre_norm=pre_norm,
                      variant=self._variant(lw.w_gate, lw.w_up, int8=int8), **act))
         if self.int8["down"]:
             g.add(Quantize(label=f"L{i}.quant_down", reads=(f"act{i}",), writes=(f"xqd{i}",), fmt=lw.w_down.fmt,
@@ -368,20 +419,39 @@ class ForwardBuilder:
         in the int8 chain also the int8 row of the next GEMV, next_gemv = (row, its format, its norm)."""
         g, cfg = self.g, self.cfg
         int8 = self.int8[role]
+        # the LoRA shrink reads the float input attn{i} / act{i} (also where this GEMV reads its int8 row)
+        lora = self._lora(i, role, f"attn{i}" if role == "o" else f"act{i}", None)
+        u, lo = self._u(lora), {"lora": lora}
         if cfg.post_norms:
-            g.add(Linear(label=f"L{i}.{name}", reads=(x,), writes=(post_out,), y=post_out, stage=self.stage, w=w,
-                         int8_input=int8, variant=self._variant(w, int8=int8)))
+            g.add(Linear(label=f"L{i}.{name}", reads=(x, *u), writes=(post_out,), y=post_out, stage=self.stage, w=w,
+                         int8_input=int8, variant=self._variant(w, int8=int8), **lo))
             which = "attn" if role == "o" else "ffn"
             g.add(Norm(label=f"L{i}.post_{which}_norm", reads=(post_out,), writes=("x",), weight=post_norm,
                        accumulate=True))
         elif next_gemv is not None:
             row, fmt, norm = next_gemv
-            g.add(Linear(label=f"L{i}.{name}+residual+quant", reads=(x, "x"), writes=("x", row), y="x", stage=self.stage,
-                         w=w, int8_input=int8, variant=self._qout_variant(w), residual=True,
-                         qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True)))
+            g.add(Linear(label=f"L{i}.{name}+residual+quant", reads=(x, "x", *u), writes=("x", row), y="x",
+                         stage=self.stage, w=w, int8_input=int8, variant=self._qout_variant(w), residual=True,
+                         qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True), **lo))
         else:
-            g.add(Linear(label=f"L{i}.{name}+residual", reads=(x, "x"), writes=("x",), y="x", stage=self.stage, w=w,
-                         int8_input=int8, variant=self._variant(w, int8=int8), residual=True))
+            g.add(Linear(label=f"L{i}.{name}+residual", reads=(x, "x", *u), writes=("x",), y="x", stage=self.stage, w=w,
+                         int8_input=int8, variant=self._variant(w, int8=int8), residual=True, **lo))
+
+    def _lora(self, i: int, group: str, x: str, norm: Buffer | None) -> LoraEpilogue | None:
+        """With a LoRA pool: the shrink op of GEMV group `group` (reading float x, normed by `norm`
+        when the GEMV's input is norm(x)) and the GEMV's epilogue; None without."""
+        p = self.lora
+        if p is None:
+            return None
+        grp, u = p.groups[group], f"lu_{group}{i}"
+        self.g.add(LoraShrink(label=f"L{i}.lora_{group}", reads=(x,), writes=(u,), a=p.la[i][group], ctl=p.ctl,
+                              n_in=grp.n_in, nseg=grp.nseg, max_rank=p.max_rank, norm=norm))
+        return LoraEpilogue(u=u, b=p.lb[i][group], nseg=grp.nseg, max_rank=p.max_rank, cols=grp.cols,
+                            splits=grp.splits, dual=group == "gateup")
+
+    @staticmethod
+    def _u(lora: LoraEpilogue | None) -> tuple[str, ...]:
+        return (lora.u,) if lora is not None else ()
 
     def _float_rope_epilogue(self) -> bool:
         """Whether the float decode QKV GEMV can take the RoPE epilogue: its chosen variant computes

@@ -16,6 +16,7 @@ from ..kernels.attention import AttentionCombineKernel, AttentionKernel
 from ..kernels.base import ceil_div
 from ..kernels.embedding import EmbeddingKernel
 from ..kernels.linear import Epilogue, LinearKernel, PreNorm, QuantOut, RopeOut
+from ..kernels.lora import LoraOut, LoraShrinkKernel
 from ..kernels.norm import RMSNormKernel
 from ..kernels.quantize import QuantizeKernel
 from ..kernels.rope import RopeQKVKernel
@@ -90,9 +91,11 @@ def _linear(op: F.Linear, c: LowerContext):
         q = op.qout
         qout = QuantOut(c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
     pre = PreNorm(cfg.norm_eps, cfg.norm_weight_offset, op.x_partials) if op.pre_norm else None
+    lo = op.lora
+    lora = (LoraOut(c.desc(lo.u), lo.max_rank, lo.nseg, lo.cols, lo.splits, lo.dual) if lo is not None else None)
     k = LinearKernel(c.dev, op.stage, c.desc(x), y, op.w, op.w2, variant=op.variant, pre_norm=pre,
                      epilogue=Epilogue(bias=op.bias is not None, residual=op.residual, act=op.act, softcap=op.softcap,
-                                       qout=qout, rope=rope),
+                                       qout=qout, rope=rope, lora=lora),
                      x_last_row=op.last_row)
     # y: the output, or a spare buffer where the epilogue writes elsewhere instead (no arena
     # range that could alias an input)
@@ -111,7 +114,17 @@ def _linear(op: F.Linear, c: LowerContext):
         binds["qout"] = c.arena_range(op.qout.row)
         if op.qout.norm is not None:
             binds["qnw"] = op.qout.norm
+    if lo is not None:
+        binds |= {"lu": c.arena_range(lo.u), "lb": lo.b}
     return k, binds
+
+
+def _lora_shrink(op: F.LoraShrink, c: LowerContext):
+    (x,), (u,) = op.reads, op.writes
+    pre = PreNorm(c.cfg.norm_eps, c.cfg.norm_weight_offset) if op.norm is not None else None
+    k = LoraShrinkKernel(c.dev, c.desc(x), c.desc(u), op.n_in, op.nseg, op.max_rank, pre)
+    binds = {"step": c.step, "x": c.arena_range(x), "la": op.a, "ctl": op.ctl, "lu": c.arena_range(u)}
+    return k, binds | ({"nw": op.norm} if pre else {})
 
 
 def _rope(op: F.RopeKV, c: LowerContext):
@@ -156,4 +169,5 @@ def _sample(op: F.Sample, c: LowerContext):
 
 
 _LOWER = {F.Embed: _embed, F.Norm: _norm, F.Quantize: _quantize, F.Linear: _linear, F.RopeKV: _rope,
-          F.Attention: _attention, F.Combine: _combine, F.Argmax: _argmax, F.Sample: _sample}
+          F.Attention: _attention, F.Combine: _combine, F.Argmax: _argmax, F.Sample: _sample,
+          F.LoraShrink: _lora_shrink}

@@ -28,15 +28,16 @@ class Program:
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str,
                  step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
-                 fuse: bool = True, streams: bool = False, tree_buf: Buffer | None = None):
+                 fuse: bool = True, streams: bool = False, tree_buf: Buffer | None = None, lora=None):
         """tree_buf: the per-row tree records (kernels/tree.py) of a tree-verification program
-        (models/forward.py's tree option; every row's logits and argmax spans)."""
+        (models/forward.py's tree option; every row's logits and argmax spans); lora: the engine's
+        LoraPool (LoRA slots in every layer GEMV)."""
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.streams = streams
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
         self.tree_buf = tree_buf
         self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse, streams=streams,
-                                      tree=tree_buf is not None)   # its decisions
+                                      tree=tree_buf is not None, lora=lora)   # its decisions
         self.graph = self.forward.build()
         self.arena_bytes = self.graph.plan(alignment=max(256, int(model.dev.info.limits.get(
             "min-storage-buffer-offset-alignment", 256))))

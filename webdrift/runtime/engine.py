@@ -118,10 +118,12 @@ class SamplingParams:
     n: int = 1                        # streams decoded together (runtime/streams.py)
     first_tokens: str = "distinct"    # how the streams' first tokens differ: "distinct" or "sampled"
     speculative: object = None        # None, "lookup", or a runtime.speculative.Drafter
+    lora: str | None = None           # the resident LoRA adapter applied (Engine.add_lora), or none
+    lora_scale: float = 1.0           # its strength (0: the base model)
 
     @classmethod
     def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True,
-             n=1, first_tokens="distinct", speculative=None):
+             n=1, first_tokens="distinct", speculative=None, lora=None, lora_scale=1.0):
         """Checked parameters: every value is one the Step uniform holds (kernels/step.py: top_k a
         u32, temperature and top_p f32 that stay normal numbers), else an InvalidArgumentError
         naming the argument. speculative: a draft source (runtime/speculative.py)."""
@@ -162,8 +164,13 @@ class SamplingParams:
         check_mode(speculative)
         if speculative is not None and n > 1:
             bad("speculative", speculative, "runs one stream: use it with n=1")
+        if lora is not None and not isinstance(lora, str):
+            bad("lora", lora, "must be None or the name of an adapter added with add_lora / loras=")
+        s = _as_float(lora_scale)
+        if s is None or not abs(s) <= F32_MAX:
+            bad("lora_scale", lora_scale, "must be a finite number (1.0: the adapter as trained, 0: the base model)")
         return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos, int(n),
-                   first_tokens, speculative)
+                   first_tokens, speculative, lora, s)
 
 
 U32_MAX = 0xFFFFFFFF
@@ -231,6 +238,12 @@ class Engine:
         self.out_tokens = dev.create_buffer(4 * (self.model.cap_stride + MAX_STREAMS), STORAGE, "out_tokens")
         self.ring = [dev.create_buffer(4 * MAX_STREAMS, READBACK, f"token_ring{i}") for i in range(RING)]
         self._layout, self._fuse = options.layout, options.fuse
+        # LoRA slots (models/lora.py): the pool exists before the programs that bind it
+        self.lora_pool = None
+        if options.enable_lora:
+            from ..models.lora import LoraPool
+            self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
+                                      options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64))
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         self._score: Program | None = None
@@ -250,7 +263,7 @@ class Engine:
 
     def _program(self, stage: str, capacity: int, all_logits: bool, streams: bool = False) -> Program:
         return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
-                       self.out_tokens, fuse=self._fuse, streams=streams)
+                       self.out_tokens, fuse=self._fuse, streams=streams, lora=self.lora_pool)
 
     def _fit_arena(self, program: Program) -> None:
         """Bind a program built after load (scoring, the streams, tree verification) to the arena,
@@ -264,27 +277,77 @@ class Engine:
                     other.bind(self.arena)
         program.bind(self.arena)
 
+    # -- LoRA adapters ----------------------------------------------------------------------
+    @property
+    def loras(self) -> list[str]:
+        """The names of the resident LoRA adapters."""
+        return sorted(self.lora_pool.resident) if self.lora_pool is not None else []
+
+    def add_lora(self, name: str, source, *, label: str | None = None) -> None:
+        """Make a LoRA adapter resident under `name`: a PEFT folder (adapter_config.json +
+        adapter_model.safetensors), a llama.cpp GGUF LoRA path, or a GGUF file's bytes (`label`
+        names them in messages). Refused with a WebdriftError naming the file and the mismatch
+        (the engine unchanged) if it does not fit the model, its rank exceeds max_lora_rank or the
+        pool is full. Writes the adapter's rows into the pool; rebuilds no program."""
+        self._acquire("add_lora")
+        try:
+            self._add_lora(name, source, label)
+        finally:
+            self._release()
+
+    def _add_lora(self, name, source, label=None) -> None:
+        from ..weights.lora import read_checked
+        if self.lora_pool is None:
+            raise InvalidArgumentError("this engine has no LoRA slots: load it with enable_lora=True or loras={...}")
+        if not isinstance(name, str) or not name:
+            raise InvalidArgumentError(f"a LoRA adapter's name must be a non-empty str, got {shown(name)}")
+        if name in self.lora_pool.resident:
+            raise InvalidArgumentError(f"a LoRA adapter named {shown(name)} is already loaded (remove_lora it first)")
+        ad = read_checked(source, self.config, self.lora_pool.max_rank, label)
+        self.lora_pool.add(name, ad)
+
+    def remove_lora(self, name: str) -> None:
+        """Free a resident adapter's pool rows."""
+        self._acquire("remove_lora")
+        try:
+            if self.lora_pool is None or name not in self.lora_pool.resident:
+                raise InvalidArgumentError(f"no LoRA adapter named {shown(name)}; loaded: {self.loras}")
+            self.lora_pool.remove(name)
+        finally:
+            self._release()
+
+    def _apply_lora(self, sp: SamplingParams) -> None:
+        """Point the LoRA slots at the request's adapter (16 bytes written when it changes)."""
+        if sp.lora is not None and (self.lora_pool is None or sp.lora not in self.lora_pool.resident):
+            hint = "" if self.lora_pool is not None else " (load with enable_lora=True or loras={...})"
+            raise InvalidArgumentError(f"lora={shown(sp.lora)}: no such adapter; loaded: {self.loras}{hint}")
+        if self.lora_pool is not None:
+            self.lora_pool.activate(sp.lora, sp.lora_scale)
+
     # -- public API ------------------------------------------------------------------------
     def generate(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct",
-                 speculative=None) -> GenerationResult | list[GenerationResult]:
+                 speculative=None, lora: str | None = None,
+                 lora_scale: float = 1.0) -> GenerationResult | list[GenerationResult]:
         """Generate a continuation of `prompt` (a string, tokenized like HF's encode, or ids).
         n > 1: n continuations decoded together from one prefill (runtime/streams.py), returned as
         a list; first_tokens: "distinct" (the n most likely first tokens) or "sampled".
         speculative="lookup": draft tokens by prompt lookup and verify them as a tree in one pass
-        (the same tokens as without it; README "Speculative decoding")."""
+        (the same tokens as without it; README "Speculative decoding").
+        lora: a resident adapter's name (add_lora), applied at lora_scale (to every stream)."""
         sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens,
-                                 speculative)
+                                 speculative, lora, lora_scale)
         return _run(self.agenerate(prompt, sp))
 
     def stream(self, prompt: str | list[int], max_new_tokens: int = 64, temperature: float = 0.0,
                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-               stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct", speculative=None):
+               stop_at_eos: bool = True, n: int = 1, first_tokens: str = "distinct", speculative=None,
+               lora: str | None = None, lora_scale: float = 1.0):
         """Yield text pieces as tokens are produced (the pieces concatenate to the full text);
         n > 1: (stream index, piece) pairs, each stream's pieces concatenating to its text."""
         sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens,
-                                 speculative)
+                                 speculative, lora, lora_scale)
         loop = asyncio.new_event_loop()
         agen = self.aevents(prompt, sp)
         try:
@@ -409,6 +472,7 @@ class Engine:
             ids = self.encode_prompt(prompt)
         st.tokenize_s = time.perf_counter() - t0
         self._check_fits(len(ids))
+        self._apply_lora(sp)
         st.prompt_tokens = len(ids)
         if sp.n > 1:
             async for ev in streams.events(self, ids, sp, st):
@@ -628,7 +692,8 @@ class Engine:
         if self._verifier is None:
             self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
             program = Program(self.model, self._prefill_stage, MAX_TREE, True, self._layout, self.step_buf,
-                              self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf)
+                              self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
+                              lora=self.lora_pool)
             self._fit_arena(program)
             self._verifier = TreeVerifier(self, program)
         return self._verifier
@@ -645,11 +710,14 @@ class Engine:
                         f"{self.config.vocab_size}")
 
     # -- teacher-forced logits ---------------------------------------------------------------
-    def logits(self, ids: list[int]):
-        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced."""
+    def logits(self, ids: list[int], lora: str | None = None, lora_scale: float = 1.0):
+        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced;
+        lora: a resident adapter applied at lora_scale."""
         import numpy as np
+        sp = SamplingParams.make(lora=lora, lora_scale=lora_scale)
         self._acquire("logits")
         try:
+            self._apply_lora(sp)
             return self._logits(ids, np)
         finally:
             self._release()

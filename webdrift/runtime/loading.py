@@ -73,28 +73,48 @@ def _options(options) -> EngineOptions:
 
 
 def assemble(source: ModelSource, options: EngineOptions | None, device, *, tokenizer=None,
-             progress=None) -> Engine:
+             progress=None, loras: dict | None = None) -> Engine:
     """The Engine for an opened source on a ready device: uploads (and converts) the weights,
     plans the programs. tokenizer: default the source's own (make_tokenizer); progress(done,
-    total, name) is called per weight tensor."""
+    total, name) is called per weight tensor; loras: {name: adapter} made resident (Engine.add_lora;
+    the options need enable_lora)."""
     from .engine import Engine
     options = _options(options)
+    loras = _loras(loras)
+    if loras and not options.enable_lora:
+        raise InvalidArgumentError("loras=... needs an engine with LoRA slots: EngineOptions(enable_lora=True)")
     if tokenizer is None:
         tokenizer = make_tokenizer(source)
-    return Engine(device, source, tokenizer, options, progress=progress)
+    eng = Engine(device, source, tokenizer, options, progress=progress)
+    for name, src in loras.items():
+        eng.add_lora(name, src)
+    return eng
+
+
+def _loras(loras) -> dict:
+    """{name: adapter} checked: non-empty str names, a path or a GGUF file's bytes each."""
+    if loras is None:
+        return {}
+    if not isinstance(loras, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, (str, os.PathLike, bytes, bytearray, memoryview))
+            for k, v in loras.items()):
+        raise InvalidArgumentError(f"loras={shown(loras)}: must be a dict {{name: PEFT folder, GGUF LoRA path or "
+                                   "a GGUF file's bytes}")
+    return dict(loras)
 
 
 def load_desktop(model, options: EngineOptions | None = None, *, device=None, auto_pull: bool = True,
-                 progress=None) -> Engine:
+                 progress=None, loras: dict | None = None) -> Engine:
     """The desktop path (webdrift.load): the model reference opened, its tokenizer built, then the
-    wgpu-native device (unless given), then the Engine."""
+    wgpu-native device (unless given), then the Engine (with `loras` resident)."""
     options = _options(options)                 # a bad option fails before anything is pulled
+    _loras(loras)
     source = open_source(model, auto_pull=auto_pull)
     tokenizer = make_tokenizer(source)
     if device is None:
         from ..gpu.native import get_device
         device = get_device()
-    return assemble(source, options, device, tokenizer=tokenizer, progress=progress)
+    return assemble(source, options, device, tokenizer=tokenizer, progress=progress, loras=loras)
 
 
 async def load_browser(model, options: EngineOptions | None = None, *, name: str | None = None, device=None,

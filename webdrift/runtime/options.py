@@ -34,6 +34,9 @@ class EngineOptions:
     prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
     int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
     max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
+    enable_lora: bool = False             # build the programs with LoRA slots (load(loras=...) sets it)
+    max_lora_rank: int = 64               # the largest adapter rank the slots take
+    lora_pool_rank: int | None = None     # rank rows of resident adapters (None: 2 * max_lora_rank)
 
     def __post_init__(self):
         def bad(name: str, want: str):
@@ -64,6 +67,13 @@ class EngineOptions:
         if self.max_binding_bytes is not None and (not _is_int(self.max_binding_bytes)
                                                    or self.max_binding_bytes < 1024):
             bad("max_binding_bytes", "must be an integer >= 1024")
+        if not isinstance(self.enable_lora, bool):
+            bad("enable_lora", "must be True or False")
+        if not _is_int(self.max_lora_rank) or not 1 <= self.max_lora_rank <= 1024:
+            bad("max_lora_rank", "must be an integer in [1, 1024]")
+        if self.lora_pool_rank is not None and (not _is_int(self.lora_pool_rank)
+                                                or not self.max_lora_rank <= self.lora_pool_rank <= 65536):
+            bad("lora_pool_rank", f"must be None or an integer in [max_lora_rank ({self.max_lora_rank}), 65536]")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

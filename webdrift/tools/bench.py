@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -104,10 +105,62 @@ model_spec_label = model_label
 INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
-def generate_ids(eng, ids: list[int], new_tokens: int):
-    from ..profile.benchmark import agenerate_ids
-    from ..runtime.engine import _run
-    return _run(agenerate_ids(eng, ids, new_tokens))
+def generate_ids(eng, ids: list[int], new_tokens: int, lora: str | None = None):
+    from ..runtime.engine import SamplingParams, _run
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, lora=lora)
+    return _run(eng.agenerate(ids, sp))
+
+
+def random_lora(cfg, rank: int, seed: int):
+    """A random LoRA adapter of rank `rank` on all seven targets of the model `cfg` (speed does not
+    depend on the values)."""
+    from array import array
+
+    import numpy as np
+
+    from ..weights.lora import LoraAdapter, LoraTarget, expected_shapes
+    rng = np.random.default_rng(seed)
+    ad = LoraAdapter(f"<random rank-{rank} adapter {seed}>")
+    for layer in range(cfg.n_layers):
+        for tgt, (n_out, n_in) in expected_shapes(cfg).items():
+            a = rng.normal(0, n_in ** -0.5, rank * n_in).astype(np.float32)
+            b = rng.normal(0, 0.01, n_out * rank).astype(np.float32)
+            ad.targets[(layer, tgt)] = LoraTarget(array("f", a.tobytes()), array("f", b.tobytes()), rank, n_in,
+                                                  n_out, 1.0)
+    return ad
+
+
+def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log) -> dict:
+    """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and with
+    the LoRA slots built but no adapter applied; the host time of switching adapters."""
+    from ..runtime.engine import SamplingParams
+    from ..runtime.loading import EngineOptions, assemble
+    from ..weights.synthetic import NullTokenizer
+    options = EngineOptions(max_context=max(p + m for p, m in protocols), prefill_chunk=prefill_chunk,
+                            int8_activations=int8_activations, enable_lora=True, max_lora_rank=rank)
+    eng = assemble(src, options, dev, tokenizer=NullTokenizer())
+    try:
+        for name, seed in (("a", 1), ("b", 2)):
+            eng.add_lora(name, random_lora(src.config, rank, seed))
+        ids = prompt_ids(src.config.vocab_size, max(p for p, _ in protocols))
+        generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4, lora="a")     # compile + warm
+        out = {}
+        for p, m in protocols:
+            on = generate_ids(eng, ids[:p], m, lora="a").stats.decode_tokens_per_s
+            off = generate_ids(eng, ids[:p], m).stats.decode_tokens_per_s
+            out[f"{p}/{m}"] = {"decode_tps": round(on, 2), "slots_no_adapter_decode_tps": round(off, 2)}
+            log(f"  {p}/{m} LoRA rank {rank}: decode {on:.1f} tok/s with the adapter, {off:.1f} without")
+        n = 200
+        t0 = time.perf_counter()
+        for k in range(n):   # what a request does to switch: point entry 0 at the other adapter
+            eng._apply_lora(SamplingParams(lora="ab"[k % 2]))
+        out["switch_ms"] = round(1000 * (time.perf_counter() - t0) / n, 4)
+        out["pool_bytes"] = eng.lora_pool.nbytes
+        log(f"  LoRA switch: {out['switch_ms']} ms host time")
+        return out
+    finally:
+        del eng
+        gc.collect()
 
 
 # -- machine -------------------------------------------------------------------------------------
@@ -123,7 +176,8 @@ def machine_info(dev) -> dict:
 def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
-                streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
+                streams: list[int] | None = None, peak_tflops: float | None = None,
+                lora_rank: int | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
@@ -140,6 +194,19 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     cfg = src.config
     model = rows[0]["model"]
     ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
+    if lora_rank:
+        try:
+            lr = bench_lora(dev, src, protocols, lora_rank, prefill_chunk, int8_activations, log)
+            for r in rows:
+                v = dict(lr.get(f"{r['prompt_tokens']}/{r['new_tokens']}", {}), rank=lora_rank,
+                         switch_ms=lr["switch_ms"], pool_bytes=lr["pool_bytes"])
+                if v.get("decode_tps") and r.get("decode_tps"):
+                    v["decode_ratio"] = round(v["decode_tps"] / r["decode_tps"], 3)   # target >= 0.85
+                r["lora"] = v
+        except Exception as e:  # noqa: BLE001 - keep the base rows
+            log(f"  LoRA: {type(e).__name__}: {e}")
+            for r in rows:
+                r["lora"] = {"rank": lora_rank, "error": f"{type(e).__name__}: {e}"}
     if llama_bench:
         from .llama_cpp import attach_llama_cpp
         attach_llama_cpp(rows, llama_bench, src, protocols, repeats, kv_bytes=lambda kv_len: kv_cache_bytes(cfg, kv_len),
@@ -224,7 +291,8 @@ def run_bench(args, dev=None, log=None) -> dict:
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
                                llama_bench=getattr(args, "llama_bench", None),
                                streams=parse_streams(getattr(args, "streams", None)),
-                               peak_tflops=roof["compute"]["f32"]["tflops"])
+                               peak_tflops=roof["compute"]["f32"]["tflops"],
+                               lora_rank=getattr(args, "lora_rank", None))
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -280,6 +348,13 @@ def format_table(report: dict, markdown: bool = False) -> str:
                      _fmt(r.get("prefill_pct_compute"), ".2f"), _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
                      _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
                      _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
+    if any(r.get("lora") for r in report["results"]):   # bench --lora-rank
+        head.append("LoRA decode tok/s (ratio) / switch ms")
+        for row, r in zip(rows, report["results"]):
+            lo = r.get("lora") or {}
+            row.append(f"error: {lo['error'][:60]}" if lo.get("error") else
+                       f"r{lo.get('rank')}: {_fmt(lo.get('decode_tps'))} ({_fmt(lo.get('decode_ratio'), '.2f')}) / "
+                       f"{_fmt(lo.get('switch_ms'), '.3f')}" if lo else "")
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -416,6 +491,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculative", default=None, metavar="MODE",
                    help="instead of the protocol: speculative decoding (e.g. 'lookup') vs plain greedy on a "
                         "~500-token rewriting task and a free-form chat, real models only (bench_spec.py)")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                   help="also decode with a random rank-R LoRA adapter on all seven targets (and with the LoRA "
+                        "slots but no adapter), and time switching adapters (row field `lora`)")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")

@@ -180,7 +180,9 @@ def _load(args, status: Status):
     """The engine for generate / chat, through the core's assembly path one step at a time (what
     webdrift.load does), each step a visible wait."""
     from ..runtime.loading import EngineOptions, assemble, make_tokenizer, open_source
-    options = EngineOptions(max_context=args.max_context, weight_format=args.weight_format)
+    lora = getattr(args, "lora", None)
+    options = EngineOptions(max_context=args.max_context, weight_format=args.weight_format,
+                            enable_lora=bool(lora), max_lora_rank=getattr(args, "max_lora_rank", 64))
     source = open_source(args.model)       # a known model not in the cache yet: hub.pull shows its own progress
     tokenizer = make_tokenizer(source)
     status.set("starting the GPU device")
@@ -192,7 +194,8 @@ def _load(args, status: Status):
 
     def tensors(done, total, name):
         status.set("loading the weights", f"{done}/{total} tensors")
-    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors)
+    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors,
+                   loras={"lora": lora} if lora else None)
     status.done()
     return eng
 
@@ -255,7 +258,8 @@ def _run_generation(eng, prompt, sampling: dict, status: Status, on_text=None):
 
 def _sampling(args) -> dict:
     return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-            "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos, "speculative": args.speculative}
+            "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos, "speculative": args.speculative,
+            "lora": "lora" if args.lora else None, "lora_scale": args.lora_scale}
 
 
 def _write(piece: str) -> None:
@@ -432,6 +436,11 @@ def _add_sampling_args(p, max_new_tokens: int):
     p.add_argument("--speculative", default=None, metavar="MODE",
                    help="speculative decoding: 'lookup' drafts tokens from earlier text (prompt lookup) and "
                         "verifies them as a tree in one pass; the same output (default: off)")
+    p.add_argument("--lora", default=None, metavar="PATH",
+                   help="apply a LoRA adapter: a PEFT folder (adapter_config.json + adapter_model.safetensors) "
+                        "or a llama.cpp GGUF LoRA file")
+    p.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default 1; 0: the base model)")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank (default %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
