@@ -399,3 +399,31 @@ def test_damaged_gguf_lora_bytes_give_webdrift_errors(tmp_path):
             read_checked(bytes(data), cfg, 8, "fuzz.gguf")
         except WebdriftError as e:
             assert len(str(e)) <= 1000 and "fuzz.gguf" in str(e), str(e)
+
+
+def peft_greedy(model, ids, n):
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+def test_lora_with_streams_and_speculative_decoding(setup):
+    """The request's adapter applies to every stream of n=3 (first tokens = peft's top 3, each
+    continuation = peft's greedy after it) and to the rows of speculative verification (the same
+    tokens as peft's greedy decoding; drafts that hide peft's tokens among distractors)."""
+    eng, ref = setup["eng"], setup["refs"]["a"]
+    ids = ids_for(20, seed=13)
+    rs = eng.generate(ids, max_new_tokens=5, n=3, lora="a", stop_at_eos=False)
+    with torch.no_grad():
+        last = ref(torch.tensor([ids])).logits[0, -1].numpy().astype(np.float64)
+    assert [r.token_ids[0] for r in rs] == [int(i) for i in np.argsort(-last, kind="stable")[:3]]
+    for r in rs:
+        assert r.token_ids[1:] == peft_greedy(ref, ids + [r.token_ids[0]], 4)
+    from tests.spec_util import OracleDrafter
+    want = peft_greedy(ref, ids, 10)
+    drafter = OracleDrafter(ids + want, VOCAB, seed=3)   # trees hiding peft's tokens among distractors
+    out = eng.generate(ids, max_new_tokens=10, lora="a", stop_at_eos=False, speculative=drafter)
+    assert out.token_ids == want
+    assert out.stats.spec_passes > 0 and out.stats.accepted_tokens > 0
