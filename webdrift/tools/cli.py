@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(sub.add_parser("bench", help="ML Drift protocol: prefill/decode tok/s, roofline, peers"))
     from .profile import add_arguments as add_profile_arguments
     add_profile_arguments(sub.add_parser("profile", help="time host phases and GPU kernels; Chrome trace"))
+    from .perplexity import add_arguments as add_perplexity_arguments
+    add_perplexity_arguments(sub.add_parser("perplexity", help="perplexity over a text, as llama-perplexity does"))
     return ap
 
 
