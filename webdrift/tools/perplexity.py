@@ -152,6 +152,9 @@ def perplexity(model, text: str, ctx: int = DEFAULT_CTX, *, weight_format: str |
     if unknown:
         raise InvalidArgumentError(f"unknown engine option(s) {', '.join(unknown)}; "
                                    f"the options are {', '.join(EngineOptions.names())}")
+    # score chunks (at most 64 tokens) that start at the scored half, so no unscored row goes
+    # through the LM head: it is most of the work for a large vocabulary (Gemma 3: 262k rows)
+    options.setdefault("prefill_chunk", min(256, ctx // 2))
     opts = EngineOptions(max_context=ctx, weight_format=weight_format, **options)   # checked here
     source = open_source(model)
     check_ctx(ctx, source.config.max_position)
