@@ -1,5 +1,5 @@
 import sys
 
-from build_wasm.build import main
+from .build import main
 
 sys.exit(main())

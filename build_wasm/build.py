@@ -1,12 +1,20 @@
 """Assemble webdrift's browser bundle: a static folder any web server can serve.
 
     python -m build_wasm --out bundle/ [--model smollm2-135m | --model path/to/model.gguf]
+    python -m webdrift.tools.build_wasm --out DIR     (the same, from an installed webdrift)
+
+It runs from a source checkout (the repository root) or from an installed webdrift: the wheel
+carries this folder as `webdrift/tools/build_wasm/` and web/ as `webdrift/tools/web/` (package
+data, pyproject.toml), so `webdrift serve` can build the bundle after `pip install webdrift`.
+`Sources` says where the inputs are in either layout.
 
 What goes in (everything from package registries, nothing from a CDN at run time):
     pyodide/          Pyodide's core runtime from the npm package `pyodide` (version pinned below):
                       pyodide.mjs, pyodide.asm.mjs, pyodide.asm.wasm, python_stdlib.zip, lock file
-    wheels/           webdrift (pure Python, `pip wheel --no-deps` of this repo, WGSL templates as
-                      package data, without the desktop tools: webdrift/tools/ and __main__.py), jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
+    wheels/           webdrift (pure Python: `pip wheel --no-deps` of the checkout, or the installed
+                      package's files zipped; WGSL templates as package data; without the desktop
+                      tools: webdrift/tools/ with the web assets and this builder, and __main__.py),
+                      jinja2 (PyPI's py3-none-any wheel) and markupsafe (a pure-Python
                       wheel assembled here from PyPI's sdist: Pyodide's own markupsafe lives on a CDN
                       we do not use, and markupsafe falls back to `_native.py` without its C speedups)
     webdrift.js, worker.js, index.html, app.js, style.css   from web/
@@ -16,7 +24,8 @@ What goes in (everything from package registries, nothing from a CDN at run time
                       (`webdrift serve` serves the model itself and does not copy it)
 
 Downloads are cached in $WEBDRIFT_CACHE/build_wasm (default ~/.cache/webdrift/build_wasm).
-Must not: be imported by the webdrift package at run time (it shells out to npm and pip).
+Must not: be imported by the webdrift core (only webdrift/tools/serve.py uses it: it shells out
+to npm and pip); put any desktop tool, web asset or itself into the browser's webdrift wheel.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +45,9 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from webdrift.cache import cache_dir as webdrift_cache_dir
 from webdrift.hub import sha256_file
@@ -44,14 +56,19 @@ PYODIDE_VERSION = "314.0.7"     # npm package `pyodide` (CPython 3.14 in WebAsse
 JINJA2_VERSION = "3.1.6"        # chat templates
 MARKUPSAFE_VERSION = "3.0.3"    # jinja2's only dependency
 
-REPO = Path(__file__).resolve().parent.parent
+_HERE = Path(__file__).resolve().parent
+# The source root: the checkout (holding pyproject.toml) this file is in, or, installed, the webdrift
+# package folder (this file is webdrift/tools/build_wasm/build.py there). Functions take it as `repo`.
+REPO = _HERE.parent if (_HERE.parent / "pyproject.toml").is_file() else _HERE.parents[1]
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json", "package.json")
 WEB_FILES = ("webdrift.js", "worker.js", "index.html", "app.js", "style.css")
 BUNDLE_FORMAT = 1
 # What the browser's webdrift wheel leaves out: the desktop tools wing (the CLI, bench and its
-# PyTorch peers, the profile command, serve) and `python -m webdrift`, which starts it. The core
-# never imports them (tests/test_layering.py), so the browser cannot miss them.
+# PyTorch peers, the profile command, serve, and the package data under it: the web assets in
+# webdrift/tools/web/ and this builder in webdrift/tools/build_wasm/) and `python -m webdrift`,
+# which starts it. The core never imports them (tests/test_layering.py), so the browser cannot
+# miss them.
 DESKTOP_ONLY = ("webdrift/tools/", "webdrift/__main__.py")
 # What it must hold: the browser's entry point and the core it runs on
 BROWSER_ENTRY_POINTS = ("webdrift/browser_api.py", "webdrift/runtime/loading.py", "webdrift/runtime/engine.py",
@@ -61,6 +78,32 @@ BROWSER_ENTRY_POINTS = ("webdrift/browser_api.py", "webdrift/runtime/loading.py"
 def desktop_only(name: str) -> bool:
     """True for a package path (webdrift/...) that the browser wheel leaves out."""
     return name.startswith(DESKTOP_ONLY)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where the bundle's inputs are, in a source checkout or in an installed webdrift."""
+
+    package: Path            # the webdrift package folder
+    wgsl: Path               # the kernel templates (*.wgsl)
+    web: Path                # webdrift.js, worker.js and the demo page
+    builder: Path            # this folder
+    checkout: Path | None    # the checkout's root (pyproject.toml); None for an installed package
+
+    @classmethod
+    def of(cls, repo: Path) -> Sources:
+        """`repo`: a checkout's root, or an installed webdrift package folder."""
+        repo = Path(repo)
+        if (repo / "pyproject.toml").is_file():
+            return cls(repo / "webdrift", repo / "wgsl", repo / "web", repo / "build_wasm", repo)
+        return cls(repo, repo / "wgsl", repo / "tools" / "web", repo / "tools" / "build_wasm", None)
+
+
+def default_out(repo: Path = REPO) -> Path:
+    """Where the bundle goes by default: bundle/ in a checkout; $WEBDRIFT_CACHE/bundle installed
+    (site-packages is no place for build output)."""
+    src = Sources.of(repo)
+    return src.checkout / "bundle" if src.checkout else webdrift_cache_dir("bundle")
 
 
 class BuildError(RuntimeError):
@@ -89,13 +132,18 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
 
 # -- inputs and their fingerprint -------------------------------------------------------------
 
-def _input_files(repo: Path) -> list[Path]:
-    files = [repo / "pyproject.toml", repo / "README.md"]
-    for folder, pattern in (("webdrift", "*.py"), ("wgsl", "*.wgsl"), ("web", "*"), ("build_wasm", "*.py")):
-        files += [p for p in sorted((repo / folder).rglob(pattern))
-                  if p.is_file() and "__pycache__" not in p.parts
-                  and not (folder == "webdrift" and desktop_only(p.relative_to(repo).as_posix()))]
-    return [p for p in files if p.is_file()]
+def _input_files(repo: Path) -> list[tuple[str, Path]]:
+    """(name, path) of every input: names as in a checkout (webdrift/..., wgsl/..., web/...,
+    build_wasm/...), whichever layout the files come from."""
+    src = Sources.of(repo)
+    files = [(n, src.checkout / n) for n in ("pyproject.toml", "README.md")] if src.checkout else []
+    for folder, root, pattern in (("webdrift", src.package, "*.py"), ("wgsl", src.wgsl, "*.wgsl"),
+                                  ("web", src.web, "*"), ("build_wasm", src.builder, "*.py")):
+        for p in sorted(root.rglob(pattern)):
+            name = f"{folder}/{p.relative_to(root).as_posix()}"
+            if p.is_file() and "__pycache__" not in p.parts and not (folder == "webdrift" and desktop_only(name)):
+                files.append((name, p))
+    return [(n, p) for n, p in files if p.is_file()]
 
 
 def fingerprint(repo: Path = REPO, model: dict | None = None) -> str:
@@ -103,8 +151,8 @@ def fingerprint(repo: Path = REPO, model: dict | None = None) -> str:
     h = hashlib.sha256()
     h.update(f"{BUNDLE_FORMAT}|{PYODIDE_VERSION}|{JINJA2_VERSION}|{MARKUPSAFE_VERSION}|".encode())
     h.update(json.dumps(model, sort_keys=True).encode())
-    for p in _input_files(repo):
-        h.update(str(p.relative_to(repo)).encode() + b"\0")
+    for name, p in _input_files(repo):
+        h.update(name.encode() + b"\0")
         h.update(hashlib.sha256(p.read_bytes()).digest())
     return h.hexdigest()
 
@@ -207,7 +255,11 @@ def fetch_markupsafe(cache: Path) -> Path:
 
 
 def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
-    """`pip wheel --no-deps` of a clean copy of the repo (no stale build/ from earlier builds)."""
+    """The browser's webdrift wheel: from a checkout, `pip wheel --no-deps` of a clean copy of it
+    (no stale build/ from earlier builds) with the desktop-only files stripped; from an installed
+    package, its files zipped (installed_package_wheel)."""
+    if Sources.of(repo).checkout is None:
+        return installed_package_wheel(repo, out_dir)
     with tempfile.TemporaryDirectory(prefix="webdrift-wheel-") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
@@ -215,8 +267,10 @@ def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
             if (repo / f).is_file():
                 shutil.copy2(repo / f, src / f)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(repo / "webdrift", src / "webdrift", ignore=ignore)
-        shutil.copytree(repo / "wgsl", src / "wgsl", ignore=ignore)
+        # every folder pyproject.toml maps into the package (web/ and build_wasm/ are package data
+        # of webdrift.tools: stripped below, like the rest of the tools)
+        for folder in ("webdrift", "wgsl", "web", "build_wasm"):
+            shutil.copytree(repo / folder, src / folder, ignore=ignore)
         wdir = Path(tmp) / "dist"
         cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wdir), str(src)]
         try:
@@ -233,6 +287,44 @@ def build_webdrift_wheel(repo: Path, out_dir: Path) -> Path:
         dst = out_dir / wheels[0].name
         shutil.copy2(wheels[0], dst)
         return dst
+
+
+def _package_version(package: Path) -> str:
+    m = re.search(r'^__version__ = "([^"]+)"', (package / "__init__.py").read_text(), re.MULTILINE)
+    if not m:
+        raise BuildError(f"{package / '__init__.py'} names no __version__")
+    return m.group(1)
+
+
+def installed_package_wheel(package: Path, out_dir: Path) -> Path:
+    """A py3-none-any wheel of an installed webdrift package folder (no source checkout to run pip
+    on): its modules and WGSL templates, without the DESKTOP_ONLY files; METADATA names it."""
+    package = Path(package)
+    version = _package_version(package)
+    files: dict[str, bytes] = {}
+    for p in sorted(package.rglob("*")):
+        name = f"webdrift/{p.relative_to(package).as_posix()}"
+        if (p.is_file() and "__pycache__" not in p.parts and not desktop_only(name)
+                and (p.suffix == ".py" or (p.suffix == ".wgsl" and p.parent == package / "wgsl"))):
+            files[name] = p.read_bytes()
+    info = f"webdrift-{version}.dist-info"
+    files[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: webdrift\nVersion: {version}\n"
+                                 "Summary: webdrift's browser core (built from an installed package)\n").encode()
+    files[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: webdrift build_wasm\n"
+                              b"Root-Is-Purelib: true\nTag: py3-none-any\n")
+    files[f"{info}/top_level.txt"] = b"webdrift\n"
+    files[f"{info}/RECORD"] = _wheel_record(files, f"{info}/RECORD")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    whl = out_dir / f"webdrift-{version}-py3-none-any.whl"
+    tmp = whl.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, data)
+    os.replace(tmp, whl)
+    check_webdrift_wheel(whl, package)
+    return whl
 
 
 def strip_desktop_only(whl: Path) -> None:
@@ -261,7 +353,7 @@ def check_webdrift_wheel(whl: Path, repo: Path) -> None:
     """The wheel must carry every WGSL template and the browser entry points, and none of the
     desktop tools."""
     names = set(zipfile.ZipFile(whl).namelist())
-    want = {f"webdrift/wgsl/{p.name}" for p in (repo / "wgsl").glob("*.wgsl")}
+    want = {f"webdrift/wgsl/{p.name}" for p in Sources.of(repo).wgsl.glob("*.wgsl")}
     want |= set(BROWSER_ENTRY_POINTS)
     missing = sorted(want - names)
     if missing:
@@ -274,8 +366,9 @@ def check_webdrift_wheel(whl: Path, repo: Path) -> None:
 # -- the bundle -----------------------------------------------------------------------------------
 
 def model_entry(path: Path, name: str, sha256: str | None = None) -> dict:
-    """models/default.json's content for a GGUF file served at models/<file name>."""
-    return {"name": name, "url": path.name, "file": path.name, "size": path.stat().st_size,
+    """models/default.json's content for a GGUF file served at models/<file name> (`url` relative to
+    it and percent-encoded: a `#` or space in the name would break the URL the page resolves)."""
+    return {"name": name, "url": quote(path.name), "file": path.name, "size": path.stat().st_size,
             "sha256": sha256 or sha256_file(path)}
 
 
@@ -284,7 +377,6 @@ def _resolve_model(model: str) -> tuple[Path, str, str | None]:
     p = Path(model)
     if p.is_file():
         return p.resolve(), p.stem, None
-    sys.path.insert(0, str(REPO))
     try:
         from webdrift import hub
     except ImportError as e:
@@ -323,10 +415,11 @@ def build(out: Path, model: str | None = None, repo: Path = REPO) -> Path:
         shutil.copy2(markupsafe_whl, wheels / markupsafe_whl.name)
         shutil.copy2(jinja2_whl, wheels / jinja2_whl.name)
         webdrift_whl = build_webdrift_wheel(repo, wheels)
+        web = Sources.of(repo).web
         for f in WEB_FILES:
-            src = repo / "web" / f
+            src = web / f
             if not src.is_file():
-                raise BuildError(f"web/{f} is missing")
+                raise BuildError(f"{src} is missing (web/{f} of the source checkout)")
             shutil.copy2(src, stage / f)
         if model_info:
             (stage / "models").mkdir()
@@ -381,7 +474,7 @@ def ensure_bundle(out: Path, repo: Path = REPO) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m build_wasm", description="Assemble webdrift's browser bundle")
-    ap.add_argument("--out", default=str(REPO / "bundle"), help="output folder (default: %(default)s)")
+    ap.add_argument("--out", default=str(default_out()), help="output folder (default: %(default)s)")
     ap.add_argument("--model", default=None,
                     help="also pack a model: a known name (webdrift.hub) or a .gguf path -> models/")
     ap.add_argument("--if-needed", action="store_true", help="skip the build when the bundle is current")

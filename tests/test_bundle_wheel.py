@@ -34,6 +34,8 @@ def test_browser_wheel_has_no_desktop_tools(wheel):
     for module in ("cli", "bench", "bench_peers", "profile", "serve", "__init__"):
         assert f"webdrift/tools/{module}.py" not in names
     assert not [n for n in names if n.startswith("webdrift/tools/")]
+    # the desktop wheel's package data for `webdrift serve` (web assets, the bundle builder) too
+    assert not [n for n in names if n.endswith((".html", ".js", ".css")) or "build_wasm" in n]
     assert "webdrift/__main__.py" not in names
     assert not [n for n in names if n.endswith("entry_points.txt")]      # no `webdrift` script into tools
     for n in BROWSER_ENTRY_POINTS + ("webdrift/__init__.py", "webdrift/profile/profiler.py",

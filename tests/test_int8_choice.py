@@ -60,8 +60,9 @@ def test_post_norm_models_skip_the_chain():
 
 def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     """choose_attention: per-head for MHA, beyond MAX_GQA heads per KV head and without timing
-    (browsers); with timestamps (lavapipe has them) both kernels are timed on the layer's caches
-    and the verdict is cached per shape."""
+    (browsers); grouped, untimed, on software adapters; with timestamps (lavapipe has them, here
+    taken for a GPU's) both kernels are timed on the layer's caches and the verdict is cached per
+    shape."""
     from tests.gpu_util import device
     from webdrift.kernels import autotune
     from webdrift.kernels.autotune import choose_attention
@@ -70,6 +71,8 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     gpu = NS(has_timestamps=False, can_time_sync=False, info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_attention(gpu, 8, 2, 64, 512, None, None) is False            # untimed
     dev = device()
+    assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) is True   # software: the rule
+    monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
     kc, vc = (dev.create_buffer(2 * 512 * 64 * 4, label=n) for n in ("k", "v"))
     calls = []
     real = autotune._measure_attention

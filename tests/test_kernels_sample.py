@@ -197,3 +197,47 @@ def test_sample_is_a_function_of_seed_and_step():
     c = draw(lg, 200, seed=2, temperature=1.0)
     assert (a != c).mean() > 0.5
     assert len(set(a.tolist())) > 20
+
+
+# -- non-finite logits (issue 15 item 6) -----------------------------------------------------------
+
+NONFINITE = 0xFFFFFFFF   # what the kernel writes for a row with a NaN or an infinity (kernels/sample.py)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("V,span", [(257, 0), (1000, 256), (5000, 300)])
+def test_greedy_flags_a_non_finite_logit(V, span, bad):
+    """One NaN / +inf / -inf anywhere in the sampled row (first, last, mid-span) makes the token
+    NONFINITE, also where the finite maximum is elsewhere (before: a NaN was skipped by `>` and the
+    rest decided; a row of NaNs gave the initial id 0xFFFFFFFF, fed back as a token)."""
+    from webdrift.kernels.sample import NONFINITE_TOKEN
+    assert NONFINITE_TOKEN == NONFINITE
+    rng = np.random.default_rng(V)
+    for where in (0, V - 1, V // 2 + 1):
+        lg = rng.standard_normal((2, V)).astype(np.float32)
+        lg[1, 5 if where != 5 else 6] = 30.0                    # the finite maximum
+        lg[1, where] = bad
+        lg[0, 7] = np.nan                                       # another row: not sampled
+        assert greedy(lg, step=1, span=span)[:2] == (NONFINITE, NONFINITE)
+    lg = rng.standard_normal((2, V)).astype(np.float32)
+    lg[0, :] = np.nan                                          # only the other row is bad
+    assert greedy(lg, span=span)[0] == int(np.argmax(lg[1]))
+    assert greedy(np.full((1, V), np.nan, np.float32), span=span)[0] == NONFINITE
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_sampling_flags_a_non_finite_logit(bad):
+    lg = _logits(1000, 1.0, 16)
+    lg[123] = bad
+    for params in ({"temperature": 0.8}, {"temperature": 1.0, "top_k": 5}, {"temperature": 1.0, "top_p": 0.5}):
+        assert (draw(lg, 3, **params) == NONFINITE).all(), params
+
+
+def test_extreme_finite_logits_are_not_flagged():
+    """The lowest and highest finite floats are ordinary logits (the flag tests the exponent bits)."""
+    f32 = np.finfo(np.float32)
+    lg = np.full((1, 300), f32.min, np.float32)
+    assert greedy(lg)[0] == 0                                  # all equal to the lowest float: id 0
+    lg[0, 200] = f32.max
+    assert greedy(lg)[0] == 200
+    assert greedy(lg, span=128)[0] == 200

@@ -85,12 +85,14 @@ def test_browser_option_table_covers_every_engine_option():
 
 @pytest.fixture(scope="module")
 def worker_api(smollm2_gguf_path):
-    """webdrift.browser_api's worker functions, with the desktop's device in place of the page's."""
+    """webdrift.browser_api's worker functions, with a desktop device in place of the page's (its
+    own: api_dispose destroys the engine's device, which must not be the process-wide one the
+    tests after this module use)."""
     from webdrift import browser_api
-    from webdrift.gpu.native import get_device
+    from webdrift.gpu.native import NativeDevice
 
     async def on_desktop(model, options=None, **kw):
-        return await load_browser(model, options, device=get_device(), **kw)
+        return await load_browser(model, options, device=NativeDevice(), **kw)
     mp = pytest.MonkeyPatch()
     mp.setattr(browser_api, "load_browser", on_desktop)
     run = asyncio.run

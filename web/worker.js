@@ -213,6 +213,12 @@ function checkMagic(bytes, url) {
   }
 }
 
+// the file name in a model URL, percent-decoding undone ("my%20model%20%231.gguf" -> "my model #1.gguf")
+function fileName(url) {
+  const last = url.split("#")[0].split("?")[0].split("/").pop();
+  try { return decodeURIComponent(last); } catch { return last; }
+}
+
 async function loadModel(id, opts) {
   const spec = opts.model;
   const t0 = performance.now();
@@ -227,7 +233,7 @@ async function loadModel(id, opts) {
   }
   await python;
   progress(id, "parse", { message: "reading the model file" });
-  const name = spec.url.split("/").pop().split("?")[0];
+  const name = fileName(spec.url);
   let opened;
   try {
     opened = await callApi("api_open", m.bytes, name);

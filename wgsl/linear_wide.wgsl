@@ -7,7 +7,8 @@ diagnostic(off, subgroup_uniformity);
 #endif
 // Decode-stage linear layer (GEMV), variant "wide": linear_subgroup.wgsl with each lane reading
 // a whole quant block (16-32 bytes of q4 / q8, 8 halves of row-major f16) per iteration through
-// the generated `w_blk` (weights.wide_accessor_wgsl; no arrays: they can end up in local memory).
+// the generated `w_dot` (weights.wide_accessor_wgsl; no arrays: they can end up in local memory);
+// the block's input slices are loaded once (`x_blk`) and shared by a pair's two weights.
 // UNROLL4: four blocks in flight per lane. Same maths, fusions and ROPE epilogue as
 // linear_subgroup.wgsl.
 // Dispatch: (ceil(O / ROWS), tokens).
@@ -20,9 +21,10 @@ diagnostic(off, subgroup_uniformity);
 #if ROPE
 #include rope_epilogue
 // the pair's second row comes from the same weight
-fn w2_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 { return w_blk(o, b, t, inv); }
+fn w2_dot(o: u32, b: u32, x: XB) -> f32 { return w_dot(o, b, x); }
 #endif
 #include linear_decode
+{{XB_DECL}}
 #include linear_subgroup_common
 
 @compute @workgroup_size({{WG}})
@@ -59,15 +61,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
 #endif
     for (; b + 3u * sg < w_NB; b += 4u * sg) {
-      acc += w_blk(o, b, {{XROW}}, inv);
-      a1 += w_blk(o, b + sg, {{XROW}}, inv);
-      a2 += w_blk(o, b + 2u * sg, {{XROW}}, inv);
-      a3 += w_blk(o, b + 3u * sg, {{XROW}}, inv);
+      let x0 = x_blk({{XROW}}, b, inv);
+      let x1 = x_blk({{XROW}}, b + sg, inv);
+      let x2 = x_blk({{XROW}}, b + 2u * sg, inv);
+      let x3 = x_blk({{XROW}}, b + 3u * sg, inv);
+      acc += w_dot(o, b, x0);
+      a1 += w_dot(o, b + sg, x1);
+      a2 += w_dot(o, b + 2u * sg, x2);
+      a3 += w_dot(o, b + 3u * sg, x3);
 #if PAIR
-      acc2 += w2_blk(o2, b, {{XROW}}, inv);
-      b1 += w2_blk(o2, b + sg, {{XROW}}, inv);
-      b2 += w2_blk(o2, b + 2u * sg, {{XROW}}, inv);
-      b3 += w2_blk(o2, b + 3u * sg, {{XROW}}, inv);
+      acc2 += w2_dot(o2, b, x0);
+      b1 += w2_dot(o2, b + sg, x1);
+      b2 += w2_dot(o2, b + 2u * sg, x2);
+      b3 += w2_dot(o2, b + 3u * sg, x3);
 #endif
     }
     acc += a1 + a2 + a3;
@@ -76,9 +82,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #endif
     for (; b < w_NB; b += sg) {
-      acc += w_blk(o, b, {{XROW}}, inv);
+      let xb = x_blk({{XROW}}, b, inv);
+      acc += w_dot(o, b, xb);
 #if PAIR
-      acc2 += w2_blk(o2, b, {{XROW}}, inv);
+      acc2 += w2_dot(o2, b, xb);
 #endif
     }
     acc = subgroupAdd(acc);

@@ -6,7 +6,10 @@
 //                      RNG of (seed, step). Thresholds are found exactly by bisection over
 //                      order-preserving u32 images of the floats (32 passes, no sort).
 // Writes the token to out_tokens[step.step] (read back by the host, asynchronously) and to
-// ids[0] (the next decode step's embedding input: the token never visits the host).
+// ids[0] (the next decode step's embedding input: the token never visits the host). If a logit
+// of the row is NaN or infinite (bits tested: compilers may assume floats are finite; greedy
+// with NPART: a span's NONFINITE id) the token is NONFINITE, which the host reports as an error
+// instead of feeding a garbage id on (issue 15: NaN logits from a mislabelled tensor).
 {{STEP_DECL}}
 {{L_DECL}}
 {{OUT_TOKENS_DECL}}
@@ -21,6 +24,12 @@ const CH: u32 = {{CH}}u;      // contiguous chunk per thread = ceil(V / WG)
 var<workgroup> rf: array<f32, 256>;
 var<workgroup> ru: array<u32, 256>;
 var<workgroup> sel: atomic<u32>;
+var<workgroup> bad: atomic<u32>;      // 1: a logit is NaN or inf (cleared first: not every driver
+                                      // zeroes workgroup memory per dispatch; lavapipe keeps it)
+const NONFINITE: u32 = 0xffffffffu;   // the token written for a row with a non-finite logit
+const LOWEST: f32 = -3.4028235e38;    // the lowest finite f32
+
+fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
 
 fn logit(i: u32) -> f32 { return l_read1(0u, {{LROW}}, 0u, i); }
 fn key(f: f32) -> u32 {       // order-preserving map f32 -> u32
@@ -65,21 +74,29 @@ fn max_f(lid: u32, v: f32) -> f32 {
 
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) lid: u32) {
+  if (lid == 0u) { atomicStore(&bad, 0u); }
+  workgroupBarrier();
   let i0 = lid * CH;
   let i1 = min(i0 + CH, V);
   var tok = 0u;
   if (step.temperature <= 0.0) {
-    var best = -3.4e38;
-    var bi = 0xffffffffu;
+    var best = LOWEST;
+    var bi = NONFINITE - 1u;           // no id yet: loses every tie (ids are lower)
 #if NPART
-    // the spans' maxima (sample_argmax.wgsl); spans are in id order, so `>` keeps the lowest id
+    // the spans' maxima (sample_argmax.wgsl); spans are in id order, ties keep the lowest id
     for (var k = lid; k < NPART; k += WG) {
       let v = bitcast<f32>(part[2u * k]);
-      if (v > best) { best = v; bi = part[2u * k + 1u]; }
+      let id = part[2u * k + 1u];
+      if (id == NONFINITE) { atomicOr(&bad, 1u); }
+      if (v > best || (v == best && id < bi)) { best = v; bi = id; }
     }
 #else
-    // strided (coalesced) scan: a thread sees its ids in increasing order, so `>` keeps the lowest
-    for (var i = lid; i < V; i += WG) { let v = logit(i); if (v > best) { best = v; bi = i; } }
+    // strided (coalesced) scan: a thread sees its ids in increasing order, ties keep the lowest
+    for (var i = lid; i < V; i += WG) {
+      let v = logit(i);
+      if (!finite(v)) { atomicOr(&bad, 1u); }
+      if (v > best || (v == best && i < bi)) { best = v; bi = i; }
+    }
 #endif
     rf[lid] = best;
     ru[lid] = bi;
@@ -95,8 +112,12 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     tok = ru[0];
   } else {
     let inv_t = 1.0 / step.temperature;
-    var mx = -3.4e38;
-    for (var i = i0; i < i1; i++) { mx = max(mx, logit(i)); }
+    var mx = LOWEST;
+    for (var i = i0; i < i1; i++) {
+      let v = logit(i);
+      if (!finite(v)) { atomicOr(&bad, 1u); }
+      mx = max(mx, v);
+    }
     let m = max_f(lid, mx);
     // top-k: the largest key threshold kt with count(key(l) >= kt) >= k
     var kt = 0u;
@@ -174,8 +195,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     workgroupBarrier();
     tok = ru[1];
   }
+  workgroupBarrier();
   if (lid == 0u) {
-    out_tokens[step.step] = tok;
-    ids[0] = tok;
+    let t = select(tok, NONFINITE, atomicLoad(&bad) != 0u);
+    out_tokens[step.step] = t;
+    ids[0] = t;
   }
 }

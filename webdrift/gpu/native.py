@@ -11,8 +11,10 @@ profiling puts each dispatch in its own pass with `timestamp_writes`.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
+import time
 import weakref
 
 import wgpu
@@ -87,14 +89,14 @@ class NativeDevice(Device):
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}
         self.allocations = 0   # buffers created (the decode loop must not add any)
-        self._map_status: list[int] = []
+        # Buffer maps (see map_read): the callback files each map's status under its token; a
+        # read that is interrupted leaves its buffer in _unsettled, recycled before its next use
+        self._map_results: dict[int, int] = {}      # map token -> WGPUMapAsyncStatus
+        self._map_tokens = itertools.count(1)
+        self._caught: list[BaseException] = []     # raised by a signal handler inside a callback
+        self._unsettled: dict[int, Buffer] = {}     # id(buf) -> buf whose map may be pending or mapped
         if _lib is not None:
-            status = self._map_status
-
-            @_ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-            def _on_mapped(st, _msg, _u1, _u2):
-                status.append(st)
-            self._on_mapped = _on_mapped   # kept alive with the device
+            self._on_mapped = _map_callback(self._map_results, self._caught)   # kept alive with the device
         self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
         self.architecture = info.get("architecture", "")
         self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
@@ -129,27 +131,31 @@ class NativeDevice(Device):
             mv = memoryview(bytes(mv) + b"\0" * (4 - n % 4))
         self._queue.write_buffer(buf.handle, offset, mv)
 
-    def _staging_for(self, size: int):
+    def _staging_for(self, size: int) -> Buffer:
         cap = 1 << max(8, (size - 1).bit_length())
         st = self._staging.get(cap)
         if st is None:
-            st = self._dev.create_buffer(size=cap, usage=_USAGE[READBACK], label=f"staging{cap}")
-            self._staging[cap] = st
+            h = self._dev.create_buffer(size=cap, usage=_USAGE[READBACK], label=f"staging{cap}")
+            st = self._staging[cap] = Buffer(h, cap, f"staging{cap}", READBACK)
         return st
 
     def read_buffer_sync(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         size = buf.size - offset if size is None else size
         aligned = (size + 3) // 4 * 4
         st = self._staging_for(aligned)
+        if _lib is not None:
+            self._settle(st)       # before the copy: an interrupted read's buffer is replaced first
         enc = self._dev.create_command_encoder()
-        enc.copy_buffer_to_buffer(buf.handle, offset, st, 0, aligned)
+        enc.copy_buffer_to_buffer(buf.handle, offset, st.handle, 0, aligned)
         self._queue.submit([enc.finish()])
-        st.map_sync(wgpu.MapMode.READ, 0, aligned)
-        try:
-            data = bytes(st.read_mapped(0, aligned, copy=False))
-        finally:
-            st.unmap()
-        return data[:size]
+        if _lib is None:
+            st.handle.map_sync(wgpu.MapMode.READ, 0, aligned)
+            try:
+                data = bytes(st.handle.read_mapped(0, aligned, copy=False))
+            finally:
+                st.handle.unmap()
+            return data[:size]
+        return self._map_and_read(st, aligned)[:size]
 
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
         return self.read_buffer_sync(buf, offset, size)
@@ -157,32 +163,77 @@ class NativeDevice(Device):
     async def map_read(self, buf: Buffer, size: int, after=None) -> bytes:
         """Map a READBACK buffer once submission `after` (a ticket from submit) has finished.
 
-        wgpu-py's map_sync polls until *all* submitted work is done, which would make the host
-        wait for the decode step it just queued; here the wait is for the one submission that
-        filled `buf` (wgpuDevicePoll with a submission index), so later steps keep running.
+        wgpu-py's map_sync waits for *all* submitted work, which would make the host wait for the
+        decode step it just queued; here the wait is for the callback of this one map, so later
+        steps keep running. The wait is Python code (see _wait_map): Ctrl-C ends it at once.
         """
-        h = buf.handle
         if _lib is None or after is None:
+            h = buf.handle
             h.map_sync(wgpu.MapMode.READ, 0, buf.size)
             try:
                 return bytes(h.read_mapped(0, size, copy=False))
             finally:
                 h.unmap()
-        del self._map_status[:]
+        self._settle(buf)
+        return self._map_and_read(buf, size)
+
+    # An interrupt (KeyboardInterrupt, or any exception a signal handler raises) may arrive at any
+    # Python instruction of a read, including inside the map callback, which wgpu-native runs
+    # within a poll. So: the callback never lets an exception out (cffi's onerror files the status
+    # and keeps the exception, which the wait re-raises from Python); the wait polls without
+    # blocking in C, so the interrupt ends it; and a buffer whose read was interrupted, its map
+    # pending or done, is marked unsettled *before* its map is requested and replaced by a fresh
+    # buffer before its next use (its map state cannot be asked: wgpu-native 0.32 does not
+    # implement wgpuBufferGetMapState), so no later map meets a mapped or pending buffer.
+    SPIN_S = 0.002          # poll without sleeping for this long (a GPU decode step), then sleep
+    MAX_PAUSE_S = 0.001     # the longest sleep between polls (how late a long wait may notice)
+
+    def _map_and_read(self, buf: Buffer, size: int) -> bytes:
+        token = next(self._map_tokens)
+        self._unsettled[id(buf)] = buf              # from here until unmapped: replaced if we unwind
         info = _ffi.new("WGPUBufferMapCallbackInfo *")
         info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = self._on_mapped
-        _lib.wgpuBufferMapAsync(h._internal, _lib.WGPUMapMode_Read, 0, buf.size, info[0])
-        idx = _ffi.new("WGPUSubmissionIndex *", after)
-        _lib.wgpuDevicePoll(self._dev._internal, True, idx)
-        while not self._map_status:          # the callback runs inside a poll
-            _lib.wgpuDevicePoll(self._dev._internal, False, _ffi.NULL)
-        if self._map_status[0] != _lib.WGPUMapAsyncStatus_Success:
-            raise GPUError(f"mapping {buf.label!r} for reading failed (status {self._map_status[0]})")
-        ptr = _lib.wgpuBufferGetConstMappedRange(h._internal, 0, buf.size)
+        info.userdata1 = _ffi.cast("void *", token)
+        raw = buf.handle._internal
+        _lib.wgpuBufferMapAsync(raw, _lib.WGPUMapMode_Read, 0, buf.size, info[0])
+        status = self._wait_map(token)
+        if status != _lib.WGPUMapAsyncStatus_Success:
+            del self._unsettled[id(buf)]
+            raise GPUError(f"mapping {buf.label!r} for reading failed (status {status})")
+        ptr = _lib.wgpuBufferGetConstMappedRange(raw, 0, buf.size)
         data = bytes(_ffi.buffer(ptr, size))
-        _lib.wgpuBufferUnmap(h._internal)
+        _lib.wgpuBufferUnmap(raw)
+        del self._unsettled[id(buf)]
         return data
+
+    def _wait_map(self, token: int) -> int:
+        """The status of map `token`, polling until its callback has run: non-blocking polls for
+        SPIN_S, then with sleeps doubling up to MAX_PAUSE_S. Interruptible (Python code)."""
+        results, caught = self._map_results, self._caught
+        poll, dev, null = _lib.wgpuDevicePoll, self._dev._internal, _ffi.NULL
+        t0 = time.perf_counter()
+        pause = 0.0
+        while True:
+            poll(dev, False, null)
+            if caught:
+                raise caught.pop()
+            st = results.pop(token, None)
+            if st is not None:
+                return st
+            if pause or time.perf_counter() - t0 > self.SPIN_S:
+                pause = min(2 * pause or 5e-5, self.MAX_PAUSE_S)
+                time.sleep(pause)
+
+    def _settle(self, buf: Buffer) -> None:
+        """Replace buf's GPU buffer if a read of it was interrupted (its map pending or mapped):
+        a fresh one of the same size and usage; the old one is destroyed (any state may be)."""
+        if id(buf) not in self._unsettled:
+            return
+        old = buf.handle
+        buf.handle = self._dev.create_buffer(size=buf.size, usage=_USAGE[buf.usage], label=buf.label)
+        del self._unsettled[id(buf)]
+        old.destroy()
 
     # -- pipelines -----------------------------------------------------------------------
     def create_pipeline(self, wgsl: str, bindings: tuple[str, ...], entry: str = "main",
@@ -225,6 +276,8 @@ class NativeDevice(Device):
     # -- submission ----------------------------------------------------------------------
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
                timestamps: TimestampRecorder | None = None):
+        if _lib is not None and timestamps is None:
+            return self._submit_raw(dispatches, copies)
         enc = self._dev.create_command_encoder()
         if timestamps is None:
             cp = enc.begin_compute_pass()
@@ -242,6 +295,8 @@ class NativeDevice(Device):
         else:
             self._encode_timed(enc, dispatches, timestamps)
         for src, so, dst, do, n in copies or ():
+            if self._unsettled:        # a read-back buffer whose last read was interrupted
+                self._settle(dst)
             enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
         cb = enc.finish()
         if _lib is None:
@@ -250,23 +305,55 @@ class NativeDevice(Device):
         arr = _ffi.new("WGPUCommandBuffer[]", [cb._internal])
         return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
 
+    def _submit_raw(self, dispatches: list[Dispatch], copies: list | None):
+        """submit() without timestamps, through the C API alone: no wgpu-py object is made per
+        step (faster, and an interrupt cannot leave one half-built: wgpu-py's __del__ then
+        fails noisily); every handle is released in `finally`, so an interrupted submit leaves
+        nothing behind (an unfinished encoder is dropped, never submitted)."""
+        lib, null = _lib, _ffi.NULL
+        enc = cp = cb = None
+        try:
+            enc = lib.wgpuDeviceCreateCommandEncoder(self._dev._internal, null)
+            cp = lib.wgpuCommandEncoderBeginComputePass(enc, null)
+            self._encode_raw(cp, dispatches)
+            lib.wgpuComputePassEncoderEnd(cp)
+            for src, so, dst, do, n in copies or ():
+                if self._unsettled:        # a read-back buffer whose last read was interrupted
+                    self._settle(dst)
+                lib.wgpuCommandEncoderCopyBufferToBuffer(enc, src.handle._internal, so, dst.handle._internal, do, n)
+            cb = lib.wgpuCommandEncoderFinish(enc, null)
+            arr = _ffi.new("WGPUCommandBuffer[]", [cb])
+            return lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
+        finally:
+            if cb is not None:
+                lib.wgpuCommandBufferRelease(cb)
+            if cp is not None:
+                lib.wgpuComputePassEncoderRelease(cp)
+            if enc is not None:
+                lib.wgpuCommandEncoderRelease(enc)
+
+    @staticmethod
+    def _encode_raw(h, dispatches: list[Dispatch]) -> None:
+        """Encode dispatches into the raw compute pass h: wgpu-py's set_bind_group allocates a
+        cffi array per call (~10 us) and a decode step is hundreds of dispatches, so this goes
+        through the C API with cached raw handles."""
+        null = _ffi.NULL
+        set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
+        disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
+        last_p = None
+        for d in dispatches:
+            raw = d.raw
+            if raw is None:
+                raw = d.raw = (d.pipeline.handle._internal, d.bind_group.handle._internal) + tuple(d.workgroups)
+            if raw[0] is not last_p:
+                set_p(h, raw[0])
+                last_p = raw[0]
+            set_bg(h, 0, raw[1], 0, null)
+            disp(h, raw[2], raw[3], raw[4])
+
     def _encode_pass(self, cp, dispatches: list[Dispatch]) -> None:
         if _lib is not None:
-            # wgpu-py's set_bind_group allocates a cffi array per call (~10 us); a decode step
-            # is hundreds of dispatches, so encode through the C API with cached raw handles.
-            h, null = cp._internal, _ffi.NULL
-            set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
-            disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
-            last_p = None
-            for d in dispatches:
-                raw = d.raw
-                if raw is None:
-                    raw = d.raw = (d.pipeline.handle._internal, d.bind_group.handle._internal) + tuple(d.workgroups)
-                if raw[0] is not last_p:
-                    set_p(h, raw[0])
-                    last_p = raw[0]
-                set_bg(h, 0, raw[1], 0, null)
-                disp(h, raw[2], raw[3], raw[4])
+            self._encode_raw(cp._internal, dispatches)
         else:
             last_p = None
             for d in dispatches:
@@ -304,6 +391,7 @@ class NativeDevice(Device):
         self.read_timestamps_sync(rec)
 
     def release_buffer(self, buf: Buffer) -> None:
+        self._unsettled.pop(id(buf), None)     # destroyed in whatever map state it is
         buf.handle.destroy()
         freed = getattr(buf, "_freed", None)
         if freed is not None:
@@ -311,6 +399,24 @@ class NativeDevice(Device):
 
     def destroy(self) -> None:
         self._dev.destroy()
+
+
+def _map_callback(results: dict, caught: list):
+    """The C callback of every buffer map: files the status under the map's token (userdata1).
+    It must never raise (cffi would print the exception and drop it, and the wait would spin for
+    a status that never comes): a signal handler that raises inside it (Ctrl-C during a poll) is
+    caught by onerror, which files the status from the callback's arguments and keeps the
+    exception for the wait to raise from Python code."""
+    def on_mapped(st, msg, u1, u2):
+        results[int(_ffi.cast("uintptr_t", u1))] = st
+
+    def on_error(exc_type, exc, tb):
+        args = tb.tb_frame.f_locals if tb is not None else {}
+        if "st" in args and "u1" in args:
+            results[int(_ffi.cast("uintptr_t", args["u1"]))] = args["st"]
+        caught.append(exc)
+
+    return _ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)", on_mapped, onerror=on_error)
 
 
 _default: NativeDevice | None = None

@@ -3,8 +3,12 @@ selection). For each decode GEMV shape (weight format, O, I, fused gate/up) the 
 timed with GPU timestamps on the real weight buffers and the fastest is kept; choices are
 cached per adapter in memory and, on the desktop, in a JSON file so later loads skip the search.
 A GEMV choice is a linear.GemvVariant (cached as a dict of its fields, defaults left out).
-Devices that cannot time kernels synchronously (`dev.can_time_sync` False: the browser) take the
-static choice for the adapter kind.
+Devices that cannot time kernels synchronously (`dev.can_time_sync` False: the browser), and
+software adapters always (lavapipe, SwiftShader: `is_cpu`), take the static choice for the
+adapter kind: timing every candidate on a software adapter took minutes of a first load on a
+2-core machine (SmolLM2: 52 timings, ~210 s) and its verdicts flip from run to run on a shared
+CPU; the static rules below are what those timings mostly chose, and they keep tests
+deterministic.
 Must not: import numpy or wgpu.
 """
 
@@ -129,8 +133,11 @@ def _step_buffer(dev: Device, pos0: int = 0):
 def _unmeasured(dev: Device, key: str, enabled: bool) -> bool:
     """Whether the caller takes its static rule: tuning is off (enabled=False: the static rule
     always, whatever an earlier run cached, so a choice never depends on the machine's history),
-    or no choice is cached under key and none can be measured now."""
-    return not enabled or (key not in _memory and key not in _load_file() and not dev.can_time_sync)
+    a software adapter (never timed, cached verdicts ignored), or no choice is cached under key
+    and none can be measured now."""
+    if not enabled or dev.info.is_cpu:
+        return True
+    return key not in _memory and key not in _load_file() and not dev.can_time_sync
 
 
 def _cached(key: str, compute):
@@ -205,13 +212,15 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
     head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
     length) on this adapter with the layer's own caches; cached. Untimed adapters (browsers):
-    per-head, which measured faster on an H100 for every shape but 8B's (1%)."""
+    per-head, which measured faster on an H100 for every shape but 8B's (1%); software adapters:
+    grouped, which lavapipe's timings chose for all of the 20 shapes they were taken on (1.05x to
+    4x faster)."""
     group = n_heads // n_kv
     if group == 1 or group > AttentionKernel.MAX_GQA:
         return False
     key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     if _unmeasured(dev, key, enabled):
-        return False
+        return bool(dev.info.is_cpu)
     return bool(_cached(key, lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache,
                                                         window))["grouped"])
 
@@ -386,7 +395,7 @@ def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled: bool = True) -
     if fmt not in ("f32", "f16"):
         return "OI"
     key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
-    if dev.info.is_cpu or _unmeasured(dev, key, enabled):
+    if _unmeasured(dev, key, enabled):
         return "OI"
     return _cached(key, lambda: _measure_layout(dev, fmt, o, i))["layout"]
 

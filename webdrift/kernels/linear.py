@@ -23,9 +23,10 @@ from ..tensor import TensorDesc
 from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
+from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
-from .weights import GPUWeight, wide_accessor_wgsl, wide_supported
+from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
 
 DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "linear_subgroup",
                     "wide": "linear_wide", "blk": "linear_blk"}
@@ -39,16 +40,6 @@ class GemvVariant:
     wg: int = 64             # invocations per workgroup
     unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
-
-
-@dataclass(frozen=True)
-class PreNorm:
-    """RMSNorm of x fused in: x / sqrt(mean(x^2) + eps) * (nw + w_offset). Float GEMVs bind the
-    norm weight as "nw"; blk GEMVs get x normed-by-weight from QuantizeKernel and apply 1/rms
-    from x_partials partial sums of x^2 in the row (None: QuantizeKernel's n_partials)."""
-    eps: float
-    w_offset: float = 0.0
-    x_partials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +148,8 @@ class LinearKernel(Kernel):
              "W_DECL": weight("w", w),
              "W2_DECL": weight("w2", w2) if w2 is not None else "",
              "BIAS_DECL": b.array("bias", "array<f32>", f"({w.o})") if ep.bias else "",
-             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else ""}
+             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else "",
+             "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
         if rope is not None:   # rope_epilogue.wgsl
             d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
@@ -173,7 +165,7 @@ class LinearKernel(Kernel):
                  NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not blk)
         if pre_norm is not None and not blk:
-            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset))
+            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,

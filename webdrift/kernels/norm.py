@@ -1,15 +1,27 @@
 """RMSNormKernel (wgsl/norm.wgsl): RMSNorm over channels, with the residual add fused (the
 stream written back), Gemma's post-norm accumulate, and the last-row mode feeding the LM head.
-(RMSNorm fused into a linear layer instead is linear.PreNorm.)
+(RMSNorm fused into the GEMV or quantizer that consumes x instead: PreNorm.)
 Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..gpu.base import Device
 from ..tensor import TensorDesc
 from .base import Kernel, wgsl_float
 from .bindings import Bindings
+
+
+@dataclass(frozen=True)
+class PreNorm:
+    """RMSNorm of x fused in: x / sqrt(mean(x^2) + eps) * (nw + w_offset). Float GEMVs bind the
+    norm weight as "nw"; blk GEMVs get x normed-by-weight from QuantizeKernel and apply 1/rms
+    from x_partials partial sums of x^2 in the row (None: QuantizeKernel's n_partials)."""
+    eps: float
+    w_offset: float = 0.0
+    x_partials: int | None = None
 
 
 class RMSNormKernel(Kernel):

@@ -17,7 +17,7 @@ from .base import Kernel, wgsl_float
 from .bindings import Bindings
 
 if TYPE_CHECKING:
-    from .linear import PreNorm
+    from .norm import PreNorm
 
 FORMATS = ("q8", "q4")   # weight formats the int8 rows are packed for
 QWG = 256                # quantize.wgsl's workgroup: one invocation per channel, 8 blocks

@@ -11,9 +11,14 @@ from ..tensor import TensorDesc
 from .base import Kernel, ceil_div
 from .bindings import Bindings
 
+# The token SampleKernel writes when a logit of the row is NaN or infinite (never a token id:
+# vocabularies are far below 2**32); the host raises NumericalError when it reads one back.
+NONFINITE_TOKEN = 0xFFFFFFFF
+
 
 class SampleKernel(Kernel):
-    """One token from one logits row, written to out_tokens[step.step] and ids[0]. Bindings:
+    """One token from one logits row, written to out_tokens[step.step] and ids[0] (NONFINITE_TOKEN
+    if a logit of the row is NaN or infinite). Bindings:
       step        the Step uniform (temperature, top_k, top_p, seed, step)
       logits      (rows, V) activation; row `row` (a WGSL expression) is sampled
       out_tokens  (steps) u32 generated tokens, read back by the host
@@ -38,7 +43,8 @@ class SampleKernel(Kernel):
 
 
 class ArgmaxKernel(Kernel):
-    """Greedy sampling's first phase: the maximum of each SPAN of logits (ties: lowest id).
+    """Greedy sampling's first phase: the maximum of each SPAN of logits (ties: lowest id; the id
+    NONFINITE_TOKEN for a span holding a NaN or an infinity).
     Bindings:
       step    the Step uniform
       logits  (rows, V) activation; row `row` (a WGSL expression) is read

@@ -115,15 +115,33 @@ def wide_supported(fmt: str, i: int, layout: WeightLayout | None) -> bool:
     return False
 
 
+def wide_slices(fmt: str) -> int:
+    """4-channel input slices per block of the wide GEMV: 8 (a 32-value q4 / q8 block) or 2 (8 f16)."""
+    return 2 if fmt == "f16" else 8
+
+
+def wide_input_wgsl(fmt: str) -> str:
+    """`struct XB` (the input slices of one block) and `fn x_blk(t, b, inv) -> XB`, read through the
+    kernel's `load_x(t, s, inv)`: loaded once per block and shared by both weights of a pair
+    (gate/up, or RoPE's rotation partners). Fields, not an array (arrays indexed in loops can end
+    up in local memory)."""
+    k = wide_slices(fmt)
+    fields = ", ".join(f"x{j}: vec4<f32>" for j in range(k))
+    loads = ", ".join(f"load_x(t, {k}u * b + {j}u, inv)" for j in range(k))
+    return (f"struct XB {{ {fields} }}\n"
+            f"fn x_blk(t: u32, b: u32, inv: f32) -> XB {{ return XB({loads}); }}\n")
+
+
 def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
-    """`const {n}_NB` (blocks per row) and `fn {n}_blk(o, b, t, inv) -> f32`: the dot product of
-    block b of row o with the matching slices of the kernel's input, read through the kernel's
-    `load_x(t, s, inv)`. Generated fully unrolled, with no arrays: arrays indexed in loops end up
-    in local memory on some drivers (measured 20x slower on an H200 through Vulkan)."""
+    """`const {n}_NB` (blocks per row) and `fn {n}_dot(o, b, x: XB) -> f32`: the dot product of
+    block b of row o with the block's input slices (wide_input_wgsl's XB). Generated fully
+    unrolled, with no arrays: arrays indexed in loops end up in local memory on some drivers
+    (measured 20x slower on an H200 through Vulkan)."""
     head = f"// {n}: weight ({o}, {i}) format {fmt}, read a whole block per call\nconst {n}_O: u32 = {o}u;\n"
+    sig = f"fn {n}_dot(o: u32, b: u32, x: XB) -> f32 {{\n"
     if fmt == "q4":   # 16 bytes of nibbles + (scale, min): sum((d q + m) x) = d sum(q x) + m sum(x)
         body = [f"  let q = {n}_data[o * {n}_NB + b];", f"  let sm = unpack2x16float({n}_sm[o * {n}_NB + b]);"]
-        body += [f"  let x{k} = load_x(t, 8u * b + {k}u, inv);" for k in range(8)]
+        body += [f"  let x{k} = x.x{k};" for k in range(8)]
         terms = []
         for k, c in enumerate("xyzw"):
             body.append(f"  let w{k} = q.{c};")
@@ -135,7 +153,7 @@ def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
         return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
                        f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}) blocks\n"
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;\n"
-                       f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n" + "\n".join(body) + "\n}\n")
+                       + sig + "\n".join(body) + "\n}\n")
     if fmt == "q8":   # 32 int8 in two vec4<u32>
         body = [f"  let qa = {n}_data[(o * {n}_NB + b) * 2u];", f"  let qb = {n}_data[(o * {n}_NB + b) * 2u + 1u];"]
         terms = []
@@ -143,18 +161,18 @@ def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
             w = f"q{'ab'[k // 4]}.{'xyzw'[k % 4]}"
             body.append(f"  let w{k} = {w};")
             terms.append(f"dot(vec4<f32>(vec4<i32>(i32(w{k} << 24u), i32(w{k} << 16u), i32(w{k} << 8u), i32(w{k})) "
-                         f">> vec4<u32>(24u)), load_x(t, 8u * b + {k}u, inv))")
+                         f">> vec4<u32>(24u)), x.x{k})")
         body.append("  return (" + "\n      + ".join(terms) + f") * {n}_scale[o * {n}_NB + b];")
         return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
                        f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}, 2)\n"
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;\n"
-                       f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n" + "\n".join(body) + "\n}\n")
+                       + sig + "\n".join(body) + "\n}\n")
     if fmt == "f16":   # row-major (OI layout, I % 8 == 0): 8 halves per block
         return head + (
             f"const {n}_NB: u32 = {i // 8}u;\n"
             f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 8}) f16 x8\n"
-            f"fn {n}_blk(o: u32, b: u32, t: u32, inv: f32) -> f32 {{\n"
+            + sig +
             f"  let q = {n}_data[o * {n}_NB + b];\n"
-            f"  return dot(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)), load_x(t, 2u * b, inv))\n"
-            f"       + dot(vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)), load_x(t, 2u * b + 1u, inv));\n}}\n")
+            f"  return dot(vec4<f32>(unpack2x16float(q.x), unpack2x16float(q.y)), x.x0)\n"
+            f"       + dot(vec4<f32>(unpack2x16float(q.z), unpack2x16float(q.w)), x.x1);\n}}\n")
     raise UnsupportedModelError(f"the wide GEMV does not read {fmt} weights")

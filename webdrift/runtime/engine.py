@@ -12,17 +12,29 @@ Must not: import numpy or wgpu at module level (Pyodide); numpy only in `logits(
 from __future__ import annotations
 
 import asyncio
+import numbers
 import random
 import struct
+import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import ContextLengthError, InvalidArgumentError
+from ..errors import (
+    ContextLengthError,
+    EngineBusyError,
+    GPUError,
+    InvalidArgumentError,
+    NumericalError,
+    shown,
+)
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
+from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
 from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
+from ..tokenizer.tokenizer import check_text
+from .options import EngineOptions
 
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
@@ -73,33 +85,59 @@ class SamplingParams:
 
     @classmethod
     def make(cls, max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, stop_at_eos=True):
+        """Checked parameters: every value is one the Step uniform holds (kernels/step.py: top_k a
+        u32, temperature and top_p f32 that stay normal numbers), else an InvalidArgumentError
+        naming the argument."""
         def bad(name, v, want):
-            raise InvalidArgumentError(f"{name}={v!r}: {want}")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise InvalidArgumentError(f"{name}={shown(v)}: {want}")
+
+        if not _is_int(max_new_tokens) or max_new_tokens < 0:
             bad("max_new_tokens", max_new_tokens, "must be an integer >= 0")
-        try:
-            temperature = float(temperature)
-        except (TypeError, ValueError):
-            bad("temperature", temperature, "must be a number >= 0")
-        if not temperature >= 0.0 or temperature == float("inf"):
-            bad("temperature", temperature, "must be a finite number >= 0 (0 = greedy)")
+        t = _as_float(temperature)
+        if t is None:
+            bad("temperature", temperature, "must be a number: 0 (greedy) or a positive temperature")
+        temperature = t
+        if temperature != 0.0 and not F32_MIN_NORMAL <= temperature <= F32_MAX:
+            bad("temperature", temperature, f"must be 0 (greedy) or in [{F32_MIN_NORMAL:.6g}, {F32_MAX:.6g}] "
+                "(a normal 32-bit float)")
         if top_k is None:
             top_k = 0
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-            bad("top_k", top_k, "must be None or an integer >= 0 (0 or None = no top-k)")
+        if not _is_int(top_k) or not 0 <= top_k <= U32_MAX:
+            bad("top_k", top_k, f"must be None or an integer in [0, {U32_MAX}] (0 or None = no top-k)")
         if top_p is None:
             top_p = 1.0
-        try:
-            top_p = float(top_p)
-        except (TypeError, ValueError):
+        p = _as_float(top_p)
+        if p is None:
             bad("top_p", top_p, "must be a number in (0, 1]")
-        if not 0.0 < top_p <= 1.0:
-            bad("top_p", top_p, "must be in (0, 1]")
+        top_p = p
+        if not F32_MIN_NORMAL <= top_p <= 1.0:
+            bad("top_p", top_p, f"must be in (0, 1] (at least {F32_MIN_NORMAL:.6g}, a normal 32-bit float)")
         if seed is None:
             seed = random.getrandbits(32)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            bad("seed", seed, "must be None or an integer")
-        return cls(max_new_tokens, temperature, top_k, top_p, seed & 0xFFFFFFFF, bool(stop_at_eos))
+        if not _is_int(seed):
+            bad("seed", seed, "must be None or an integer (used modulo 2**32)")
+        if not isinstance(stop_at_eos, bool):
+            bad("stop_at_eos", stop_at_eos, "must be True or False")
+        return cls(int(max_new_tokens), temperature, int(top_k), top_p, int(seed) & U32_MAX, stop_at_eos)
+
+
+U32_MAX = 0xFFFFFFFF
+F32_MAX = 3.4028234663852886e38          # the largest finite float32
+F32_MIN_NORMAL = 1.1754943508222875e-38  # the smallest normal float32 (smaller ones may flush to 0)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _as_float(v) -> float | None:
+    """v as a float if it is a real number (not a bool) that has one (10**400 has none), else None."""
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (OverflowError, TypeError, ValueError):
+        return None
 
 
 class Engine:
@@ -112,11 +150,16 @@ class Engine:
         defaults); progress(done, total, name) is called per weight tensor uploaded. Build engines
         through runtime/loading.py (`webdrift.load`, the browser API), which makes the tokenizer
         and the device."""
-        from .loading import EngineOptions
         if options is None:
             options = EngineOptions()
         elif not isinstance(options, EngineOptions):
             raise InvalidArgumentError(f"options must be an EngineOptions, got {type(options).__name__}")
+        if not isinstance(dev, Device):
+            raise InvalidArgumentError(f"device must be a webdrift.gpu device (e.g. gpu.native.get_device()), "
+                                       f"got {type(dev).__name__}")
+        if progress is not None and not callable(progress):
+            raise InvalidArgumentError(f"progress must be None or a function (done, total, name), "
+                                       f"got {type(progress).__name__}")
         cfg = source.config
         self.dev, self.config, self.tokenizer, self.path = dev, cfg, tokenizer, source.path
         self.options = options
@@ -149,7 +192,11 @@ class Engine:
         self.decode.bind(self.arena)
         self.prefill.bind(self.arena)
         self.load_s = time.perf_counter() - t0
-        self._busy = False
+        # one request at a time: every public entry point that touches the GPU state (generate,
+        # stream, chat, agenerate, achat, logits) holds this lock while it runs, a stream() from its
+        # first token until it is closed; a second caller gets EngineBusyError at once
+        self._lock = threading.Lock()
+        self._busy_with = ""          # what holds the lock, for the message
         self._stop_requested = False
 
     def _program(self, stage: str, capacity: int, all_logits: bool) -> Program:
@@ -202,14 +249,19 @@ class Engine:
         self._stop_requested = True
 
     def encode_prompt(self, prompt) -> list[int]:
+        """A prompt's token ids: a str tokenized (InvalidTextError if it is not valid Unicode), or
+        a list of ids checked against the vocabulary."""
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        if isinstance(prompt, (list, tuple)):
             v = self.config.vocab_size
             for k, i in enumerate(prompt):
+                if not _is_int(i):
+                    raise InvalidArgumentError(f"prompt token {k} is {shown(i)}: token ids must be integers")
                 if not 0 <= i < v:
-                    raise InvalidArgumentError(f"prompt token {k} is {i}; ids must be in [0, {v})")
-            return list(prompt)
+                    raise InvalidArgumentError(f"prompt token {k} is {shown(i)}; ids must be in [0, {v})")
+            return [int(i) for i in prompt]
         raise InvalidArgumentError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
 
     # -- the loop ---------------------------------------------------------------------------
@@ -250,14 +302,33 @@ class Engine:
 
     async def aevents(self, prompt, sp: SamplingParams):
         """Async generator of ("text", piece) events, then one ("done", GenerationResult)."""
-        if self._busy:
-            raise InvalidArgumentError("this engine is already generating; wait for it or use another engine")
-        self._busy, self._stop_requested = True, False
+        self._acquire("generate")
+        inner = self._aevents(prompt, sp)
         try:
-            async for ev in self._aevents(prompt, sp):
+            self._stop_requested = False
+            async for ev in inner:
                 yield ev
         finally:
-            self._busy = False
+            try:   # closed here, not by the garbage collector (whose aclose needs a loop that may be gone)
+                await inner.aclose()
+            finally:
+                self._release()
+
+    # -- the busy guard ---------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """Whether a generation (or logits()) is running on this engine now."""
+        return self._lock.locked()
+
+    def _acquire(self, what: str) -> None:
+        if not self._lock.acquire(blocking=False):
+            raise EngineBusyError(f"{what}: this engine is busy ({self._busy_with}); one engine runs one "
+                                  "request at a time: finish or close the open stream, or use another engine")
+        self._busy_with = f"{what} running" if what != "generate" else "generating"
+
+    def _release(self) -> None:
+        self._busy_with = ""
+        self._lock.release()
 
     async def _aevents(self, prompt, sp: SamplingParams):
         st = GenerationStats()
@@ -306,6 +377,8 @@ class Engine:
             with prof.phase("readback", token=read):
                 raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
             tok = struct.unpack("<I", raw)[0]
+            if tok >= self.config.vocab_size:
+                raise self._bad_token(tok, read, len(ids))
             read += 1
             if read == 1:
                 st.prefill_s = time.perf_counter() - t_pf
@@ -341,6 +414,17 @@ class Engine:
         st.finish_reason = finish
         yield "done", GenerationResult("".join(pieces), out, st)
 
+    def _bad_token(self, tok: int, step: int, prompt_tokens: int) -> Exception:
+        """The error for a sampled id outside the vocabulary: NumericalError for the sampler's
+        non-finite-logits token, a GPUError (a kernel fault) for anything else."""
+        where = (f"generation step {step} (the logits after the {prompt_tokens}-token prompt"
+                 f"{'' if step == 0 else f' and {step} generated tokens'})")
+        if tok == NONFINITE_TOKEN:
+            return NumericalError(f"{where}: the model's logits hold NaN or infinite values; the weights "
+                                  f"of {self.path} are damaged or a tensor's type is mislabelled")
+        return GPUError(f"{where}: the sampler returned token id {tok}, outside the vocabulary of "
+                        f"{self.config.vocab_size}")
+
     # -- teacher-forced logits ---------------------------------------------------------------
     def logits(self, ids: list[int], first: int = 0):
         """Teacher-forced logits (numpy float32, shape [len(ids) - first, vocab]): row i holds the
@@ -349,12 +433,19 @@ class Engine:
         perplexity tool scores only the second half of each window). The ids may fill the whole
         context: nothing is generated after them."""
         import numpy as np
+        self._acquire("logits")
+        try:
+            return self._logits(ids, first, np)
+        finally:
+            self._release()
+
+    def _logits(self, ids, first, np):
+        if self._layout != "linear":
+            raise InvalidArgumentError("logits() reads the linear activation layout only")
         ids = self.encode_prompt(list(ids))
         self._check_fits(len(ids), room=0)
         if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < len(ids):
             raise InvalidArgumentError(f"first={first!r}: must be an integer in [0, {len(ids)})")
-        if self._layout != "linear":
-            raise InvalidArgumentError("logits() reads the linear activation layout only")
         if self._score is None:
             self._score = self._program(self._prefill_stage, min(64, self.prefill_chunk), True)
             if self._score.arena_bytes > self.arena.size:   # rebind everything to a larger arena

@@ -98,5 +98,6 @@ class ChatTemplate:
             raise InvalidArgumentError(
                 f"chat template of {self.model_name} rejected the messages: {exc}"
             ) from exc
-        except jinja2.TemplateError as exc:
-            raise TokenizerError(f"chat template of {self.model_name} failed: {exc}") from exc
+        except (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
+            # the messages were checked (tokenizer.check_messages): a failure here is the template's
+            raise TokenizerError(f"chat template of {self.model_name} failed: {type(exc).__name__}: {exc}") from exc

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 
 from webdrift.errors import TokenizerError
-from webdrift.tokenizer.pretokenize import CHAR_TO_BYTE
+from webdrift.tokenizer.pretokenize import CHAR_TO_BYTE, utf8_bytes
 from webdrift.tokenizer.unicode_classes import compile_pattern, project
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -38,7 +38,20 @@ def byte_level_bytes(token: str) -> bytes:
     try:
         return bytes([CHAR_TO_BYTE[c] for c in token])
     except KeyError:
-        return token.encode("utf-8")
+        return utf8_bytes(token)
+
+
+def valid_text(text: str) -> str:
+    """`text` with every lone surrogate replaced as UTF-8 decoding with errors="replace" would
+    (a surrogate-escaped byte -> U+FFFD): what a vocabulary token that is not UTF-8 decodes to,
+    so decoded text is always valid Unicode (printable, encodable)."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return utf8_bytes(text).decode("utf-8", errors="replace")
 
 
 class Step:
@@ -157,7 +170,7 @@ class Decoder:
     def decode(self, tokens: list[str]) -> str:
         for step in self.steps:
             tokens = step(tokens)
-        return "".join(tokens)
+        return valid_text("".join(tokens))
 
 
 def decoder_from_json(spec: dict | None) -> Decoder:
@@ -253,7 +266,7 @@ class StreamDecoder:
         if self._mode == "bytes":
             return self._utf8.decode(byte_level_bytes(token))
         if self._mode == "pieces":
-            return self._push_piece(token)
+            return valid_text(self._push_piece(token))
         return self._push_fallback(token_id)
 
     def flush(self) -> str:
@@ -269,7 +282,7 @@ class StreamDecoder:
                 self._byte_run.clear()
             self._first_token = True
             self._strip_left = self._string_strip.start if self._string_strip else 0
-            return out
+            return valid_text(out)
         full = self._full_decode(self._fallback_ids)
         out = full[self._emitted :]
         self._fallback_ids, self._emitted = [], 0

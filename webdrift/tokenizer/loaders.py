@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from webdrift.errors import TokenizerError
+from webdrift.errors import TokenizerError, shown
 from webdrift.tokenizer.added_tokens import AddedToken
 from webdrift.tokenizer.bpe import BPE
 from webdrift.tokenizer.decode import (
@@ -114,7 +114,7 @@ def _as_list(value: Any, key: str, name: str, item_type: type) -> list:
                 except UnicodeDecodeError:
                     raise TokenizerError(f"{name}: GGUF {key!r}[{i}] is not UTF-8") from None
             if not isinstance(item, str):
-                raise TokenizerError(f"{name}: GGUF {key!r}[{i}] should be a string, got {item!r:.80}")
+                raise TokenizerError(f"{name}: GGUF {key!r}[{i}] should be a string, got {shown(item)}")
             out.append(item)
         return out
     try:
@@ -124,7 +124,7 @@ def _as_list(value: Any, key: str, name: str, item_type: type) -> list:
     except (TypeError, ValueError):
         bad = next(i for i, item in enumerate(items) if not isinstance(item, (int, float)))
         raise TokenizerError(
-            f"{name}: GGUF {key!r}[{bad}] should be {item_type.__name__}, got {items[bad]!r:.80}"
+            f"{name}: GGUF {key!r}[{bad}] should be {item_type.__name__}, got {shown(items[bad])}"
         ) from None
 
 
@@ -137,7 +137,7 @@ def _optional_id(metadata: dict, key: str, n_tokens: int, name: str) -> int | No
             raise TypeError
         value = operator.index(value)
     except TypeError:
-        raise TokenizerError(f"{name}: GGUF {key!r} should be a token id, got {value!r}") from None
+        raise TokenizerError(f"{name}: GGUF {key!r} should be a token id, got {shown(value)}") from None
     if value < 0 or value >= n_tokens:
         # llama.cpp writes -1 / out-of-range for "none" in some files
         return None
@@ -156,7 +156,8 @@ def parts_from_gguf_metadata(metadata: dict) -> TokenizerParts:
     """Build tokenizer parts from GGUF key/value metadata (tokenizer.ggml.* keys, python lists)."""
     if not isinstance(metadata, dict):
         raise TokenizerError(f"GGUF metadata must be a dict, got {type(metadata).__name__}")
-    name = str(metadata.get("general.name") or metadata.get("general.basename") or "GGUF model")
+    name = next((v[:100] for v in (metadata.get("general.name"), metadata.get("general.basename"))
+                 if isinstance(v, str) and v), "GGUF model")
     model_type = _require(metadata, "tokenizer.ggml.model", str, name)
     tokens = _as_list(
         _require(metadata, "tokenizer.ggml.tokens", object, name), "tokenizer.ggml.tokens", name, str
@@ -189,7 +190,7 @@ def parts_from_gguf_metadata(metadata: dict) -> TokenizerParts:
         default_add_bos = True
     else:
         raise TokenizerError(
-            f"{name}: tokenizer.ggml.model = {model_type!r} is not supported (webdrift reads 'gpt2' byte-level "
+            f"{name}: tokenizer.ggml.model = {shown(model_type)} is not supported (webdrift reads 'gpt2' byte-level "
             "BPE and 'llama' SentencePiece-style BPE)"
         )
 
@@ -246,7 +247,7 @@ def _gguf_merges(metadata: dict, name: str) -> list[tuple[str, str]] | None:
     for i, merge in enumerate(_as_list(raw, "tokenizer.ggml.merges", name, str)):
         parts = merge.split(" ")
         if len(parts) != 2:
-            raise TokenizerError(f"{name}: GGUF tokenizer.ggml.merges[{i}] = {merge!r} is not 'left right'")
+            raise TokenizerError(f"{name}: GGUF tokenizer.ggml.merges[{i}] = {shown(merge)} is not 'left right'")
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -367,14 +368,14 @@ def parts_from_tokenizer_json(
     model_type = model_spec.get("type", "BPE" if "merges" in model_spec else None)
     if model_type != "BPE":
         raise TokenizerError(
-            f"{name}: tokenizer.json model type {model_type!r} is not supported (webdrift implements BPE only)"
+            f"{name}: tokenizer.json model type {shown(model_type)} is not supported (webdrift implements BPE only)"
         )
     vocab = model_spec.get("vocab")
     if not isinstance(vocab, dict) or not vocab:
         raise TokenizerError(f"{name}: tokenizer.json model.vocab is missing or empty")
     for token, i in vocab.items():
         if not isinstance(i, int) or i < 0:
-            raise TokenizerError(f"{name}: tokenizer.json model.vocab[{token!r}] = {i!r} is not a token id")
+            raise TokenizerError(f"{name}: tokenizer.json model.vocab[{shown(token)}] = {shown(i)} is not a token id")
     merges_raw = model_spec.get("merges")
     if not isinstance(merges_raw, list):
         raise TokenizerError(f"{name}: tokenizer.json model.merges is missing")
@@ -387,13 +388,13 @@ def parts_from_tokenizer_json(
         else:
             parts = []
         if len(parts) != 2 or not all(isinstance(p, str) for p in parts):
-            raise TokenizerError(f"{name}: tokenizer.json model.merges[{i}] = {merge!r} is not a pair")
+            raise TokenizerError(f"{name}: tokenizer.json model.merges[{i}] = {shown(merge)} is not a pair")
         merges.append((parts[0], parts[1]))
     if model_spec.get("dropout") not in (None, 0, 0.0):
-        raise TokenizerError(f"{name}: BPE dropout {model_spec.get('dropout')!r} is not supported")
+        raise TokenizerError(f"{name}: BPE dropout {shown(model_spec.get('dropout'))} is not supported")
     for key in ("continuing_subword_prefix", "end_of_word_suffix"):
         if model_spec.get(key):
-            raise TokenizerError(f"{name}: BPE {key} {model_spec[key]!r} is not supported")
+            raise TokenizerError(f"{name}: BPE {key} {shown(model_spec[key])} is not supported")
     try:
         model = BPE(
             dict(vocab),
@@ -443,7 +444,7 @@ def parts_from_tokenizer_json(
         if content is None:
             return None
         if content not in full_vocab:
-            raise TokenizerError(f"{name}: tokenizer_config {key} {content!r} is not a token")
+            raise TokenizerError(f"{name}: tokenizer_config {key} {shown(content)} is not a token")
         return full_vocab[content]
 
     prefix, suffix = _post_processor_ids(data.get("post_processor"), full_vocab, name)
@@ -513,4 +514,4 @@ def _post_processor_ids(spec: dict | None, vocab: dict[str, int], name: str) -> 
     if kind in ("RobertaProcessing", "BertProcessing"):
         cls_token, sep_token = spec.get("cls"), spec.get("sep")
         return [cls_token[1]], [sep_token[1]]
-    raise TokenizerError(f"{name}: unsupported post_processor type {kind!r}")
+    raise TokenizerError(f"{name}: unsupported post_processor type {shown(kind)}")

@@ -192,9 +192,30 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 _BYTE_LEVEL_TABLE = {b: c for b, c in BYTE_TO_CHAR.items()}
 
 
+def utf8_bytes(text: str) -> bytes:
+    """The UTF-8 bytes of `text`, also where it holds lone surrogates: U+DC80..U+DCFF stand for
+    the raw bytes 0x80..0xFF (Python's surrogateescape: how the GGUF reader keeps a vocabulary
+    token that is not valid UTF-8), any other lone surrogate becomes U+FFFD's bytes."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    out = bytearray()
+    for ch in text:
+        o = ord(ch)
+        if 0xDC80 <= o <= 0xDCFF:
+            out.append(o - 0xDC00)
+        elif 0xD800 <= o <= 0xDFFF:
+            out += "\ufffd".encode()
+        else:
+            out += ch.encode("utf-8")
+    return bytes(out)
+
+
 def byte_level_spelling(text: str) -> str:
-    """UTF-8 bytes of `text`, each written as its GPT-2 byte-level character."""
-    return text.encode("utf-8").decode("latin-1").translate(_BYTE_LEVEL_TABLE)
+    """UTF-8 bytes of `text`, each written as its GPT-2 byte-level character (a vocabulary token
+    holding bytes that are not UTF-8, kept as surrogates, is spelled with those bytes)."""
+    return utf8_bytes(text).decode("latin-1").translate(_BYTE_LEVEL_TABLE)
 
 
 class ByteLevel(PreTokenizer):

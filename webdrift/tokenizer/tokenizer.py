@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from webdrift.errors import InvalidArgumentError, TokenizerError
+from webdrift.errors import InvalidArgumentError, InvalidTextError, TokenizerError
 from webdrift.tokenizer.added_tokens import AddedTokenMatcher
 from webdrift.tokenizer.chat import ChatTemplate
 from webdrift.tokenizer.decode import StreamDecoder
@@ -82,6 +82,7 @@ class Tokenizer:
         """Token ids of `text`. Special-token text in `text` (e.g. "<|im_end|>") becomes its single id."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"encode: text must be a str, got {type(text).__name__}")
+        check_text(text, "encode: the text")
         ids: list[int] = list(self._prefix_ids) if add_special_tokens else []
         for start, end, token in self._raw_added.split(text):
             if token is not None:
@@ -173,9 +174,50 @@ class Tokenizer:
         tokenize=False). Extra keyword arguments become template variables."""
         if self.chat_template is None:
             raise TokenizerError(f"{self.name} has no chat template; use plain-text prompts with this model")
+        check_messages(messages)
         if self._compiled_template is None:
+            if not _is_valid(self.chat_template):
+                raise TokenizerError(f"{self.name}: the chat template in the model file is not valid UTF-8 text")
             self._compiled_template = ChatTemplate(self.chat_template, self.name, self._special_token_strings)
         return self._compiled_template.render(messages, add_generation_prompt=add_generation_prompt, **kw)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, add_bos={self.add_bos})"
+
+
+def _is_valid(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def check_text(text: str, what: str) -> None:
+    """InvalidTextError naming the first lone surrogate of `text` (a str that is not valid Unicode:
+    argv or a file decoded with surrogateescape from bytes that were not UTF-8, or a JSON "\\udXXX"
+    escape). Every other str tokenizes."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidTextError(
+            f"{what} is not valid Unicode: character {e.start} is U+{ord(text[e.start]):04X}, a lone surrogate "
+            "(text decoded from bytes that are not UTF-8?)") from None
+
+
+def check_messages(messages: Any) -> None:
+    """A conversation: a list of {"role": str, "content": str, ...} dicts of valid text, else
+    InvalidArgumentError (InvalidTextError for invalid text) naming the message and the field."""
+    if not isinstance(messages, (list, tuple)):
+        raise InvalidArgumentError(f"messages must be a list of {{'role': ..., 'content': ...}} dicts, "
+                                   f"got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise InvalidArgumentError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        for key in ("role", "content"):
+            v = m.get(key)
+            if not isinstance(v, str):
+                raise InvalidArgumentError(f"messages[{i}][{key!r}] must be a str, got {type(v).__name__}")
+            check_text(v, f"messages[{i}][{key!r}]")

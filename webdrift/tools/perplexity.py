@@ -207,7 +207,7 @@ def score_windows(eng, tokens: list[int], wins: list[list[int]], ctx: int, n_chu
 
 # -- the command ---------------------------------------------------------------------------------
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ..runtime.loading import WEIGHT_FORMATS
+    from ..runtime.options import WEIGHT_FORMATS
     p.add_argument("model", help="known name, .gguf path or HF folder")
     p.add_argument("--file", "-f", required=True, help="the text (UTF-8), read like llama-perplexity's -f")
     p.add_argument("--ctx", "-c", type=int, default=DEFAULT_CTX,

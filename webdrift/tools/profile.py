@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from ..hub import DEFAULT_MODEL
 from ..profile.profiler import DISABLED, Profiler
 from ..profile.timeline import Timeline, format_summary, phase_table, summarize
 from ..profile.trace import write_chrome_trace
@@ -72,12 +73,14 @@ def run_profile(eng, prompt_tokens: int, new_tokens: int, kernels: bool = True) 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="a real model (known name, .gguf path or HF folder)")
+    p.add_argument("--model", default=None,
+                   help=f"a real model (known name, .gguf path or HF folder; default {DEFAULT_MODEL} if it is "
+                        "in the cache, else --synthetic of its shape)")
     p.add_argument("--synthetic", default=None, help="a random-weight model shape (see `webdrift bench --help`)")
     p.add_argument("--quant", default="q4", help="storage format of --synthetic: f16, q8, q4 (default q4)")
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=32)
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default %(default)s)")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate (default %(default)s)")
+    p.add_argument("--prefill-chunk", type=int, default=256, help="engine prefill chunk (default %(default)s)")
     p.add_argument("--int8-activations", choices=("auto", "off", "on"), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto)")
     p.add_argument("--no-kernels", action="store_true", help="host phases only (no GPU timestamps)")
@@ -89,7 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def cmd_profile(args) -> int:
     from ..errors import InvalidArgumentError, WebdriftError
     from ..gpu.native import get_device
-    from ..hub import DEFAULT_MODEL
     from ..weights.synthetic import synthetic_source
     from .bench import INT8_CHOICES, build_engine, open_real_source
     if args.model and args.synthetic:

@@ -8,7 +8,10 @@ read and only the header region and the requested tensor ranges are read; a byte
 Every malformed input raises ModelFileError (or UnsupportedModelError for a valid file using
 something webdrift does not handle) naming the file and the problem. Every count or length the
 header claims is checked against the bytes left in the file *before* anything is allocated for
-it, so a corrupted length of 2**60 fails at once instead of exhausting memory.
+it, so a corrupted length of 2**60 fails at once instead of exhausting memory; names have a
+length limit of their own (keys 65535 bytes, tensor names 256), and names and values read from
+the file are quoted through errors.shown (cut to a few dozen characters), so a damaged length
+cannot put megabytes into a message.
 
 File layout (GGUF v2/v3, little-endian):
     magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
@@ -26,7 +29,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError, shown
 
 __all__ = [
     "GGML_TYPES",
@@ -41,6 +44,8 @@ __all__ = [
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32
 GGUF_MAX_DIMS = 4
+GGUF_MAX_KEY = 65535     # bytes of a metadata key (the GGUF spec's limit)
+GGUF_MAX_NAME = 256      # bytes of a tensor name (ggml's own limit is 63; a longer one is a damaged length)
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,7 +105,7 @@ _GGML_TYPES_BY_NAME: dict[str, GGMLType] = {t.name: t for t in GGML_TYPES.values
 def ggml_type(type_name_or_id: str | int) -> GGMLType:
     """The GGMLType for a name ("Q4_K", case-insensitive) or numeric id; InvalidArgumentError if unknown."""
     if isinstance(type_name_or_id, bool):
-        raise InvalidArgumentError(f"ggml type must be a name or an id, got {type_name_or_id!r}")
+        raise InvalidArgumentError(f"ggml type must be a name or an id, got {shown(type_name_or_id)}")
     if isinstance(type_name_or_id, int):
         t = GGML_TYPES.get(type_name_or_id)
     elif isinstance(type_name_or_id, str):
@@ -109,7 +114,7 @@ def ggml_type(type_name_or_id: str | int) -> GGMLType:
         t = None
     if t is None:
         known = ", ".join(t.name for t in GGML_TYPES.values())
-        raise InvalidArgumentError(f"unknown ggml type {type_name_or_id!r}; known types: {known}")
+        raise InvalidArgumentError(f"unknown ggml type {shown(type_name_or_id)}; known types: {known}")
     return t
 
 
@@ -243,8 +248,12 @@ class _Cursor:
         self.pos += 8
         return v
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int | None = None, strict: bool = False) -> str:
+        """A string; strict: it must be UTF-8 (names), else bytes that are not UTF-8 are kept as
+        surrogate escapes (values: a few real vocabularies hold such tokens)."""
         n = self.u64(what + " (length)")
+        if limit is not None and n > limit:
+            raise self.gf._error(f"{what}: string length {n} exceeds the {limit}-byte limit (a damaged length field?)")
         if n > self.remaining:
             raise self.gf._error(
                 f"{what}: string length {n} exceeds the {self.remaining} bytes left in the file"
@@ -252,6 +261,11 @@ class _Cursor:
         self.need(n, what)
         raw = self.buf[self.pos : self.pos + n]
         self.pos += n
+        if strict:
+            try:
+                return str(raw, "utf-8")
+            except UnicodeDecodeError as e:
+                raise self.gf._error(f"{what} is not UTF-8 (byte {raw[e.start]:#04x} at {e.start} of {n})") from None
         return _decode(raw)
 
     def string_array(self, count: int, what: str) -> list[str]:
@@ -387,10 +401,10 @@ class GGUFFile:
         self.metadata = {}
         self.metadata_types = {}
         for i in range(n_kv):
-            key = c.string(f"metadata key #{i}")
-            vtype = c.u32(f"value type of metadata key {key!r}")
+            key = c.string(f"metadata key #{i}", GGUF_MAX_KEY, strict=True)
+            vtype = c.u32(f"value type of metadata key {shown(key)}")
             if key in self.metadata:
-                raise self._error(f"duplicate metadata key {key!r}")
+                raise self._error(f"duplicate metadata key {shown(key)}")
             self.metadata[key] = self._read_value(c, vtype, key, depth=0)
             self.metadata_types[key] = vtype
 
@@ -407,18 +421,18 @@ class GGUFFile:
         infos: list[tuple[str, tuple[int, ...], int, int]] = []  # name, ne, type, relative offset
         seen: set[str] = set()
         for i in range(n_tensors):
-            tname = c.string(f"name of tensor #{i}")
-            n_dims = c.u32(f"dimension count of tensor {tname!r}")
+            tname = c.string(f"name of tensor #{i}", GGUF_MAX_NAME, strict=True)
+            n_dims = c.u32(f"dimension count of tensor {shown(tname)}")
             if n_dims == 0 or n_dims > GGUF_MAX_DIMS:
-                raise self._error(f"tensor {tname!r} has {n_dims} dimensions (must be 1..{GGUF_MAX_DIMS})")
-            ne = tuple(c.i64(f"dimensions of tensor {tname!r}") for _ in range(n_dims))
+                raise self._error(f"tensor {shown(tname)} has {n_dims} dimensions (must be 1..{GGUF_MAX_DIMS})")
+            ne = tuple(c.i64(f"dimensions of tensor {shown(tname)}") for _ in range(n_dims))
             for d in ne:
                 if d <= 0:
-                    raise self._error(f"tensor {tname!r} has a non-positive dimension: ne={list(ne)}")
-            ttype = c.u32(f"type of tensor {tname!r}")
-            offset = c.u64(f"data offset of tensor {tname!r}")
+                    raise self._error(f"tensor {shown(tname)} has a non-positive dimension: ne={list(ne)}")
+            ttype = c.u32(f"type of tensor {shown(tname)}")
+            offset = c.u64(f"data offset of tensor {shown(tname)}")
             if tname in seen:
-                raise self._error(f"duplicate tensor name {tname!r}")
+                raise self._error(f"duplicate tensor name {shown(tname)}")
             seen.add(tname)
             infos.append((tname, ne, ttype, offset))
 
@@ -433,15 +447,15 @@ class GGUFFile:
         for tname, ne, ttype, rel in infos:
             t = GGML_TYPES.get(ttype)
             if t is None:
-                raise self._error(f"tensor {tname!r} has unknown ggml type {ttype}")
+                raise self._error(f"tensor {shown(tname)} has unknown ggml type {ttype}")
             if ne[0] % t.block_size:
                 raise self._error(
-                    f"tensor {tname!r} ({t.name}) has row length {ne[0]}, not a multiple of the "
+                    f"tensor {shown(tname)} ({t.name}) has row length {ne[0]}, not a multiple of the "
                     f"block size {t.block_size}"
                 )
             if rel % alignment:
                 raise self._error(
-                    f"tensor {tname!r} data offset {rel} is not a multiple of the alignment {alignment}"
+                    f"tensor {shown(tname)} data offset {rel} is not a multiple of the alignment {alignment}"
                 )
             n = 1
             for d in ne:
@@ -450,7 +464,7 @@ class GGUFFile:
             start = self.data_offset + rel
             if start + nbytes > self.file_size:
                 raise self._error(
-                    f"tensor {tname!r} ({t.name}, ne={list(ne)}, {nbytes} bytes at offset {start}) "
+                    f"tensor {shown(tname)} ({t.name}, ne={list(ne)}, {nbytes} bytes at offset {start}) "
                     f"extends past the end of the file ({self.file_size} bytes): truncated or corrupt"
                 )
             self.tensors[tname] = TensorInfo(
@@ -468,32 +482,32 @@ class GGUFFile:
         for (s0, e0, n0), (s1, _e1, n1) in itertools.pairwise(spans):
             if s1 < e0:
                 raise self._error(
-                    f"tensor {n0!r} (bytes {s0}..{e0}) overlaps tensor {n1!r} (starting at {s1})"
+                    f"tensor {shown(n0)} (bytes {s0}..{e0}) overlaps tensor {shown(n1)} (starting at {s1})"
                 )
 
     def _read_value(self, c: _Cursor, vtype: int, key: str, depth: int) -> Any:
         if vtype in _SCALAR_FMT:
-            return c.scalars(vtype, 1, f"value of {key!r}")[0]
+            return c.scalars(vtype, 1, f"value of {shown(key)}")[0]
         if vtype == _T_STRING:
-            return c.string(f"value of {key!r}")
+            return c.string(f"value of {shown(key)}")
         if vtype == _T_ARRAY:
             if depth > 8:
-                raise self._error(f"metadata key {key!r}: arrays nested more than 8 deep")
-            etype = c.u32(f"element type of array {key!r}")
-            count = c.u64(f"length of array {key!r}")
+                raise self._error(f"metadata key {shown(key)}: arrays nested more than 8 deep")
+            etype = c.u32(f"element type of array {shown(key)}")
+            count = c.u64(f"length of array {shown(key)}")
             if etype not in _MIN_VALUE_SIZE:
-                raise self._error(f"metadata key {key!r}: array of unknown value type {etype}")
+                raise self._error(f"metadata key {shown(key)}: array of unknown value type {etype}")
             if count * _MIN_VALUE_SIZE[etype] > c.remaining:
                 raise self._error(
-                    f"metadata key {key!r}: array length {count} ({GGUF_VALUE_TYPE_NAMES[etype]}) "
+                    f"metadata key {shown(key)}: array length {count} ({GGUF_VALUE_TYPE_NAMES[etype]}) "
                     f"exceeds what the {c.remaining} bytes left in the file could hold"
                 )
             if etype in _SCALAR_FMT:
-                return c.scalars(etype, count, f"array {key!r}")
+                return c.scalars(etype, count, f"array {shown(key)}")
             if etype == _T_STRING:
-                return c.string_array(count, f"array {key!r}")
+                return c.string_array(count, f"array {shown(key)}")
             return [self._read_value(c, _T_ARRAY, key, depth + 1) for _ in range(count)]
-        raise self._error(f"metadata key {key!r} has unknown value type {vtype}")
+        raise self._error(f"metadata key {shown(key)} has unknown value type {vtype}")
 
     # ---------------------------------------------------------------- tensor data
 
@@ -501,7 +515,7 @@ class GGUFFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise InvalidArgumentError(f"GGUF file {self.path_or_name} has no tensor {name!r}") from None
+            raise InvalidArgumentError(f"GGUF file {self.path_or_name} has no tensor {shown(name)}") from None
 
     def read(self, offset: int, nbytes: int) -> bytes:
         """Bytes [offset, offset + nbytes) of the file."""

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from webdrift.errors import ModelFileError, UnsupportedModelError
+from webdrift.errors import ModelFileError, UnsupportedModelError, shown
 from webdrift.weights.config import ModelConfig
 from webdrift.weights.safetensors import (
     SUPPORTED_DTYPES,
@@ -101,6 +101,8 @@ def _load_json(path: str, what: str) -> Any:
         raise ModelFileError(f"cannot read {what} {path}: {e}") from None
     except ValueError as e:
         raise ModelFileError(f"{what} {path} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise ModelFileError(f"{what} {path} is JSON nested too deeply") from None
 
 
 def _ids(v: Any) -> list[int]:
@@ -124,7 +126,7 @@ def _rope_settings(cfg: dict[str, Any], where: str) -> tuple[float, dict | None]
         theta = params.get("rope_theta")
     theta = 10000.0 if theta is None else theta
     if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
-        raise ModelFileError(f"{where}: invalid rope_theta {theta!r}")
+        raise ModelFileError(f"{where}: invalid rope_theta {shown(theta)}")
 
     scaling = cfg.get("rope_scaling")
     if scaling is None and isinstance(params, dict):
@@ -132,13 +134,13 @@ def _rope_settings(cfg: dict[str, Any], where: str) -> tuple[float, dict | None]
     if scaling is None:
         return float(theta), None
     if not isinstance(scaling, dict):
-        raise ModelFileError(f"{where}: rope_scaling must be an object, got {scaling!r}")
+        raise ModelFileError(f"{where}: rope_scaling must be an object, got {shown(scaling)}")
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
     if rope_type in (None, "default"):
         return float(theta), None
     if rope_type not in SUPPORTED_ROPE_SCALING:
         raise UnsupportedModelError(
-            f"{where}: rope scaling type {rope_type!r} is not supported; supported: "
+            f"{where}: rope scaling type {shown(rope_type)} is not supported; supported: "
             + ", ".join(SUPPORTED_ROPE_SCALING)
         )
     out: dict[str, Any] = {"rope_type": rope_type}
@@ -149,7 +151,7 @@ def _rope_settings(cfg: dict[str, Any], where: str) -> tuple[float, dict | None]
         v = out.get(k)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             raise ModelFileError(
-                f"{where}: rope scaling {rope_type!r} needs a positive number {k!r}, got {v!r}"
+                f"{where}: rope scaling {shown(rope_type)} needs a positive number {k!r}, got {shown(v)}"
             )
     return float(theta), out
 
@@ -159,7 +161,7 @@ def _positive_int(cfg: dict[str, Any], key: str, where: str, default: Any = ...)
     if v is ...:
         raise ModelFileError(f"{where}: missing required key {key!r}")
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ModelFileError(f"{where}: {key!r} must be a positive integer, got {v!r}")
+        raise ModelFileError(f"{where}: {key!r} must be a positive integer, got {shown(v)}")
     return v
 
 
@@ -174,27 +176,29 @@ def hf_config_to_model_config(
     if isinstance(archs, list) and archs:
         hf_arch = archs[0]
     else:
-        hf_arch = _MODEL_TYPE_TO_ARCH.get(cfg.get("model_type"), cfg.get("model_type"))
-    if hf_arch not in SUPPORTED_HF_ARCHITECTURES:
+        mt = cfg.get("model_type")
+        hf_arch = _MODEL_TYPE_TO_ARCH.get(mt, mt) if isinstance(mt, str) else mt
+    if not isinstance(hf_arch, str) or hf_arch not in SUPPORTED_HF_ARCHITECTURES:
         raise UnsupportedModelError(
-            f"{where}: architecture {hf_arch!r} is not supported; supported HF architectures: "
+            f"{where}: architecture {shown(hf_arch)} is not supported; supported HF architectures: "
             + ", ".join(SUPPORTED_HF_ARCHITECTURES)
         )
     arch = SUPPORTED_HF_ARCHITECTURES[hf_arch]
     if cfg.get("quantization_config"):
         qm = cfg["quantization_config"]
         method = qm.get("quant_method") if isinstance(qm, dict) else qm
-        raise UnsupportedModelError(f"{where}: quantized HF checkpoints ({method}) are not supported")
+        raise UnsupportedModelError(f"{where}: quantized HF checkpoints ({shown(method)}) are not supported")
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(
-            f"{where}: hidden_act {act!r} is not supported for {hf_arch} (only 'silu')"
+            f"{where}: hidden_act {shown(act)} is not supported for {hf_arch} (only 'silu')"
         )
     if cfg.get("mlp_bias"):
         raise UnsupportedModelError(f"{where}: mlp_bias=true is not supported")
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedModelError(f"{where}: partial_rotary_factor != 1 is not supported")
-    if cfg.get("use_sliding_window") or "sliding_attention" in (cfg.get("layer_types") or []):
+    layer_types = cfg.get("layer_types")
+    if cfg.get("use_sliding_window") or (isinstance(layer_types, list) and "sliding_attention" in layer_types):
         raise UnsupportedModelError(f"{where}: sliding-window attention is not supported for {hf_arch}")
 
     dim = _positive_int(cfg, "hidden_size", where)
@@ -221,11 +225,11 @@ def hf_config_to_model_config(
     vocab = _positive_int(cfg, "vocab_size", where)
     eps = cfg.get("rms_norm_eps", 1e-6)
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
-        raise ModelFileError(f"{where}: invalid rms_norm_eps {eps!r}")
+        raise ModelFileError(f"{where}: invalid rms_norm_eps {shown(eps)}")
     theta, scaling = _rope_settings(cfg, where)
     max_pos = cfg.get("max_position_embeddings", 2048)
     if not isinstance(max_pos, int) or isinstance(max_pos, bool) or max_pos <= 0:
-        raise ModelFileError(f"{where}: invalid max_position_embeddings {max_pos!r}")
+        raise ModelFileError(f"{where}: invalid max_position_embeddings {shown(max_pos)}")
 
     gen = generation_config or {}
     eos = _ids(gen.get("eos_token_id")) or _ids(cfg.get("eos_token_id"))
@@ -255,17 +259,21 @@ def hf_config_to_model_config(
 def _chat_template(folder: str, tok_cfg: dict[str, Any] | None) -> str | None:
     tpl = (tok_cfg or {}).get("chat_template")
     if isinstance(tpl, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict) and isinstance(t.get("name"), str)}
         tpl = named.get("default") or next(iter(named.values()), None)
     if isinstance(tpl, str):
         return tpl
     jinja = os.path.join(folder, "chat_template.jinja")  # transformers >= 4.43 may save it apart
     if os.path.isfile(jinja):
-        with open(jinja, encoding="utf-8") as f:
-            return f.read()
+        try:
+            with open(jinja, encoding="utf-8") as f:
+                return f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelFileError(f"cannot read the chat template {jinja}: {e}") from None
     js = os.path.join(folder, "chat_template.json")
     if os.path.isfile(js):
-        tpl = _load_json(js, "chat template").get("chat_template")
+        doc = _load_json(js, "chat template")
+        tpl = doc.get("chat_template") if isinstance(doc, dict) else None
         if isinstance(tpl, str):
             return tpl
     return None
@@ -286,7 +294,8 @@ def _tokenizer_adds_bos(tokenizer_json: str | None, tok_cfg: dict[str, Any] | No
         if not isinstance(p, dict):
             continue
         if p.get("type") == "Sequence":
-            procs.extend(p.get("processors") or [])
+            subs = p.get("processors")
+            procs.extend(subs if isinstance(subs, list) else [])
         elif p.get("type") == "TemplateProcessing":
             single = p.get("single") or []
             if single and isinstance(single[0], dict) and "SpecialToken" in single[0]:
@@ -318,7 +327,7 @@ def read_hf_folder(folder: str | os.PathLike) -> HFFolder:
                 continue
             if hf_name.endswith("o_proj.bias"):
                 raise UnsupportedModelError(
-                    f"{folder}: tensor {hf_name!r}: attention output bias is not supported"
+                    f"{folder}: tensor {shown(hf_name)}: attention output bias is not supported"
                 )
             continue  # unrelated extra tensor: not used
         tensors[canon] = entry
@@ -337,7 +346,7 @@ def read_hf_folder(folder: str | os.PathLike) -> HFFolder:
     for canon, (sf, info) in tensors.items():
         if info.dtype not in SUPPORTED_DTYPES:
             raise UnsupportedModelError(
-                f"{sf.path_or_name}: tensor {info.name!r} ({canon}) has dtype {info.dtype}; "
+                f"{sf.path_or_name}: tensor {shown(info.name)} ({canon}) has dtype {info.dtype}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
 

@@ -9,7 +9,9 @@ File layout: u64 little-endian header length N | N bytes of UTF-8 JSON | data.
            ..., "__metadata__": {str: str}}   offsets are relative to the start of the data.
 Only F32, F16 and BF16 tensors can be read (`raw()` of another dtype -> UnsupportedModelError);
 the others are still parsed and bounds-checked so that a file holding e.g. an int64 buffer
-opens fine. Malformed headers raise ModelFileError naming the file.
+opens fine. Malformed headers raise ModelFileError naming the file; names and values from the
+header are quoted through errors.shown (cut short), and the header length is bounded by the
+file's size before it is read.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError, shown
 
 __all__ = ["SUPPORTED_DTYPES", "SafeTensorInfo", "SafetensorsFile", "open_safetensors_folder"]
 
@@ -104,6 +106,8 @@ class SafetensorsFile:
             doc = json.loads(header.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             raise self._error(f"header is not valid UTF-8 JSON ({e})") from None
+        except RecursionError:
+            raise self._error("header is JSON nested too deeply") from None
         if not isinstance(doc, dict):
             raise self._error("header is not a JSON object")
         meta = doc.pop("__metadata__", None) or {}
@@ -114,49 +118,49 @@ class SafetensorsFile:
         self.tensors = {}
         for name, entry in doc.items():
             if not isinstance(entry, dict):
-                raise self._error(f"entry for tensor {name!r} is not an object")
+                raise self._error(f"entry for tensor {shown(name)} is not an object")
             dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-            if dtype not in _DTYPE_SIZES:
-                raise self._error(f"tensor {name!r} has unknown dtype {dtype!r}")
+            if not isinstance(dtype, str) or dtype not in _DTYPE_SIZES:
+                raise self._error(f"tensor {shown(name)} has unknown dtype {shown(dtype)}")
             if not isinstance(shape, list) or not all(
                 isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
             ):
-                raise self._error(f"tensor {name!r} has an invalid shape {shape!r}")
+                raise self._error(f"tensor {shown(name)} has an invalid shape {shown(shape)}")
             if (
                 not isinstance(offs, list)
                 or len(offs) != 2
                 or not all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
                 or not 0 <= offs[0] <= offs[1]
             ):
-                raise self._error(f"tensor {name!r} has invalid data_offsets {offs!r}")
+                raise self._error(f"tensor {shown(name)} has invalid data_offsets {shown(offs)}")
             n_el = 1
             for d in shape:
                 n_el *= d
             nbytes = n_el * _DTYPE_SIZES[dtype]
             if offs[1] - offs[0] != nbytes:
                 raise self._error(
-                    f"tensor {name!r} ({dtype}, shape {shape}) needs {nbytes} bytes but its "
-                    f"data_offsets {offs} span {offs[1] - offs[0]}"
+                    f"tensor {shown(name)} ({dtype}, shape {shown(shape)}) needs {nbytes} bytes but its "
+                    f"data_offsets {shown(offs)} span {offs[1] - offs[0]}"
                 )
             if offs[1] > data_size:
                 raise self._error(
-                    f"tensor {name!r} data (bytes {offs[0]}..{offs[1]} of the data section) extends "
+                    f"tensor {shown(name)} data (bytes {offs[0]}..{offs[1]} of the data section) extends "
                     f"past the end of the file ({data_size} data bytes): truncated"
                 )
             self.tensors[name] = SafeTensorInfo(name, dtype, tuple(shape), data_start + offs[0], nbytes)
         spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors.values() if t.nbytes)
         for (_s0, e0, n0), (s1, _e1, n1) in itertools.pairwise(spans):
             if s1 < e0:
-                raise self._error(f"tensors {n0!r} and {n1!r} overlap")
+                raise self._error(f"tensors {shown(n0)} and {shown(n1)} overlap")
 
     def raw(self, name: str) -> bytes:
         """The tensor's stored bytes (little-endian, row-major)."""
         t = self.tensors.get(name)
         if t is None:
-            raise InvalidArgumentError(f"safetensors file {self.path_or_name} has no tensor {name!r}")
+            raise InvalidArgumentError(f"safetensors file {self.path_or_name} has no tensor {shown(name)}")
         if t.dtype not in SUPPORTED_DTYPES:
             raise UnsupportedModelError(
-                f"safetensors file {self.path_or_name}: tensor {name!r} has dtype {t.dtype}; "
+                f"safetensors file {self.path_or_name}: tensor {shown(name)} has dtype {t.dtype}; "
                 f"supported: {', '.join(SUPPORTED_DTYPES)}"
             )
         if self._mem is not None:
@@ -168,7 +172,7 @@ class SafetensorsFile:
         except OSError as e:
             raise self._error(f"read failed: {e}") from e
         if len(data) != t.nbytes:
-            raise self._error(f"truncated: tensor {name!r} wanted {t.nbytes} bytes, got {len(data)}")
+            raise self._error(f"truncated: tensor {shown(name)} wanted {t.nbytes} bytes, got {len(data)}")
         return data
 
 
@@ -185,8 +189,8 @@ def open_safetensors_folder(folder: str | os.PathLike) -> dict[str, tuple[Safete
         try:
             with open(index_path, encoding="utf-8") as f:
                 index: Any = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ModelFileError(f"cannot read {index_path}: {e}") from None
+        except (OSError, ValueError, RecursionError) as e:
+            raise ModelFileError(f"cannot read {index_path}: {type(e).__name__}: {e}") from None
         wmap = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
             raise ModelFileError(f"{index_path}: missing or malformed 'weight_map'")
@@ -194,12 +198,12 @@ def open_safetensors_folder(folder: str | os.PathLike) -> dict[str, tuple[Safete
         for shard in sorted(set(wmap.values())):
             p = os.path.join(folder, shard)
             if os.path.dirname(os.path.normpath(shard)) or not os.path.isfile(p):
-                raise ModelFileError(f"{index_path} names shard {shard!r}, which is not a file in {folder}")
+                raise ModelFileError(f"{index_path} names shard {shown(shard)}, which is not a file in {folder}")
             files[shard] = SafetensorsFile(p)
         for name, shard in wmap.items():
             sf = files[shard]
             if name not in sf.tensors:
-                raise ModelFileError(f"{index_path} puts tensor {name!r} in {shard}, which does not hold it")
+                raise ModelFileError(f"{index_path} puts tensor {shown(name)} in {shard}, which does not hold it")
             out[name] = (sf, sf.tensors[name])
         return out
     single = os.path.join(folder, "model.safetensors")
@@ -214,6 +218,6 @@ def open_safetensors_folder(folder: str | os.PathLike) -> dict[str, tuple[Safete
         sf = SafetensorsFile(p)
         for name, info in sf.tensors.items():
             if name in out:
-                raise ModelFileError(f"tensor {name!r} is in both {out[name][0].path_or_name} and {p}")
+                raise ModelFileError(f"tensor {shown(name)} is in both {out[name][0].path_or_name} and {p}")
             out[name] = (sf, info)
     return out

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError
+from webdrift.errors import InvalidArgumentError, ModelFileError, UnsupportedModelError, shown
 from webdrift.weights.config import ModelConfig
 from webdrift.weights.gguf import GGUF_MAGIC, GGUFFile
 
@@ -161,7 +161,7 @@ def _md_int(md: dict[str, Any], key: str, where: str, default: Any = ...) -> int
     if isinstance(v, list):
         raise UnsupportedModelError(f"{where}: per-layer values for {key!r} are not supported")
     if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise ModelFileError(f"{where}: metadata key {key!r} must be a positive integer, got {v!r}")
+        raise ModelFileError(f"{where}: metadata key {key!r} must be a positive integer, got {shown(v)}")
     return v
 
 
@@ -170,8 +170,14 @@ def _md_float(md: dict[str, Any], key: str, where: str, default: Any = ...) -> f
     if v is ...:
         raise ModelFileError(f"{where}: missing required metadata key {key!r}")
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-        raise ModelFileError(f"{where}: metadata key {key!r} must be a positive number, got {v!r}")
+        raise ModelFileError(f"{where}: metadata key {key!r} must be a positive number, got {shown(v)}")
     return float(v)
+
+
+def _md_name(md: dict[str, Any]) -> str:
+    """general.name, if it is a string (cut to 100 characters: it is quoted in messages)."""
+    v = md.get("general.name", "")
+    return v[:100] if isinstance(v, str) else ""
 
 
 def _sliding_window_pattern(v: Any, n_layers: int, where: str) -> int:
@@ -182,8 +188,8 @@ def _sliding_window_pattern(v: Any, n_layers: int, where: str) -> int:
         for p in range(1, n_layers + 2):
             if all(v[i] == ((i + 1) % p != 0) for i in range(n_layers)):
                 return p
-        raise UnsupportedModelError(f"{where}: irregular sliding-window layer pattern {v} is not supported")
-    raise ModelFileError(f"{where}: invalid sliding_window_pattern {v!r}")
+        raise UnsupportedModelError(f"{where}: irregular sliding-window layer pattern {shown(v)} is not supported")
+    raise ModelFileError(f"{where}: invalid sliding_window_pattern {shown(v)}")
 
 
 def config_from_gguf(gf: GGUFFile) -> ModelConfig:
@@ -194,7 +200,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         raise ModelFileError(f"{where}: missing required metadata key 'general.architecture'")
     if arch not in SUPPORTED_GGUF_ARCHS:
         raise UnsupportedModelError(
-            f"{where}: architecture {arch!r} is not supported; supported GGUF architectures: "
+            f"{where}: architecture {shown(arch)} is not supported; supported GGUF architectures: "
             + ", ".join(SUPPORTED_GGUF_ARCHS)
         )
     dim = _md_int(md, f"{arch}.embedding_length", where)
@@ -229,7 +235,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
     elif scaling_type in ("none", None):
         rope_scaling = None
     else:
-        raise UnsupportedModelError(f"{where}: RoPE scaling {scaling_type!r} is not supported (only linear)")
+        raise UnsupportedModelError(f"{where}: RoPE scaling {shown(scaling_type)} is not supported (only linear)")
 
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list) and tokens:
@@ -283,7 +289,7 @@ def config_from_gguf(gf: GGUFFile) -> ModelConfig:
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=list(dict.fromkeys(eos_ids)),
         add_bos_token=add_bos,
-        name=str(md.get("general.name", "")),
+        name=_md_name(md),
         rope_scaling=rope_scaling,
     )
     if arch == "gemma3":
@@ -382,4 +388,4 @@ def open_model_source(
         raise InvalidArgumentError(
             f"{path}: pass the folder holding config.json and the .safetensors files, not one shard"
         )
-    raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}) and not an HF model folder")
+    raise ModelFileError(f"{path}: not a GGUF file (magic {shown(magic)}) and not an HF model folder")

@@ -1,0 +1,69 @@
+"""EngineOptions: how an Engine is built, every option checked in one place (each bad value an
+InvalidArgumentError naming the option). Used by the Engine and by the assembly path
+(runtime/loading.py), which re-exports it.
+Must not: import numpy, wgpu or js; import the Engine (the Engine imports this).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from ..errors import InvalidArgumentError
+from ..models.manifest import RUNTIME_FORMATS
+
+WEIGHT_FORMATS = RUNTIME_FORMATS
+LAYOUTS = ("linear", "sliced")
+PREFILL_KERNELS = ("auto", "gemm", "gemv")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How an Engine is built; webdrift.load's docstring explains each option."""
+
+    max_context: int | None = None        # KV-cache length, allocated once (None: min(model's, 2048))
+    weight_format: str | None = None      # every matrix as f32 | f16 | q8 | q4 (None: follows the file)
+    prefill_chunk: int = 256              # prompt tokens per prefill dispatch list
+    layout: str = "linear"                # physical layout of activations: linear | sliced
+    fuse: bool = True                     # fold RMSNorms into the linear layers that consume them
+    autotune: bool = True                 # time kernel variants on this adapter at first use (cached)
+    prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
+    int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
+    max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
+
+    def __post_init__(self):
+        def bad(name: str, want: str):
+            raise InvalidArgumentError(f"{name}={getattr(self, name)!r}: {want}")
+
+        if self.max_context is not None and (not _is_int(self.max_context) or self.max_context < 1):
+            bad("max_context", "must be a positive integer")
+        if self.weight_format is not None and self.weight_format not in WEIGHT_FORMATS:
+            bad("weight_format", f"choose one of {', '.join(WEIGHT_FORMATS)}")
+        if not _is_int(self.prefill_chunk) or self.prefill_chunk < 1:
+            bad("prefill_chunk", "must be a positive integer")
+        if self.layout not in LAYOUTS:
+            bad("layout", f"choose {' or '.join(LAYOUTS)}")
+        for name in ("fuse", "autotune"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be True or False")
+        if self.prefill_kernels not in PREFILL_KERNELS:
+            bad("prefill_kernels", "choose auto, gemm or gemv")
+        i8 = self.int8_activations
+        if isinstance(i8, dict):
+            # the role names are the model's (GPUModel checks them); here only the shape
+            if not all(isinstance(k, str) and isinstance(v, bool) for k, v in i8.items()):
+                bad("int8_activations", "a dict must map role names to True / False")
+            object.__setattr__(self, "int8_activations", dict(i8))    # no aliasing of the caller's dict
+        elif i8 is not None and not isinstance(i8, bool):
+            bad("int8_activations", "must be None (auto), True, False or a dict {role: bool}")
+        if self.max_binding_bytes is not None and (not _is_int(self.max_binding_bytes)
+                                                   or self.max_binding_bytes < 1024):
+            bad("max_binding_bytes", "must be an integer >= 1024")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """The option names, in declaration order."""
+        return tuple(f.name for f in fields(cls))
