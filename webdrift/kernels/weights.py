@@ -9,6 +9,14 @@ in one of these formats (fused dequantization happens in the accessor):
   q4 : data  array<u32>  (O, I/8)   eight uint4 per word, element i at nibble i%8
        sm    array<u32>  (O, I/32)  (scale, min) as packed f16x2; x = scale * q + min
                                     (== GGUF Q4_1 lossless; Q4_0 is min = -8 * scale)
+  q8pc: as q8 with one scale per row (G = I: per-channel, symmetric)
+  q4g128, q4pc: as q4 with one (scale, min) per 128 inputs / per row (G = I)
+  e0m4: as q4 (nibbles, f16x2 per 32), the pair being (scale s, bias b) and the nibble q the 4
+       fraction bits of an f32 with a zero exponent (E0M4, Transformer-Lite): x = s * 1.q + b,
+       1.q = bitcast<f32>(0x3f800000 | q << 19) in [1, 2), so no int -> float conversion
+(G, the group: inputs sharing one scale, FORMAT_GROUP; 0 = the whole row. A row holds ceil(I / G)
+groups, the last one holding the remainder where G does not divide I: SmolLM2's 576 inputs in
+q4g128 are 4 groups of 128 and one of 64.)
 Every format exposes `fn {w}_read4(o: u32, s: u32) -> vec4<f32>`: inputs 4s..4s+3 of row o.
 A matrix whose buffers would exceed one storage binding (the token embedding / LM head of a large
 vocabulary) is held as row shards: several GPUWeights of whole rows, shard k holding rows
@@ -24,7 +32,35 @@ from ..errors import UnsupportedModelError
 from ..tensor import slices
 from ..tensor.weight_layout import WeightLayout
 
-FORMATS = ("f32", "f16", "q8", "q4")
+FORMATS = ("f32", "f16", "q8", "q8pc", "q4", "q4g128", "q4pc", "e0m4")
+# quantized formats: the storage kind (q8: int8 + f32 scale; q4: uint4 + f16x2 pair) and the group
+# G of inputs sharing a scale (0: per channel, the whole row)
+FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
+FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
+
+
+def group_size(fmt: str, i: int) -> int:
+    """Inputs sharing one scale in a quantized weight of i inputs."""
+    return FORMAT_GROUP[fmt] or i
+
+
+def check_format(fmt: str, i: int) -> None:
+    """A clear error where a weight of i inputs cannot be held in format fmt."""
+    if fmt not in FORMATS:
+        raise UnsupportedModelError(f"weight format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt in FORMAT_KIND and i % 32:
+        raise UnsupportedModelError(f"{fmt} weights need the input size to be a multiple of 32, got {i}")
+
+
+def n_groups(fmt: str, i: int) -> int:
+    """Scales per row of a quantized weight of i inputs (the last group may be shorter)."""
+    return -(-i // group_size(fmt, i))
+
+
+def _scale_index(n: str, fmt: str, i: int) -> str:
+    """WGSL index of the scale of inputs 4s..4s+3 of row o."""
+    ng = n_groups(fmt, i)
+    return "o" if ng == 1 else f"o * {ng}u + s / {group_size(fmt, i) // 4}u"
 
 
 @dataclass
@@ -55,13 +91,11 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
         return [layout.n_elements * 4]
     if fmt == "f16":
         return [layout.n_elements * 2]
-    if i % 32:
-        raise UnsupportedModelError(f"{fmt} weights need the input size to be a multiple of 32, got {i}")
-    if fmt == "q8":
-        return [o * i, o * (i // 32) * 4]
-    if fmt == "q4":
-        return [o * i // 2, o * (i // 32) * 4]
-    raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
+    check_format(fmt, i)
+    groups = o * n_groups(fmt, i)
+    if FORMAT_KIND[fmt] == "q8":
+        return [o * i, groups * 4]
+    return [o * i // 2, groups * 4]
 
 
 def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
@@ -84,24 +118,31 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let p = {n}_data[{n}_index(o, 4u * s) / 4u];\n"
             f"  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}}\n")
-    if fmt == "q8":
+    check_format(fmt, i)
+    ng = n_groups(fmt, i)
+    sc = _scale_index(n, fmt, i)
+    if fmt in ("q8", "q8pc"):
         return head + (
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 4}) 4 x int8\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {i // 32})\n"
+            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {ng})\n"
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 4}u + s];\n"
             f"  let q = vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u);\n"
-            f"  return vec4<f32>(q) * {n}_scale[o * {i // 32}u + s / 8u];\n}}\n")
-    if fmt == "q4":
-        return head + (
-            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 8}) 8 x uint4\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {i // 32}) f16x2 (scale, min)\n"
+            f"  return vec4<f32>(q) * {n}_scale[{sc}];\n}}\n")
+    data = (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 8}) 8 x uint4\n"
+            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {ng}) f16x2 "
+            f"{'(scale, bias)' if fmt == 'e0m4' else '(scale, min)'}\n"
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 8}u + s / 2u] >> ((s % 2u) * 16u);\n"
-            f"  let q = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
-            f"  let sm = unpack2x16float({n}_sm[o * {i // 32}u + s / 8u]);\n"
-            f"  return q * sm.x + sm.y;\n}}\n")
-    raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
+            f"  let sm = unpack2x16float({n}_sm[{sc}]);\n")
+    if fmt == "e0m4":   # the nibbles as the top 4 fraction bits of 1.0f: 1 + q / 16, two bit operations
+        return head + data + (
+            f"  let f = bitcast<vec4<f32>>((vec4<u32>(w << 19u, w << 15u, w << 11u, w << 7u) & vec4<u32>(0x780000u))\n"
+            f"                             | vec4<u32>(0x3f800000u));\n"
+            f"  return f * sm.x + sm.y;\n}}\n")
+    return head + data + (
+        f"  let q = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
+        f"  return q * sm.x + sm.y;\n}}\n")
 
 
 # --- block accessors for the wide GEMV (linear_wide.wgsl): one 32/8-element block per call ---

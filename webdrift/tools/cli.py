@@ -27,6 +27,7 @@ import time
 
 from ..errors import ContextLengthError, InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..runtime.options import WEIGHT_FORMATS
 
 EXIT_USAGE = 2           # a bad argument, model file or prompt (argparse's own code too)
 EXIT_BROKEN_PIPE = 141   # 128 + SIGPIPE: the reader of stdout went away
@@ -382,8 +383,9 @@ def _add_model_args(p):
     p.add_argument("--model", default=DEFAULT_MODEL, help="known name, .gguf path or HF folder (default %(default)s)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache length in tokens (default: the model's, at most 2048)")
-    p.add_argument("--weight-format", choices=["f32", "f16", "q8", "q4"], default=None,
-                   help="runtime weight format (default: follows the file; q8/q4 re-quantize on the GPU)")
+    p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default=None,
+                   help="runtime weight format, see docs/QUANTIZATION.md (default: follows the file; "
+                        "the quantized ones re-quantize on the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
 
 
