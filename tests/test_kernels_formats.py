@@ -98,6 +98,17 @@ def decode_ref(fmt: str, O: int, I: int, raw: list[bytes]):
     return q, par, (q * a + b).astype(np.float32)
 
 
+def assert_params(par, rpar, fmt: str):
+    """Stored scales equal the reference's, up to the GPU's division (WGSL allows 2.5 ULP: SwiftShader's
+    max|x| / 127 can be 1 ULP off): q8pc's f32 scale within 3e-7; the f16 pairs within one f16 step,
+    and equal in at least 99% of the groups."""
+    if fmt == "q8pc":
+        np.testing.assert_allclose(par, rpar, rtol=3e-7, atol=0)
+        return
+    np.testing.assert_allclose(par, rpar, rtol=2.0**-10, atol=0)
+    assert np.count_nonzero(par != rpar) <= 0.01 * par.size
+
+
 def gpu_weight(x: np.ndarray, fmt: str, src: str = "F32", name: str = "w"):
     """x stored as src bytes, converted on the GPU into fmt: (GPUWeight, source values, decoded (codes, params, values))."""
     raw, ref = source_bytes(x, src)
@@ -117,7 +128,7 @@ def test_round_trip_matches_numpy_scheme(fmt, src, I):
     x[3, : min(I, 128)] = 0.25     # a constant group (zero range)
     w, ref, (q, par, val) = gpu_weight(x, fmt, src)
     rq, rpar, rval = quantize_ref(ref, fmt)
-    np.testing.assert_array_equal(par, rpar)
+    assert_params(par, rpar, fmt)
     diff = np.abs(q - rq)
     assert diff.max() <= 1 and np.count_nonzero(diff) <= 0.002 * q.size, (diff.max(), np.count_nonzero(diff))
     same = diff == 0
