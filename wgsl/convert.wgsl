@@ -43,6 +43,16 @@ fn k4_scale_min(sc: u32, s: u32) -> vec2<f32> {
 // byte 32 * (j / 64) + j % 32, low nibble for the first 32 of each 64
 fn k_nib(qs: u32, j: u32) -> u32 { return (byte_at(qs + 32u * (j / 64u) + j % 32u) >> (4u * ((j / 32u) % 2u))) & 15u; }
 
+// Q6_K: the signed 6-bit code (q - 32) of element j (0..255) of the super-block at byte blk
+fn q6k_code(blk: u32, j: u32) -> i32 {
+  let h = j / 128u;
+  let k = (j % 128u) / 32u;
+  let l = j % 32u;
+  let lo = (byte_at(blk + 64u * h + 32u * (k % 2u) + l) >> (4u * (k / 2u))) & 15u;
+  let hi = (byte_at(blk + 128u + 32u * h + l) >> (2u * k)) & 3u;
+  return i32(lo | (hi << 4u)) - 32;
+}
+
 // Value of source element (r, c)
 fn src_value(r: u32, c: u32) -> f32 {
   let e = r * COLS + c;
@@ -83,12 +93,7 @@ fn src_value(r: u32, c: u32) -> f32 {
 #elif SRC_Q6_K
   let blk = (e / 256u) * 210u;     // ql[128], qh[64], int8 scales[16], d
   let j = e % 256u;
-  let h = j / 128u;
-  let k = (j % 128u) / 32u;
-  let l = j % 32u;
-  let lo = (byte_at(blk + 64u * h + 32u * (k % 2u) + l) >> (4u * (k / 2u))) & 15u;
-  let hi = (byte_at(blk + 128u + 32u * h + l) >> (2u * k)) & 3u;
-  return f16_at(blk + 208u) * f32(i8_at(blk + 192u + j / 16u)) * (f32(lo | (hi << 4u)) - 32.0);
+  return f16_at(blk + 208u) * f32(i8_at(blk + 192u + j / 16u)) * f32(q6k_code(blk, j));
 #elif SRC_Q2_K
   let blk = (e / 256u) * 84u;      // scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin
   let j = e % 256u;
@@ -157,6 +162,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     dst_data[wrow + k] = w;
   }
   dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
+#elif SRC_Q6_K
+  let e0 = (r * UNITS + u) * 16u;    // q8g16: 16 codes q - 32 sharing a sub-block scale, d * sc exact in f32
+  let blk = (e0 / 256u) * 210u;
+  for (var k = 0u; k < 4u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 4u; n++) {
+      w = w | ((u32(q6k_code(blk, e0 % 256u + 4u * k + n)) & 0xffu) << (8u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk + 208u) * f32(i8_at(blk + 192u + (e0 % 256u) / 16u));
 #endif
 #else
   var amax = 0.0;

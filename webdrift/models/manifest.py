@@ -38,7 +38,12 @@ RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weigh
 # embd: the token embedding and the LM head). ML Drift's 8/4/4: int8 per-channel attention,
 # int4 per-channel embedding and feed-forward.
 MIXED_FORMATS = {"8/4/4": {"attn": "q8pc", "ffn": "q4pc", "embd": "q4pc"}}
-WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS)   # what weight_format= accepts
+# "exact": every stored type in a runtime format that holds its values bit for bit (K-quants:
+# Q4_K / Q5_K super-blocks read natively, Q6_K's integers and scales in q8g16); the types no
+# quantized format holds exactly (Q5_1, Q2_K, Q3_K) and mixed fused types widen to f32
+EXACT = {"F32": "f32", "BF16": "f32", "F16": "f16", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4", "Q4_1": "q4",
+         "Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q8g16"}
+WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what weight_format= accepts
 
 
 def default_format(src_type: str) -> str:
@@ -62,6 +67,9 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
             raise InvalidArgumentError(f"weight_format={weight_format!r} chooses by a matrix's role "
                                        f"({', '.join(MIXED_FORMATS[weight_format])}); got role {role!r}")
         return MIXED_FORMATS[weight_format][role]
+    if weight_format == "exact":
+        fmts = {EXACT.get(t, "f32") for t in types}
+        return fmts.pop() if len(fmts) == 1 else "f32"
     if weight_format:
         return weight_format
     fmts = {default_format(t) for t in types}
