@@ -191,3 +191,20 @@ def test_kquant_model_exact_vs_transformers(tmp_path):
     default = webdrift.load(path, max_context=64, autotune=False)
     derr = np.abs(default.logits(ids) - want).max()
     assert derr > 100 * err          # on lavapipe: 5e-5 vs 1.17 (largest logit 78)
+
+
+@pytest.mark.parametrize("fmt,needle", [("q4k", "token_embd: q4k holds Q4_K super-blocks as stored; its tensors are F32"),
+                                        ("q4g128", None)])
+def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
+    """A format a model's tensors cannot take is refused before any allocation, naming the matrix
+    (the tiny model: F32 tensors, 64 inputs)."""
+    import webdrift
+    from tests.tiny_model import write_tiny_gguf
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    if needle is None:    # q4g128 takes 64-input rows (one short group): it loads
+        assert webdrift.load(path, max_context=32, weight_format=fmt, autotune=False).model.layers[0].wo.fmt == fmt
+        return
+    with pytest.raises(UnsupportedModelError, match=needle):
+        webdrift.load(path, max_context=32, weight_format=fmt, autotune=False)
+    with pytest.raises(UnsupportedModelError, match="token_embd: q5k holds Q5_K super-blocks"):
+        webdrift.load(path, max_context=32, weight_format="q5k", autotune=False)
