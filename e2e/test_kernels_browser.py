@@ -403,3 +403,86 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{variant}/{name}")
         kc = np.array(res[f"{variant}/k"]).reshape(KVH, CAP, DH)
         assert np.count_nonzero(kc[:, POS:POS + T]) == KVH * T * DH and not kc[:, :POS].any()   # appended at POS
+
+
+# The formats of issue 14 (q8pc, q4g128, q4pc, e0m4) in the browser: Tint must compile their
+# converters and accessors, and the GEMV variants and the GEMM must compute what numpy does on
+# the weights the conversion wrote (decoded here from the documented buffers).
+FORMATS_CODE = r"""
+import base64, json, struct
+from webdrift.gpu.base import UNIFORM
+from webdrift.gpu.browser import create_browser_device
+from webdrift.kernels.convert import allocate_weight, upload_rows
+from webdrift.kernels.linear import GemvVariant, LinearKernel
+from webdrift.kernels.step import STEP_BYTES, pack_step
+from webdrift.tensor import TensorDesc
+
+args = json.loads(ARGS)
+dev = await create_browser_device()
+out = {}
+step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
+T, O, I, CAP = args["T"], args["O"], args["I"], args["CAP"]
+xd, yd = TensorDesc("x", I, CAP), TensorDesc("y", O, CAP)
+xb = dev.create_buffer(xd.nbytes, label="x"); dev.write_buffer(xb, base64.b64decode(args["x"]))
+yb = dev.create_buffer(yd.nbytes, label="y")
+dev.write_buffer(step, pack_step(T, 0))
+for src, fmt in args["formats"]:
+    try:
+        w = allocate_weight(dev, fmt, fmt, O, I, "OI")
+        upload_rows(dev, w, src, base64.b64decode(args["raw"][src]), O)
+        out[fmt + "/buffers"] = [base64.b64encode(await dev.read_buffer(b, 0, b.size)).decode() for b in w.buffers]
+        for cand in args["variants"] + [{"stage": "prefill"}]:
+            cand = dict(cand)
+            stage = cand.pop("stage", "decode")
+            k = LinearKernel(dev, stage, xd, yd, w, variant=GemvVariant(**cand))
+            name = f"{fmt}/" + ("/".join(str(v) for v in cand.values()) if cand else stage)
+            dev.submit([k.dispatch({"step": step, "x": xb, "y": yb, "w": w.buffers}, k.workgroups(T))])
+            out[name] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+    except Exception as e:
+        out[fmt] = "ERROR " + str(e)[:1500]
+await dev.check_errors()
+dev.destroy()
+json.dumps(out)
+"""
+
+
+def test_browser_new_weight_formats(chromium, server, record):
+    """Conversion from F32 bytes into each format equals the numpy reference scheme (codes within
+    one in at most 0.2% of the elements, stored scales equal up to the GPU's division), and the decode GEMV variants and
+    the prefill GEMM match numpy on the converted weights. I = 768: q4g128's rows are 6 groups. The K-quant formats (q4k, q5k: Q4_K / Q5_K super-blocks read natively; q8g16:
+    Q6_K's integers and scales) from random blocks, against gguf-py's dequantization."""
+    from gguf import GGMLQuantizationType, quants
+
+    from tests.gpu_util import random_kquant_blocks
+    from tests.test_kernels_formats import NEW, assert_params, decode_ref, quantize_ref
+    kq = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q8g16"}
+
+    rng = np.random.default_rng(9)
+    T, O, I, CAP = 3, 40, 768, 8
+    w = (rng.standard_normal((O, I)) * 0.2).astype(np.float32)
+    blocks = {src: random_kquant_blocks(src, O, I, seed=k) for k, src in enumerate(kq)}
+    x = np.zeros((CAP, I), np.float32)
+    x[:T] = rng.standard_normal((T, I))
+    enc = lambda b: base64.b64encode(b).decode()
+    args = {"T": T, "O": O, "I": I, "CAP": CAP, "variants": VARIANTS, "x": enc(x.tobytes()),
+            "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq.items()],
+            "raw": {"F32": enc(w.tobytes()), **{s: enc(b.tobytes()) for s, b in blocks.items()}}}
+    res = run_in_worker(chromium, server, FORMATS_CODE, args)
+    errors = {k: v for k, v in res.items() if isinstance(v, str)}
+    assert not errors, f"formats failed in the browser: {errors}"
+    for fmt in NEW:
+        q, par, val = decode_ref(fmt, O, I, [base64.b64decode(b) for b in res[fmt + "/buffers"]])
+        rq, rpar, _ = quantize_ref(w, fmt)
+        assert_params(par, rpar, fmt)
+        diff = np.abs(q - rq)
+        assert diff.max() <= 1 and np.count_nonzero(diff) <= 0.002 * q.size, fmt
+        ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
+        for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
+            np.testing.assert_allclose(np.array(res[name]).reshape(T, O), ref, rtol=1e-4, atol=1e-4, err_msg=name)
+    for src, fmt in kq.items():
+        val = quants.dequantize(blocks[src], getattr(GGMLQuantizationType, src))
+        ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
+        for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
+            got = np.array(res[name]).reshape(T, O)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 4, err_msg=name)
+    record("new_formats_browser", "ok")

@@ -353,3 +353,23 @@ def test_weight_layout_choice_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch
     lw = eng.model.layers[0]
     assert {layout_name(w) for w in (lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down, eng.model.output)} == {"OI4O4"}
     assert_matches_transformers(eng, ref, seed=9, n=70)
+
+
+def test_logits_from_a_row_fill_the_context(tmp_path, hf_tokenizer_dir):
+    """The scoring path of `webdrift perplexity`: logits(ids, first) returns rows first.. only
+    (earlier chunks skip the LM head), and teacher forcing may fill the whole context, which
+    generation may not (it needs room for a new token)."""
+    d, ref = make_model("llama_mqa_hd40_bf16", tmp_path, hf_tokenizer_dir)
+    ids = list(range(20, 148))          # 128 tokens = max_context: chunks of 32, `first` inside the third
+    eng = webdrift.load(str(d), max_context=128, prefill_chunk=32)
+    got = eng.logits(ids, first=70)
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()[70:]
+    assert got.shape == (58, VOCAB)
+    assert np.abs(got - want).max() < 1e-3 * np.abs(want).max()
+    with pytest.raises(webdrift.InvalidArgumentError, match="first=128"):
+        eng.logits(ids, first=128)
+    with pytest.raises(webdrift.ContextLengthError):
+        eng.generate(ids, max_new_tokens=1)
+    with pytest.raises(webdrift.ContextLengthError):
+        eng.logits(ids + [5])

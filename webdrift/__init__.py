@@ -55,7 +55,8 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     smollm2-135m), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
-    weight_format: runtime weight format ("f32", "f16", "q8", "q4") of every matrix, re-quantized
+    weight_format: runtime weight format of every matrix ("f32", "f16", "q8", "q8pc", "q4",
+    "q4g128", "q4pc", "e0m4", or the mixed "8/4/4"; docs/QUANTIZATION.md), re-quantized
     on the GPU at load where the file differs; default follows the file (Q8_0/Q5_x/Q6_K -> q8,
     Q4_0/Q4_1/Q4_K/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32; models/manifest.runtime_format).
     layout: physical layout of activations ("linear" or "sliced").

@@ -3,11 +3,15 @@
 // destination's generated accessor index, so the consuming kernel's layout is honoured.
 //   raw: array<u32>, the tensor's bytes from byte 0 (ROWS x COLS elements, row-major, type {{SRC}})
 //   destination rows ROW0 .. ROW0+ROWS (several tensors can be concatenated, e.g. Q|K|V)
-// One invocation per (row, unit): unit = a 4-channel slice (f32/f16 targets) or a 32-block (q8/q4).
+// One invocation per (row, unit): unit = a 4-channel slice (f32/f16 targets) or a group of GROUP
+// inputs sharing a scale (q8 / q4 kinds: 32; q4g128: 128, the last group of a row holding the
+// remainder; per-channel formats: the whole row).
 // q8 / q4 targets take the source's integers and scales as they are where the format holds them
 // (Q8_0 and Q5_0 -> q8; Q4_0, Q4_1 and Q4_K -> q4, Q4_K's 6-bit sub-block scales multiplied out
 // into f16); any other source is decoded to floats and re-quantized per 32-block like ggml's
-// quantize_row_q8_0_ref (q8) and quantize_row_q4_1_ref (q4).
+// quantize_row_q8_0_ref (q8) and quantize_row_q4_1_ref (q4), per GROUP inputs; e0m4 takes the
+// group's scale s = (max - min) * 16 / 15 and bias b = min - s (both rounded to f16 first), so the
+// group's values fall in [b + s, b + 2s) and each is coded as the 4 fraction bits of (x - b) / s.
 
 {{RAW_DECL}}
 {{DST_DECL}}
@@ -16,6 +20,7 @@ const ROWS: u32 = {{ROWS}}u;
 const COLS: u32 = {{COLS}}u;
 const ROW0: u32 = {{ROW0}}u;
 const UNITS: u32 = {{UNITS}}u;     // units per row
+const GROUP: u32 = {{GROUP}}u;     // quantized targets: inputs per unit (one scale)
 const NX: u32 = {{NX}}u;           // workgroups along x (the grid is 2-D for large tensors)
 
 fn byte_at(b: u32) -> u32 { return (raw[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu; }
@@ -37,6 +42,16 @@ fn k4_scale_min(sc: u32, s: u32) -> vec2<f32> {
 // Q4_K / Q5_K: low 4 bits of element j (0..255) of a superblock whose 128 nibble bytes start at qs:
 // byte 32 * (j / 64) + j % 32, low nibble for the first 32 of each 64
 fn k_nib(qs: u32, j: u32) -> u32 { return (byte_at(qs + 32u * (j / 64u) + j % 32u) >> (4u * ((j / 32u) % 2u))) & 15u; }
+
+// Q6_K: the signed 6-bit code (q - 32) of element j (0..255) of the super-block at byte blk
+fn q6k_code(blk: u32, j: u32) -> i32 {
+  let h = j / 128u;
+  let k = (j % 128u) / 32u;
+  let l = j % 32u;
+  let lo = (byte_at(blk + 64u * h + 32u * (k % 2u) + l) >> (4u * (k / 2u))) & 15u;
+  let hi = (byte_at(blk + 128u + 32u * h + l) >> (2u * k)) & 3u;
+  return i32(lo | (hi << 4u)) - 32;
+}
 
 // Value of source element (r, c)
 fn src_value(r: u32, c: u32) -> f32 {
@@ -78,12 +93,7 @@ fn src_value(r: u32, c: u32) -> f32 {
 #elif SRC_Q6_K
   let blk = (e / 256u) * 210u;     // ql[128], qh[64], int8 scales[16], d
   let j = e % 256u;
-  let h = j / 128u;
-  let k = (j % 128u) / 32u;
-  let l = j % 32u;
-  let lo = (byte_at(blk + 64u * h + 32u * (k % 2u) + l) >> (4u * (k / 2u))) & 15u;
-  let hi = (byte_at(blk + 128u + 32u * h + l) >> (2u * k)) & 3u;
-  return f16_at(blk + 208u) * f32(i8_at(blk + 192u + j / 16u)) * (f32(lo | (hi << 4u)) - 32.0);
+  return f16_at(blk + 208u) * f32(i8_at(blk + 192u + j / 16u)) * f32(q6k_code(blk, j));
 #elif SRC_Q2_K
   let blk = (e / 256u) * 84u;      // scales[16] (4-bit scale | 4-bit min), qs[64], d, dmin
   let j = e % 256u;
@@ -117,6 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (id >= ROWS * UNITS) { return; }
   let r = id / UNITS;
   let u = id % UNITS;
+  let glen = min(GROUP, COLS - GROUP * u);   // quantized targets: a row's last group may be shorter
 #if DST_FLOAT
   var v = vec4<f32>(0.0);
   for (var k = 0u; k < 4u; k++) {
@@ -131,7 +142,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #if DST_Q8
   // runtime q8: word k of the row = int8 elements 4k..4k+3 (byte order), one f32 scale per 32
-  let wrow = (ROW0 + r) * (COLS / 4u) + 8u * u;
+  let wrow = (ROW0 + r) * (COLS / 4u) + (GROUP / 4u) * u;
+#if Q8_DIRECT
 #if SRC_Q8_0
   let blk = (r * UNITS + u) * 34u;   // copy the 32 int8 bytes, widen the scale
   for (var k = 0u; k < 8u; k++) {
@@ -150,15 +162,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     dst_data[wrow + k] = w;
   }
   dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
-#else
-  var amax = 0.0;
-  for (var j = 0u; j < 32u; j++) { amax = max(amax, abs(src_value(r, 32u * u + j))); }
-  let d = amax / 127.0;
-  let inv = select(0.0, 1.0 / d, d != 0.0);
-  for (var k = 0u; k < 8u; k++) {
+#elif SRC_Q6_K
+  let e0 = (r * UNITS + u) * 16u;    // q8g16: 16 codes q - 32 sharing a sub-block scale, d * sc exact in f32
+  let blk = (e0 / 256u) * 210u;
+  for (var k = 0u; k < 4u; k++) {
     var w = 0u;
     for (var n = 0u; n < 4u; n++) {
-      let q = i32(round_away(src_value(r, 32u * u + 4u * k + n) * inv));
+      w = w | ((u32(q6k_code(blk, e0 % 256u + 4u * k + n)) & 0xffu) << (8u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk + 208u) * f32(i8_at(blk + 192u + (e0 % 256u) / 16u));
+#endif
+#else
+  var amax = 0.0;
+  for (var j = 0u; j < glen; j++) { amax = max(amax, abs(src_value(r, GROUP * u + j))); }
+  let d = amax / 127.0;
+  let inv = select(0.0, 1.0 / d, d != 0.0);
+  for (var k = 0u; k < glen / 4u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 4u; n++) {
+      let q = i32(round_away(src_value(r, GROUP * u + 4u * k + n) * inv));
       w = w | ((u32(q) & 0xffu) << (8u * n));
     }
     dst_data[wrow + k] = w;
@@ -168,7 +192,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #if DST_Q4
   // runtime q4: nibble n of word k = element 8k+n; (scale, min) as f16x2 per 32-block
-  let wrow = (ROW0 + r) * (COLS / 8u) + 4u * u;
+  let wrow = (ROW0 + r) * (COLS / 8u) + (GROUP / 8u) * u;
 #if Q4_DIRECT
 #if SRC_Q4_1
   let blk = (r * UNITS + u) * 20u;   // d, m, 16 nibble bytes
@@ -203,24 +227,39 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(vec2<f32>(d, m));
 #else
-  var lo = src_value(r, 32u * u);
+  var lo = src_value(r, GROUP * u);
   var hi = lo;
-  for (var j = 1u; j < 32u; j++) {
-    let x = src_value(r, 32u * u + j);
+  for (var j = 1u; j < glen; j++) {
+    let x = src_value(r, GROUP * u + j);
     lo = min(lo, x);
     hi = max(hi, x);
   }
-  let d = (hi - lo) / 15.0;
-  let inv = select(0.0, 1.0 / d, d != 0.0);
-  for (var k = 0u; k < 4u; k++) {
+#if DST_E0M4
+  let sb = unpack2x16float(pack2x16float(vec2<f32>((hi - lo) * (16.0 / 15.0), lo - (hi - lo) * (16.0 / 15.0))));
+  let inv = select(0.0, 1.0 / sb.x, sb.x != 0.0);
+  for (var k = 0u; k < glen / 8u; k++) {
     var w = 0u;
     for (var n = 0u; n < 8u; n++) {
-      let q = min(15u, u32(trunc((src_value(r, 32u * u + 8u * k + n) - lo) * inv + 0.5)));
+      let f = (src_value(r, GROUP * u + 8u * k + n) - sb.y) * inv;     // in [1, 2)
+      let q = u32(clamp(floor((f - 1.0) * 16.0 + 0.5), 0.0, 15.0));
+      w = w | (q << (4u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(sb);
+#else
+  let d = (hi - lo) / 15.0;
+  let inv = select(0.0, 1.0 / d, d != 0.0);
+  for (var k = 0u; k < glen / 8u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 8u; n++) {
+      let q = min(15u, u32(trunc((src_value(r, GROUP * u + 8u * k + n) - lo) * inv + 0.5)));
       w = w | (q << (4u * n));
     }
     dst_data[wrow + k] = w;
   }
   dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(vec2<f32>(d, lo));
+#endif
 #endif
 #endif
 }

@@ -9,6 +9,18 @@ in one of these formats (fused dequantization happens in the accessor):
   q4 : data  array<u32>  (O, I/8)   eight uint4 per word, element i at nibble i%8
        sm    array<u32>  (O, I/32)  (scale, min) as packed f16x2; x = scale * q + min
                                     (== GGUF Q4_1 lossless; Q4_0 is min = -8 * scale)
+  q8pc: as q8 with one scale per row (G = I: per-channel, symmetric)
+  q4g128, q4pc: as q4 with one (scale, min) per 128 inputs / per row (G = I)
+  e0m4: as q4 (nibbles, f16x2 per 32), the pair being (scale s, bias b) and the nibble q the 4
+       fraction bits of an f32 with a zero exponent (E0M4, Transformer-Lite): x = s * 1.q + b,
+       1.q = bitcast<f32>(0x3f800000 | q << 19) in [1, 2), so no int -> float conversion
+  q8g16: as q8 with one scale per 16 inputs: Q6_K's integers (q - 32) with d x its int8 sub-block
+       scale in f32, exactly (d * sc has at most 19 significant bits)
+  q4k, q5k: GGUF Q4_K / Q5_K super-blocks as stored (144 / 176 bytes per 256 inputs, one binding),
+       read natively: x = d sc q - dmin m with the 6-bit sub-block (sc, m), bit for bit gguf-py's
+(G, the group: inputs sharing one scale, FORMAT_GROUP; 0 = the whole row. A row holds ceil(I / G)
+groups, the last one holding the remainder where G does not divide I: SmolLM2's 576 inputs in
+q4g128 are 4 groups of 128 and one of 64.)
 Every format exposes `fn {w}_read4(o: u32, s: u32) -> vec4<f32>`: inputs 4s..4s+3 of row o.
 A matrix whose buffers would exceed one storage binding (the token embedding / LM head of a large
 vocabulary) is held as row shards: several GPUWeights of whole rows, shard k holding rows
@@ -24,7 +36,39 @@ from ..errors import UnsupportedModelError
 from ..tensor import slices
 from ..tensor.weight_layout import WeightLayout
 
-FORMATS = ("f32", "f16", "q8", "q4")
+FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", "q4k", "q5k")
+# quantized formats: the storage kind (q8: int8 + f32 scale; q4: uint4 + f16x2 pair) and the group
+# G of inputs sharing a scale (0: per channel, the whole row)
+FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
+FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
+# K-quant super-blocks kept as stored: the GGUF type each holds and its bytes per 256 inputs
+KQUANT_FORMATS = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176)}
+
+
+def group_size(fmt: str, i: int) -> int:
+    """Inputs sharing one scale in a quantized weight of i inputs."""
+    return FORMAT_GROUP[fmt] or i
+
+
+def check_format(fmt: str, i: int) -> None:
+    """A clear error where a weight of i inputs cannot be held in format fmt."""
+    if fmt not in FORMATS:
+        raise UnsupportedModelError(f"weight format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt in FORMAT_KIND and i % 32:
+        raise UnsupportedModelError(f"{fmt} weights need the input size to be a multiple of 32, got {i}")
+    if fmt in KQUANT_FORMATS and i % 256:
+        raise UnsupportedModelError(f"{fmt} weights hold 256-input super-blocks; the input size {i} is not a multiple of 256")
+
+
+def n_groups(fmt: str, i: int) -> int:
+    """Scales per row of a quantized weight of i inputs (the last group may be shorter)."""
+    return -(-i // group_size(fmt, i))
+
+
+def _scale_index(n: str, fmt: str, i: int) -> str:
+    """WGSL index of the scale of inputs 4s..4s+3 of row o."""
+    ng = n_groups(fmt, i)
+    return "o" if ng == 1 else f"o * {ng}u + s / {group_size(fmt, i) // 4}u"
 
 
 @dataclass
@@ -39,7 +83,7 @@ class GPUWeight:
 
     @property
     def n_bindings(self) -> int:
-        return 1 if self.fmt in ("f32", "f16") else 2
+        return 1 if self.fmt in ("f32", "f16") or self.fmt in KQUANT_FORMATS else 2
 
     @property
     def nbytes(self) -> int:
@@ -55,13 +99,13 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
         return [layout.n_elements * 4]
     if fmt == "f16":
         return [layout.n_elements * 2]
-    if i % 32:
-        raise UnsupportedModelError(f"{fmt} weights need the input size to be a multiple of 32, got {i}")
-    if fmt == "q8":
-        return [o * i, o * (i // 32) * 4]
-    if fmt == "q4":
-        return [o * i // 2, o * (i // 32) * 4]
-    raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
+    check_format(fmt, i)
+    if fmt in KQUANT_FORMATS:
+        return [o * (i // 256) * KQUANT_FORMATS[fmt][1]]
+    groups = o * n_groups(fmt, i)
+    if FORMAT_KIND[fmt] == "q8":
+        return [o * i, groups * 4]
+    return [o * i // 2, groups * 4]
 
 
 def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
@@ -84,24 +128,66 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let p = {n}_data[{n}_index(o, 4u * s) / 4u];\n"
             f"  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}}\n")
-    if fmt == "q8":
+    check_format(fmt, i)
+    if fmt in KQUANT_FORMATS:
+        return head + _kquant_accessor(n, binding, mode, fmt, o, i)
+    ng = n_groups(fmt, i)
+    sc = _scale_index(n, fmt, i)
+    if FORMAT_KIND[fmt] == "q8":
         return head + (
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 4}) 4 x int8\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {i // 32})\n"
+            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {ng})\n"
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 4}u + s];\n"
             f"  let q = vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u);\n"
-            f"  return vec4<f32>(q) * {n}_scale[o * {i // 32}u + s / 8u];\n}}\n")
-    if fmt == "q4":
-        return head + (
-            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 8}) 8 x uint4\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {i // 32}) f16x2 (scale, min)\n"
+            f"  return vec4<f32>(q) * {n}_scale[{sc}];\n}}\n")
+    data = (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 8}) 8 x uint4\n"
+            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {ng}) f16x2 "
+            f"{'(scale, bias)' if fmt == 'e0m4' else '(scale, min)'}\n"
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 8}u + s / 2u] >> ((s % 2u) * 16u);\n"
-            f"  let q = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
-            f"  let sm = unpack2x16float({n}_sm[o * {i // 32}u + s / 8u]);\n"
-            f"  return q * sm.x + sm.y;\n}}\n")
-    raise UnsupportedModelError(f"weight format {fmt!r} is not one of {FORMATS}")
+            f"  let sm = unpack2x16float({n}_sm[{sc}]);\n")
+    if fmt == "e0m4":   # the nibbles as the top 4 fraction bits of 1.0f: 1 + q / 16, two bit operations
+        return head + data + (
+            "  let f = bitcast<vec4<f32>>((vec4<u32>(w << 19u, w << 15u, w << 11u, w << 7u) & vec4<u32>(0x780000u))\n"
+            "                             | vec4<u32>(0x3f800000u));\n"
+            "  return f * sm.x + sm.y;\n}\n")
+    return head + data + (
+        "  let q = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
+        "  return q * sm.x + sm.y;\n}\n")
+
+
+def _kquant_accessor(n: str, binding: int, mode: str, fmt: str, o: int, i: int) -> str:
+    """Q4_K / Q5_K super-blocks read in place (ggml's block_q4_K / block_q5_K): words 0: d, dmin
+    (f16x2); 1..3: the 12 bytes of eight 6-bit (scale, min); Q5_K 4..11: qh[32], bit b of byte l
+    the fifth bit of element 32 b + l; then 128 nibble bytes, byte 32 (j / 64) + j % 32 holding
+    element j in its low (j % 64 < 32) or high nibble. Four consecutive inputs share one word."""
+    words = KQUANT_FORMATS[fmt][1] // 4
+    qs = 12 if fmt == "q5k" else 4
+    hi = (f"  let h = {n}_data[blk + 4u + (j % 32u) / 4u] >> (j / 32u);\n"
+          f"  let q = vec4<f32>((vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(15u))\n"
+          f"                  | ((vec4<u32>(h, h >> 8u, h >> 16u, h >> 24u) & vec4<u32>(1u)) << vec4<u32>(4u)));\n"
+          if fmt == "q5k" else
+          "  let q = vec4<f32>(vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(15u));\n")
+    return (
+        f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 256}) "
+        f"{KQUANT_FORMATS[fmt][0]} super-blocks of {words} words\n"
+        f"fn {n}_byte(blk: u32, b: u32) -> u32 {{ return ({n}_data[blk + b / 4u] >> (8u * (b % 4u))) & 0xffu; }}\n"
+        f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
+        f"  let blk = (o * {i // 256}u + s / 64u) * {words}u;\n"
+        f"  let j = (4u * s) % 256u;\n"
+        f"  let sb = j / 32u;\n"
+        f"  var sc = {n}_byte(blk, 4u + sb) & 63u;\n"
+        f"  var mn = {n}_byte(blk, 8u + sb) & 63u;\n"
+        f"  if (sb >= 4u) {{\n"
+        f"    let md = {n}_byte(blk, 8u + sb);\n"
+        f"    sc = (md & 15u) | (({n}_byte(blk, sb) >> 6u) << 4u);\n"
+        f"    mn = (md >> 4u) | (({n}_byte(blk, 4u + sb) >> 6u) << 4u);\n"
+        f"  }}\n"
+        f"  let dm = unpack2x16float({n}_data[blk]);\n"
+        f"  let w = {n}_data[blk + {qs}u + 8u * (j / 64u) + (j % 32u) / 4u] >> (4u * ((j / 32u) % 2u));\n"
+        + hi +
+        "  return q * (dm.x * f32(sc)) - dm.y * f32(mn);\n}\n")
 
 
 # --- block accessors for the wide GEMV (linear_wide.wgsl): one 32/8-element block per call ---

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import GPULimitError, InvalidArgumentError
-from ..kernels.weights import buffer_sizes
+from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
+from ..kernels.weights import KQUANT_FORMATS, buffer_sizes
 from ..tensor.weight_layout import WeightLayout
 from ..weights.config import ModelConfig
 from .manifest import Matrix, kv_cache_bytes, model_manifest
@@ -92,7 +92,15 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
         group = [ts[n] for n in m.names]
         o, i = sum(t.shape[0] for t in group), group[0].shape[1]
         fmt = m.format(ts, weight_format)
-        return WeightPlan(m.label, fmt, o, i, _sizes(fmt, o, i), max(_stored_bytes(t) for t in group), m.per_token)
+        types = sorted({t.type_name for t in group})
+        if fmt in KQUANT_FORMATS and types != [KQUANT_FORMATS[fmt][0]]:
+            raise UnsupportedModelError(f"{m.label}: {fmt} holds {KQUANT_FORMATS[fmt][0]} super-blocks as stored; "
+                                        f"its tensors are {', '.join(types)} (weight_format='exact' picks per tensor)")
+        try:
+            sizes = _sizes(fmt, o, i)
+        except UnsupportedModelError as e:
+            raise UnsupportedModelError(f"{m.label} ({o} x {i}): {e}") from None
+        return WeightPlan(m.label, fmt, o, i, sizes, max(_stored_bytes(t) for t in group), m.per_token)
 
     def vector(name: str, n: int | None = None, staging: int | None = None) -> WeightPlan:
         t = ts[name]

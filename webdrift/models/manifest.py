@@ -26,12 +26,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..errors import InvalidArgumentError
+from ..kernels.weights import FORMATS
 from ..weights.config import ModelConfig
 
 # stored quantized type -> the runtime format it maps to by default
 QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q8",
                  "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q2_K": "q4", "Q3_K": "q4"}
-RUNTIME_FORMATS = ("f32", "f16", "q8", "q4")
+RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weights.py)
+# mixed policies: the runtime format per matrix role (attn: Q|K|V and O; ffn: gate, up, down;
+# embd: the token embedding and the LM head). ML Drift's 8/4/4: int8 per-channel attention,
+# int4 per-channel embedding and feed-forward.
+MIXED_FORMATS = {"8/4/4": {"attn": "q8pc", "ffn": "q4pc", "embd": "q4pc"}}
+# "exact": every stored type in a runtime format that holds its values bit for bit (K-quants:
+# Q4_K / Q5_K super-blocks read natively, Q6_K's integers and scales in q8g16); the types no
+# quantized format holds exactly (Q5_1, Q2_K, Q3_K) and mixed fused types widen to f32
+EXACT = {"F32": "f32", "BF16": "f32", "F16": "f16", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4", "Q4_1": "q4",
+         "Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q8g16"}
+WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what weight_format= accepts
 
 
 def default_format(src_type: str) -> str:
@@ -44,11 +56,20 @@ def default_format(src_type: str) -> str:
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
 
 
-def runtime_format(types: list[str], weight_format: str | None = None) -> str:
+def runtime_format(types: list[str], weight_format: str | None = None, role: str | None = None) -> str:
     """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
-    weight_format when given (re-quantizing on the GPU where needed); otherwise the types' common
+    weight_format when given (re-quantizing on the GPU where needed; a mixed policy such as
+    "8/4/4" picks by the matrix's role: attn, ffn or embd); otherwise the types' common
     default, the wider quantized one for mixed quantized types (Gemma's Q5_0 Q/K with a Q8_0 V:
     q8), f32 when floats are mixed in."""
+    if weight_format in MIXED_FORMATS:
+        if role not in MIXED_FORMATS[weight_format]:
+            raise InvalidArgumentError(f"weight_format={weight_format!r} chooses by a matrix's role "
+                                       f"({', '.join(MIXED_FORMATS[weight_format])}); got role {role!r}")
+        return MIXED_FORMATS[weight_format][role]
+    if weight_format == "exact":
+        fmts = {EXACT.get(t, "f32") for t in types}
+        return fmts.pop() if len(fmts) == 1 else "f32"
     if weight_format:
         return weight_format
     fmts = {default_format(t) for t in types}
@@ -67,9 +88,10 @@ class Matrix:
     peers: tuple[str, ...] = ()     # tensors whose stored types join the format choice (gate <-> up)
     per_token: bool = True          # read in full by every decode step (False: an untied embedding)
     shardable: bool = False         # may be held as row shards (token embedding, LM head)
+    role: str = "embd"              # attn | ffn | embd: what a mixed weight_format ("8/4/4") picks by
 
     def format(self, tensors: dict, weight_format: str | None) -> str:
-        return runtime_format([tensors[n].type_name for n in self.names + self.peers], weight_format)
+        return runtime_format([tensors[n].type_name for n in self.names + self.peers], weight_format, self.role)
 
 
 @dataclass(frozen=True)
@@ -127,13 +149,13 @@ def layer_manifest(cfg: ModelConfig, i: int) -> LayerManifest:
     return LayerManifest(
         index=i,
         attn_norm=p + "attn_norm.weight",
-        wqkv=Matrix(p + "wqkv", (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight")),
+        wqkv=Matrix(p + "wqkv", (p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"), role="attn"),
         bqkv=(p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias") if cfg.qkv_bias else None,
-        wo=Matrix(p + "wo", (p + "attn_output.weight",)),
+        wo=Matrix(p + "wo", (p + "attn_output.weight",), role="attn"),
         ffn_norm=p + "ffn_norm.weight",
-        w_gate=Matrix(p + "w_gate", (p + "ffn_gate.weight",), peers=(p + "ffn_up.weight",)),
-        w_up=Matrix(p + "w_up", (p + "ffn_up.weight",), peers=(p + "ffn_gate.weight",)),
-        w_down=Matrix(p + "w_down", (p + "ffn_down.weight",)),
+        w_gate=Matrix(p + "w_gate", (p + "ffn_gate.weight",), peers=(p + "ffn_up.weight",), role="ffn"),
+        w_up=Matrix(p + "w_up", (p + "ffn_up.weight",), peers=(p + "ffn_gate.weight",), role="ffn"),
+        w_down=Matrix(p + "w_down", (p + "ffn_down.weight",), role="ffn"),
         q_norm=p + "attn_q_norm.weight" if cfg.qk_norm else None,
         k_norm=p + "attn_k_norm.weight" if cfg.qk_norm else None,
         post_attn_norm=p + "post_attention_norm.weight" if cfg.post_norms else None,

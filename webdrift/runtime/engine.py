@@ -397,29 +397,31 @@ class Engine:
         raise InvalidArgumentError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
 
     # -- the loop ---------------------------------------------------------------------------
-    def _check_fits(self, n: int) -> None:
+    def _check_fits(self, n: int, room: int = 1) -> None:
+        """n prompt tokens plus `room` new ones must fit the KV cache (teacher forcing needs none)."""
         if n == 0:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
-        if n >= self.max_context:
+        if n + room > self.max_context:
             raise ContextLengthError(f"the prompt has {n} tokens; this engine's context is {self.max_context} "
                                      f"(load with a larger max_context, up to {self.config.max_position})")
 
-    def _submit_prompt(self, ids: list[int], sp: SamplingParams, program=None, head_every_chunk: bool = False,
+    def _submit_prompt(self, ids: list[int], sp: SamplingParams, program=None, head_from: int | None = None,
                        draws: int = 1):
         """Prefill in chunks of the program's capacity; yields (pos, chunk, dispatches) after writing
-        the chunk's ids and Step. Only the last chunk runs the head (LM head + sampling) unless
-        head_every_chunk (teacher-forced logits need every row); draws: tokens sampled from the
-        last row (the streams' first tokens, out_tokens[0 .. draws))."""
+        the chunk's ids and Step. Only the last chunk runs the head (LM head + sampling), and with
+        head_from every chunk holding a row >= head_from (teacher-forced logits of those rows);
+        draws: tokens sampled from the last row (the streams' first tokens, out_tokens[0 .. draws))."""
         program = program or self.prefill
         chunk = program.capacity
         pos = 0
         while pos < len(ids):
             part = ids[pos:pos + chunk]
             last = pos + len(part) == len(ids)
+            head = last or (head_from is not None and pos + len(part) > head_from)
             self.dev.write_buffer(self.ids_buf, struct.pack(f"<{len(part)}I", *part))
             self.dev.write_buffer(self.step_buf, pack_step(len(part), pos, 0, sp.seed, sp.temperature,
                                                            sp.top_k, sp.top_p, n_out=draws))
-            yield pos, part, program.dispatches(len(part), head=last or head_every_chunk, draws=draws)
+            yield pos, part, program.dispatches(len(part), head=head, draws=draws)
             pos += len(part)
 
     async def agenerate(self, prompt, sp: SamplingParams, on_text=None) -> GenerationResult | list[GenerationResult]:
@@ -710,34 +712,43 @@ class Engine:
                         f"{self.config.vocab_size}")
 
     # -- teacher-forced logits ---------------------------------------------------------------
-    def logits(self, ids: list[int], lora: str | None = None, lora_scale: float = 1.0):
-        """Logits for every position (numpy float32, shape [len(ids), vocab]), teacher-forced;
-        lora: a resident adapter applied at lora_scale."""
+    def logits(self, ids: list[int], first: int = 0, lora: str | None = None, lora_scale: float = 1.0):
+        """Teacher-forced logits (numpy float32, shape [len(ids) - first, vocab]): row i holds the
+        logits after ids[first + i], i.e. the prediction of ids[first + i + 1]. Rows before
+        `first` are computed through the layers but not through the LM head nor read back (the
+        perplexity tool scores only the second half of each window). The ids may fill the whole
+        context: nothing is generated after them. lora: a resident adapter applied at lora_scale."""
         import numpy as np
         sp = SamplingParams.make(lora=lora, lora_scale=lora_scale)
         self._acquire("logits")
         try:
             self._apply_lora(sp)
-            return self._logits(ids, np)
+            return self._logits(ids, first, np)
         finally:
             self._release()
 
-    def _logits(self, ids, np):
+    def _logits(self, ids, first, np):
         if self._layout != "linear":
             raise InvalidArgumentError("logits() reads the linear activation layout only")
-        ids = self.encode_prompt(ids)
-        self._check_fits(len(ids))
+        ids = self.encode_prompt(list(ids))
+        self._check_fits(len(ids), room=0)
+        if isinstance(first, bool) or not isinstance(first, int) or not 0 <= first < len(ids):
+            raise InvalidArgumentError(f"first={first!r}: must be an integer in [0, {len(ids)})")
         if self._score is None:
             self._score = self._program(self._prefill_stage, min(64, self.prefill_chunk), True)
             self._fit_arena(self._score)
         V = self.config.vocab_size
-        out = np.empty((len(ids), V), np.float32)
+        out = np.empty((len(ids) - first, V), np.float32)
         sp = SamplingParams()
         lt = self._score.graph.tensors["logits"]
-        for pos, part, disp in self._submit_prompt(ids, sp, program=self._score, head_every_chunk=True):
+        for pos, part, disp in self._submit_prompt(ids, sp, program=self._score, head_from=first):
             self.dev.submit(disp)
-            raw = _run(self.dev.read_buffer(self.arena, lt.offset, len(part) * V * 4))
-            out[pos:pos + len(part)] = np.frombuffer(raw, np.float32).reshape(len(part), V)
+            lo = max(pos, first)            # first row of this chunk that is wanted
+            if lo >= pos + len(part):
+                continue
+            n = pos + len(part) - lo
+            raw = _run(self.dev.read_buffer(self.arena, lt.offset + (lo - pos) * V * 4, n * V * 4))
+            out[lo - first:lo - first + n] = np.frombuffer(raw, np.float32).reshape(n, V)
         return out
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from ..errors import InvalidArgumentError
-from ..models.manifest import RUNTIME_FORMATS
+from ..models.manifest import WEIGHT_FORMATS
 
-WEIGHT_FORMATS = RUNTIME_FORMATS
 LAYOUTS = ("linear", "sliced")
 PREFILL_KERNELS = ("auto", "gemm", "gemv")
 
@@ -25,7 +24,7 @@ class EngineOptions:
     """How an Engine is built; webdrift.load's docstring explains each option."""
 
     max_context: int | None = None        # KV-cache length, allocated once (None: min(model's, 2048))
-    weight_format: str | None = None      # every matrix as f32 | f16 | q8 | q4 (None: follows the file)
+    weight_format: str | None = None      # every matrix as one of WEIGHT_FORMATS, or "8/4/4" (None: follows the file)
     prefill_chunk: int = 256              # prompt tokens per prefill dispatch list
     layout: str = "linear"                # physical layout of activations: linear | sliced
     fuse: bool = True                     # fold RMSNorms into the linear layers that consume them

@@ -53,6 +53,7 @@ from urllib.parse import unquote, urlsplit
 from .. import __version__
 from ..errors import InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..runtime.options import WEIGHT_FORMATS
 from .api_protocol import ApiError, Envelope, GenerationRequest, StopStrings, model_card, parse_request, short
 from .serve import port_number
 
@@ -702,7 +703,7 @@ def add_api_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="known name, .gguf path or HF folder (default %(default)s)")
     p.add_argument("--model-id", default=None, help="the id /v1/models lists (default: the model's name or file name)")
     p.add_argument("--max-context", type=int, default=None, help="KV cache length (default min(model, 2048))")
-    p.add_argument("--weight-format", choices=["f32", "f16", "q8", "q4"], default=None,
+    p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default=None,
                    help="runtime weight format (default follows the file)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default %(default)s: this machine only; others print a warning)")

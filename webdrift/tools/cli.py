@@ -27,6 +27,7 @@ import time
 
 from ..errors import ContextLengthError, InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..runtime.options import WEIGHT_FORMATS
 from ..runtime.streams import FIRST_TOKENS, MAX_STREAMS
 
 EXIT_USAGE = 2           # a bad argument, model file or prompt (argparse's own code too)
@@ -418,8 +419,9 @@ def _add_model_args(p):
     p.add_argument("--model", default=DEFAULT_MODEL, help="known name, .gguf path or HF folder (default %(default)s)")
     p.add_argument("--max-context", type=int, default=None,
                    help="KV cache length in tokens (default: the model's, at most 2048)")
-    p.add_argument("--weight-format", choices=["f32", "f16", "q8", "q4"], default=None,
-                   help="runtime weight format (default: follows the file; q8/q4 re-quantize on the GPU)")
+    p.add_argument("--weight-format", choices=WEIGHT_FORMATS, default=None,
+                   help="runtime weight format, see docs/QUANTIZATION.md (default: follows the file; "
+                        "the quantized ones re-quantize on the GPU)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary on stderr")
 
 
@@ -477,6 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(sub.add_parser("bench", help="ML Drift protocol: prefill/decode tok/s, roofline, peers"))
     from .profile import add_arguments as add_profile_arguments
     add_profile_arguments(sub.add_parser("profile", help="time host phases and GPU kernels; Chrome trace"))
+    from .perplexity import add_arguments as add_perplexity_arguments
+    add_perplexity_arguments(sub.add_parser("perplexity", help="perplexity over a text, as llama-perplexity does"))
     return ap
 
 

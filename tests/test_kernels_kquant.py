@@ -1,0 +1,210 @@
+"""K-quant layers kept exactly (issue 14): q4k / q5k hold GGUF Q4_K / Q5_K super-blocks as stored
+and the kernels read them natively; q8g16 holds Q6_K's integers (q - 32) with d x the int8
+sub-block scale in f32. Checked against gguf-py's dequantization of the same blocks (random bytes
+in every field but the f16 super-block scales): every weight value bit for bit (read through the
+embedding kernel, which returns w_read4 unchanged), the decode GEMV variants and the prefill GEMM
+against numpy on those values, rows concatenated at an offset (Q|K|V), the "exact" format policy,
+and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from tests.gpu_util import device, download, random_kquant_blocks, run, upload
+from webdrift.errors import InvalidArgumentError, UnsupportedModelError
+from webdrift.kernels.convert import allocate_weight, upload_rows
+from webdrift.kernels.embedding import EmbeddingKernel
+from webdrift.kernels.linear import GemvVariant, LinearKernel
+from webdrift.models.manifest import runtime_format
+from webdrift.runtime.options import EngineOptions
+from webdrift.tensor import TensorDesc
+
+EXACT = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16")]
+
+
+def kquant_weight(src: str, fmt: str, O: int, I: int, seed: int = 0, name: str = "w"):
+    blocks = random_kquant_blocks(src, O, I, seed=seed)
+    ref = quants.dequantize(blocks, getattr(GGMLQuantizationType, src)).astype(np.float32)
+    w = allocate_weight(device(), name, fmt, O, I)
+    upload_rows(device(), w, src, blocks.tobytes(), O)
+    return w, ref
+
+
+def read_rows(w, O: int, I: int) -> np.ndarray:
+    """Every row of w as the kernels see it (EmbeddingKernel, scale 1: out = w_read4 of the row)."""
+    cap = O
+    od = TensorDesc("out", I, cap)
+    ids = device().create_buffer(4 * cap, label="ids")
+    device().write_buffer(ids, np.arange(cap, dtype=np.uint32))
+    bufs = {"ids": ids, "w": w.buffers, "out": upload(od, None)}
+    run(EmbeddingKernel(device(), w, od), bufs, O)
+    return download(od, bufs["out"])[:O]
+
+
+@pytest.mark.parametrize("src,fmt", EXACT)
+@pytest.mark.parametrize("O,I", [(5, 256), (9, 1024)])
+def test_values_bit_exact_with_gguf(src, fmt, O, I):
+    w, ref = kquant_weight(src, fmt, O, I, seed=O)
+    got = read_rows(w, O, I)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+    per_row = {"q4k": I // 256 * 144, "q5k": I // 256 * 176, "q8g16": I + I // 16 * 4}[fmt]
+    assert sum(b.size for b in w.buffers) >= O * per_row
+
+
+@pytest.mark.parametrize("src,fmt", EXACT)
+@pytest.mark.parametrize("stage,T,variant", [
+    ("decode", 1, GemvVariant("row", rows=1, wg=64)), ("decode", 2, GemvVariant("split", rows=4, wg=64)),
+    ("decode", 1, GemvVariant("subgroup", rows=8, wg=256)), ("prefill", 65, None)])
+def test_linear_reads_kquants(src, fmt, stage, T, variant):
+    if variant is not None and variant.variant == "subgroup" and not device().has_subgroups:
+        pytest.skip("no subgroups on this adapter")   # not counted: row / split cover the format
+    O, I = 37, 512
+    w, wref = kquant_weight(src, fmt, O, I, seed=3)
+    x = np.random.default_rng(1).standard_normal((T, I)).astype(np.float32)
+    xd, yd = TensorDesc("x", I, 72), TensorDesc("y", O, 72)
+    bufs = {"x": upload(xd, x), "y": upload(yd, None, fill=1234.5), "w": w.buffers}
+    run(LinearKernel(device(), stage, xd, yd, w, variant=variant or GemvVariant()), bufs, T)
+    y = download(yd, bufs["y"])
+    ref = x.astype(np.float64) @ wref.T.astype(np.float64)
+    np.testing.assert_allclose(y[:T], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 4)
+    assert (y[T:] == 1234.5).all()
+
+
+@pytest.mark.parametrize("src,fmt", EXACT)
+def test_rows_at_an_offset(src, fmt):
+    """Two tensors at rows 0 and 4 of one weight (a fused Q|K|V): each row bit for bit."""
+    I = 256
+    a, b = random_kquant_blocks(src, 4, I, seed=1), random_kquant_blocks(src, 3, I, seed=2)
+    qt = getattr(GGMLQuantizationType, src)
+    w = allocate_weight(device(), "w", fmt, 7, I)
+    upload_rows(device(), w, src, a.tobytes(), 4, 0)
+    upload_rows(device(), w, src, b.tobytes(), 3, 4)
+    ref = np.concatenate([quants.dequantize(a, qt), quants.dequantize(b, qt)]).astype(np.float32)
+    np.testing.assert_array_equal(read_rows(w, 7, I).view(np.uint32), ref.view(np.uint32))
+
+
+def test_exact_policy():
+    """weight_format="exact": each stored type in a format holding it bit for bit."""
+    assert runtime_format(["Q4_K"], "exact") == "q4k" and runtime_format(["Q5_K"], "exact") == "q5k"
+    assert runtime_format(["Q6_K"], "exact") == "q8g16"
+    assert runtime_format(["Q5_0", "Q5_0", "Q8_0"], "exact") == "q8"      # Gemma 3's Q|K|V
+    assert runtime_format(["Q4_1"], "exact") == "q4" and runtime_format(["BF16"], "exact") == "f32"
+    assert runtime_format(["Q3_K"], "exact") == "f32" and runtime_format(["Q4_K", "Q6_K"], "exact") == "f32"
+    assert EngineOptions(weight_format="exact").weight_format == "exact"
+
+
+def test_kquant_bad_input():
+    with pytest.raises(UnsupportedModelError, match="q4k holds Q4_K super-blocks as stored; this tensor is Q4_0"):
+        w = allocate_weight(device(), "w", "q4k", 2, 256)
+        upload_rows(device(), w, "Q4_0", b"\0" * (2 * 8 * 18), 2)
+    with pytest.raises(UnsupportedModelError, match="q5k weights hold 256-input super-blocks; the input size 640"):
+        allocate_weight(device(), "w", "q5k", 2, 640)
+    with pytest.raises(UnsupportedModelError, match="do not fit q4k rows"):
+        w = allocate_weight(device(), "w", "q4k", 2, 256)
+        upload_rows(device(), w, "Q4_K", b"\0" * (3 * 144), 3)
+    with pytest.raises(InvalidArgumentError, match="weight_format='q6k'"):
+        EngineOptions(weight_format="q6k")
+
+
+# -- a whole model of K-quant layers vs transformers (which dequantizes GGUF with gguf-py) ----------
+
+def _kquant_gguf(path) -> str:
+    """A llama GGUF (dim 256, 2 layers, 4 / 2 heads, FFN 512, the tiny model's tokenizer) whose
+    matrices are random K-quant blocks: Q|K|V and gate/up Q4_K, O Q5_K, down and the (tied)
+    embedding Q6_K; super-block scales small enough for sensible activations."""
+    from gguf import GGUFWriter
+
+    from tests.gpu_util import KQUANT_F16_FIELDS
+    from tests.tiny_model import CHATML, MERGES, SPECIALS, tiny_tokens
+    dim, ffn, heads, kv, layers = 256, 512, 4, 2, 2
+    tokens = tiny_tokens()
+    w = GGUFWriter(str(path), "llama")
+    w.add_context_length(256)
+    w.add_embedding_length(dim)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    rng = np.random.default_rng(0)
+
+    def kq(name, typ, rows, cols):
+        blocks = random_kquant_blocks(typ, rows, cols, seed=int(rng.integers(1 << 30)))
+        size, fields = KQUANT_F16_FIELDS[typ]
+        b = blocks.reshape(-1, size)
+        for f in fields:
+            b[:, f:f + 2] = rng.uniform(2e-4, 1.5e-3, len(b)).astype(np.float16).view(np.uint8).reshape(-1, 2)
+        w.add_tensor(name, blocks, raw_dtype=getattr(GGMLQuantizationType, typ))
+
+    kq("token_embd.weight", "Q6_K", len(tokens), dim)
+    w.add_tensor("output_norm.weight", np.ones(dim, np.float32))
+    hd = dim // heads
+    for i in range(layers):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(dim, np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(dim, np.float32))
+        kq(p + "attn_q.weight", "Q4_K", heads * hd, dim)
+        kq(p + "attn_k.weight", "Q4_K", kv * hd, dim)
+        kq(p + "attn_v.weight", "Q4_K", kv * hd, dim)
+        kq(p + "attn_output.weight", "Q5_K", dim, heads * hd)
+        kq(p + "ffn_gate.weight", "Q4_K", ffn, dim)
+        kq(p + "ffn_up.weight", "Q4_K", ffn, dim)
+        kq(p + "ffn_down.weight", "Q6_K", dim, ffn)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_kquant_model_exact_vs_transformers(tmp_path):
+    """weight_format="exact" (q4k, q5k, q8g16) gives transformers' fp32 logits on the GGUF's own
+    values within 1e-4 of the largest; the default formats (Q4_K -> q4 with f16 scales, Q5_K /
+    Q6_K re-quantized to q8) are two orders of magnitude further off."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import webdrift
+    path = _kquant_gguf(tmp_path / "kq.gguf")
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="kq.gguf", dtype=torch.float32).eval()
+    ids = np.random.default_rng(1).integers(3, 260, 40).tolist()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    exact = webdrift.load(path, max_context=64, weight_format="exact", autotune=False)
+    lw = exact.model.layers[0]
+    assert (lw.wqkv.fmt, lw.wo.fmt, lw.w_gate.fmt, lw.w_down.fmt, exact.model.output.fmt) == \
+        ("q4k", "q5k", "q4k", "q8g16", "q8g16")
+    err = np.abs(exact.logits(ids) - want).max()
+    assert err < 1e-4 * np.abs(want).max(), err
+    default = webdrift.load(path, max_context=64, autotune=False)
+    derr = np.abs(default.logits(ids) - want).max()
+    assert derr > 100 * err          # on lavapipe: 5e-5 vs 1.17 (largest logit 78)
+
+
+@pytest.mark.parametrize("fmt,needle", [("q4k", "token_embd: q4k holds Q4_K super-blocks as stored; its tensors are F32"),
+                                        ("q4g128", None)])
+def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
+    """A format a model's tensors cannot take is refused before any allocation, naming the matrix
+    (the tiny model: F32 tensors, 64 inputs)."""
+    import webdrift
+    from tests.tiny_model import write_tiny_gguf
+    path = write_tiny_gguf(tmp_path / "tiny.gguf")
+    if needle is None:    # q4g128 takes 64-input rows (one short group): it loads
+        assert webdrift.load(path, max_context=32, weight_format=fmt, autotune=False).model.layers[0].wo.fmt == fmt
+        return
+    with pytest.raises(UnsupportedModelError, match=needle):
+        webdrift.load(path, max_context=32, weight_format=fmt, autotune=False)
+    with pytest.raises(UnsupportedModelError, match="token_embd: q5k holds Q5_K super-blocks"):
+        webdrift.load(path, max_context=32, weight_format="q5k", autotune=False)
