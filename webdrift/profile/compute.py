@@ -20,10 +20,9 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
-import time
-
-from ..gpu.base import Dispatch, TimestampRecorder
+from ..gpu.base import Dispatch
 from ..kernels.bindings import Bindings
+from .roofline import atime_dispatch
 
 WG = 256
 CHAINS = 8
@@ -105,26 +104,7 @@ async def ameasure_compute(dev, kind: str, reps: int = 5, workgroups: int = 2048
         dev.submit([d])                                  # compile and warm up
         sums = await dev.read_buffer(out, 0, 4 * min(n, 1024))
         await dev.check_errors()
-        times_ns: list[float] = []
-        timed = dev.has_timestamps
-        if timed and dev.can_time_sync:
-            rec = TimestampRecorder(reps)
-            dev.submit([d] * reps, timestamps=rec)
-            dev.read_timestamps_sync(rec)
-            times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
-        elif timed:
-            for _ in range(3):
-                rec = TimestampRecorder(1, whole=True)
-                dev.submit([d] * reps, timestamps=rec)
-                await dev.read_timestamps(rec)
-                times_ns += [float(e - s) / reps for s, e in rec.ticks_ns if e > s]
-        if not times_ns:
-            timed = False
-            for _ in range(reps):
-                t0 = time.perf_counter_ns()
-                dev.submit([d])
-                await dev.read_buffer(out, 0, 4)
-                times_ns.append(float(time.perf_counter_ns() - t0))
+        times_ns, timed = await atime_dispatch(dev, d, reps, out)
     finally:
         dev.release_buffer(out)
     times_ns.sort()

@@ -105,26 +105,7 @@ async def ameasure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgro
         dev.submit([fd, rd])                       # fill, and warm the read up
         await dev.read_buffer(sink, 0, 4)
         await dev.check_errors()
-        times_ns: list[float] = []
-        timed = dev.has_timestamps
-        if timed and dev.can_time_sync:
-            rec = TimestampRecorder(reps)
-            dev.submit([rd] * reps, timestamps=rec)
-            dev.read_timestamps_sync(rec)
-            times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
-        elif timed:
-            for _ in range(3):
-                rec = TimestampRecorder(1, whole=True)
-                dev.submit([rd] * reps, timestamps=rec)
-                await dev.read_timestamps(rec)
-                times_ns += [float(e - s) / reps for s, e in rec.ticks_ns if e > s]
-        if not times_ns:                           # no timestamps: host time of one submit + read
-            timed = False
-            for _ in range(reps):
-                t0 = time.perf_counter_ns()
-                dev.submit([rd])
-                await dev.read_buffer(sink, 0, 4)
-                times_ns.append(float(time.perf_counter_ns() - t0))
+        times_ns, timed = await atime_dispatch(dev, rd, reps, sink)
     finally:
         for b in (src, sink):
             dev.release_buffer(b)
@@ -133,6 +114,34 @@ async def ameasure_bandwidth(dev, nbytes: int = 1 << 30, reps: int = 10, workgro
     return {"bytes": cap, "reps": len(times_ns), "method": "gpu-timestamps" if timed else "host-clock",
             "best_ms": round(best / 1e6, 4), "median_ms": round(med / 1e6, 4),
             "best_GBps": round(cap / best, 2), "median_GBps": round(cap / med, 2)}
+
+
+async def atime_dispatch(dev, d: Dispatch, reps: int, probe) -> tuple[list[float], bool]:
+    """Kernel times (ns) of dispatch d over `reps` runs, and whether GPU timestamps gave them:
+    one timed submit where timestamps read synchronously; where they read only asynchronously
+    (the browser, which may round them to 100 us), 3 samples of `reps` runs timed as a whole;
+    without timestamps, host time of submit + a 4-byte read of `probe` per run."""
+    times_ns: list[float] = []
+    timed = dev.has_timestamps
+    if timed and dev.can_time_sync:
+        rec = TimestampRecorder(reps)
+        dev.submit([d] * reps, timestamps=rec)
+        dev.read_timestamps_sync(rec)
+        times_ns = [float(e - s) for s, e in rec.ticks_ns if e > s]
+    elif timed:
+        for _ in range(3):
+            rec = TimestampRecorder(1, whole=True)
+            dev.submit([d] * reps, timestamps=rec)
+            await dev.read_timestamps(rec)
+            times_ns += [float(e - s) / reps for s, e in rec.ticks_ns if e > s]
+    if not times_ns:
+        timed = False
+        for _ in range(reps):
+            t0 = time.perf_counter_ns()
+            dev.submit([d])
+            await dev.read_buffer(probe, 0, 4)
+            times_ns.append(float(time.perf_counter_ns() - t0))
+    return times_ns, timed
 
 
 def decode_ceiling(bandwidth_GBps: float, bytes_per_token: float) -> float:
