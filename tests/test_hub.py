@@ -227,7 +227,7 @@ def test_cache_folders_agree(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "c"
     assert hub.default_cache_dir() == cache_dir("models") == tmp_path / "c" / "models"
     assert build_cache_dir() == tmp_path / "c" / "build_wasm"
-    assert autotune._cache_path() == str(tmp_path / "c" / "autotune" / "kernel_choices.json")
+    assert autotune._cache_path() == str(tmp_path / "c" / "autotune" / autotune.CACHE_FILE)
     monkeypatch.delenv("WEBDRIFT_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert hub.default_cache_dir() == tmp_path / "home" / ".cache" / "webdrift" / "models"

@@ -22,19 +22,21 @@ const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const WG: u32 = {{WG}}u;
 var<workgroup> ms: array<f32, {{NSPLIT}}>;   // chunk maxima, then their weights exp(m_s - m)
 var<workgroup> ls: array<f32, {{NSPLIT}}>;   // chunk sums, then weighted
+var<workgroup> last: atomic<u32>;             // 1 + the last chunk with a visible key
+var<workgroup> nused: u32;                    // the same, read uniformly
 
-// output channel d: the weighted partials in four independent chains, over l
-fn channel(base: u32, d: u32, l: f32) -> f32 {
+// output channel d: the weighted partials of chunks 0 .. n - 1 in four independent chains, over l
+fn channel(base: u32, d: u32, l: f32, n: u32) -> f32 {
   var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
   var s = 0u;
-  for (; s + 4u <= NSPLIT; s += 4u) {
+  for (; s + 4u <= n; s += 4u) {
     let p = base + s * (DH + 2u) + d;
     a0 += wpart(s, p);
     a1 += wpart(s + 1u, p + DH + 2u);
     a2 += wpart(s + 2u, p + 2u * (DH + 2u));
     a3 += wpart(s + 3u, p + 3u * (DH + 2u));
   }
-  for (; s < NSPLIT; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
+  for (; s < n; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
   return ((a0 + a1) + (a2 + a3)) / l;
 }
 
@@ -48,29 +50,36 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.y;
   if (row >= step.n_tokens * GROUP) { return; }
   let base = (kvh * ROWS_CAP + row) * NSPLIT * (DH + 2u);
+  if (lid == 0u) { atomicStore(&last, 0u); }
+  workgroupBarrier();
   for (var s = lid; s < NSPLIT; s += WG) {
     ms[s] = part[base + s * (DH + 2u) + DH];
     ls[s] = part[base + s * (DH + 2u) + DH + 1u];
+    if (ms[s] > -1.0e38) { atomicMax(&last, s + 1u); }
   }
   workgroupBarrier();
+  // only the chunks up to the last visible key are read below: the cache's capacity (NSPLIT
+  // chunks) is often many times the context so far
+  if (lid == 0u) { nused = atomicLoad(&last); }
+  let n = workgroupUniformLoad(&nused);
   var m = -3.0e38;
-  for (var s = 0u; s < NSPLIT; s++) { m = max(m, ms[s]); }
+  for (var s = 0u; s < n; s++) { m = max(m, ms[s]); }
   workgroupBarrier();
-  for (var s = lid; s < NSPLIT; s += WG) {
+  for (var s = lid; s < n; s += WG) {
     let w = select(0.0, exp(ms[s] - m), ms[s] > -1.0e38);   // chunks with no visible key weigh 0
     ms[s] = w;
     ls[s] = w * ls[s];
   }
   workgroupBarrier();
   var l = 0.0;
-  for (var s = 0u; s < NSPLIT; s++) { l += ls[s]; }
+  for (var s = 0u; s < n; s++) { l += ls[s]; }
   let t = row / GROUP;
   let h = kvh * GROUP + row % GROUP;
 #if QUANT
   let d = lid;                          // WG == DH: one channel per invocation, no loop (barriers)
-  let v = channel(base, d, l);
+  let v = channel(base, d, l, n);
   quant_blocks(lid, v, true, t * QSTRIDE, (h * DH + d) / 32u);
 #else
-  for (var d = lid; d < DH; d += WG) { out_write1(0u, t, 0u, h * DH + d, channel(base, d, l)); }
+  for (var d = lid; d < DH; d += WG) { out_write1(0u, t, 0u, h * DH + d, channel(base, d, l, n)); }
 #endif
 }
