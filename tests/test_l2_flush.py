@@ -1,17 +1,31 @@
-"""The autotuner's L2-evicting dispatch (kernels/flush.py) writes its whole scratch buffer."""
+"""The autotuner's L2-evicting dispatch (kernels/flush.py) reads its whole scratch buffer: each
+invocation's loads reach its store, which only the marker value triggers."""
 
 import numpy as np
 
 from tests.gpu_util import device
 from webdrift.kernels.flush import L2FlushKernel
 
+MARK = np.array([0xdeadbeef, 0x0badf00d, 0x12345678, 0x9abcdef0], dtype=np.uint32)
 
-def test_flush_writes_every_word():
+
+def test_flush_reads_every_word():
     dev = device()
     k = L2FlushKernel(dev)
     assert k.nbytes <= dev.max_binding_size
-    n = (1 << 20) + 48   # not a multiple of the grid's stride
-    buf = dev.create_buffer(n, label="flush")
+    stride = k.workgroups()[0] * 256                 # vec4s between one invocation's loads
+    n = stride + stride // 2 + 7                     # invocations < n - stride read two vec4s
+    data = np.zeros((n, 4), dtype=np.uint32)
+    data[5] = MARK                                   # invocation 5 alone: the marker
+    data[40] = MARK ^ 1                              # invocation 40: marker ^ 1 then ...
+    data[40 + stride] = 1                            # ... its second load makes it the marker
+    data[41] = MARK                                  # invocation 41: marker, then ...
+    data[41 + stride] = 2                            # ... a second load that spoils it
+    buf = dev.create_buffer(n * 16, label="flush")
+    dev.write_buffer(buf, data.tobytes())
     dev.submit([k.dispatch({"buf": buf}, k.workgroups())])
     got = np.frombuffer(dev.read_buffer_sync(buf), dtype=np.uint32).reshape(-1, 4)
-    assert (got == np.arange(n // 16, dtype=np.uint32)[:, None]).all()
+    want = data.copy()
+    want[5] = ~MARK
+    want[40] = ~MARK
+    assert (got == want).all()

@@ -1,4 +1,4 @@
-"""L2FlushKernel (wgsl/l2_flush.wgsl): writes a scratch buffer larger than the GPU's last-level
+"""L2FlushKernel (wgsl/l2_flush.wgsl): reads a scratch buffer larger than the GPU's last-level
 cache, so a kernel timed right after it reads its weights from memory (kernels/autotune.py).
 Must not: import numpy or wgpu.
 """
