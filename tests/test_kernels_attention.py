@@ -91,7 +91,8 @@ def test_attention_decode_four_splits(grouped):
     assert_close(*run_attention(4, 2, 64, 1024, 900, 1, grouped=grouped))
 
 
-@pytest.mark.parametrize("H,KVH,DH,q_layout", [(4, 4, 32, "linear"), (4, 1, 128, "sliced"), (2, 1, 256, "linear")])
+@pytest.mark.parametrize("H,KVH,DH,q_layout", [(4, 4, 32, "linear"), (4, 1, 128, "sliced"), (2, 1, 256, "linear"),
+                                               (4, 2, 40, "linear"), (8, 2, 80, "sliced")])
 @pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
 def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout, grouped):
     assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout, grouped=grouped))

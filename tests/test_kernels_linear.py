@@ -148,7 +148,8 @@ def test_linear_decode_x_last_row(fmt):
 
 # -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
 
-VARIANTS = [pytest.param(c, id=f"{c.variant}{c.rows}x{c.wg}u{c.unroll}") for c in CANDIDATES] + [
+VARIANTS = [pytest.param(c, id=f"{c.variant}{c.rows}x{c.wg}u{c.unroll}" + (f"m{c.mrows}" if c.mrows > 1 else ""))
+            for c in CANDIDATES] + [
     pytest.param(GemvVariant("split", rows=1, wg=32), id="split1x32")]
 
 
@@ -268,6 +269,15 @@ def test_linear_pre_norm_last_row():
     assert (y[1:] == SENTINEL).all()
 
 
+def test_mrows_is_a_wide_option_without_rope():
+    gw, _ = make_weight(_weights(8, 64), "q8")
+    xd, yd = TensorDesc("x", 64, 4), TensorDesc("y", 8, 4)
+    with pytest.raises(ValueError, match="mrows 2"):
+        LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("subgroup", rows=8, wg=64, mrows=2))
+    with pytest.raises(ValueError, match="mrows 4"):
+        LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("wide", rows=6, wg=64, mrows=4))
+
+
 def test_wide_refuses_unsupported_weights():
     from webdrift.errors import UnsupportedModelError
     gw, _ = make_weight(_weights(8, 67), "f16")
@@ -276,14 +286,15 @@ def test_wide_refuses_unsupported_weights():
         LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("wide", rows=16, wg=128))
 
 
-@pytest.mark.parametrize("unroll", [1, 4])
+@pytest.mark.parametrize("unroll,mrows", [(1, 1), (4, 1), (1, 2), (1, 4)])
 @pytest.mark.parametrize("fmt", ["q4", "q8", "f16"])
-def test_wide_dual_and_residual(fmt, unroll):
+def test_wide_dual_and_residual(fmt, unroll, mrows):
     """The wide GEMV with the fusions the model uses: gate/up + SiLU, residual add, bias; 1536
-    inputs so the four-chain loop (UNROLL4) runs several times before its tail."""
+    inputs so the four-chain loop (UNROLL4) runs several times before its tail; MROWS rows per
+    subgroup with 70 outputs (the last group of rows runs past the weight)."""
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the wide GEMV must be tested")
-    tuning = GemvVariant("wide", rows=8, wg=256, unroll=unroll)
+    tuning = GemvVariant("wide", rows=8, wg=256, unroll=unroll, mrows=mrows)
     I = 1536
     Wg, Wu = _weights(70, I, seed=7) * 3, _weights(70, I, seed=8)
     x, wg, wu, y = run_linear("decode", 2, Wg, fmt, w2=Wu, tuning=tuning)

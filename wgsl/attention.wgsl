@@ -15,7 +15,7 @@
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
 var<workgroup> sc: array<vec4<f32>, {{CHUNK4}}>;
-var<workgroup> red: array<f32, {{CHUNK}}>;
+var<workgroup> red: array<f32, {{REDW}}>;     // max(CHUNK, NJ * DH)
 
 @compute @workgroup_size({{CHUNK}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -67,32 +67,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // out[d] = sum_j e_j V[d][k0 + j]: invocation (d, g) sums its group's keys (each streams its own
   // contiguous run of V row d, four keys per load, in four independent chains), then the NJ group
   // sums are added through workgroup memory. Keys past nvis have e = 0 (JL and CAP are multiples
-  // of 4, so the rounded-up run stays inside row d and inside the group).
+  // of 4, so the rounded-up run stays inside row d and inside the group). DH > CHUNK (NJ = 1):
+  // invocation lid takes channels lid, lid + CHUNK, ...
   workgroupBarrier();
-  let d = lid % DH;
   let g = lid / DH;
-  var acc = 0.0;
-  if (g < NJ) {
-    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
-    let j0 = g * JL / 4u;
-    let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
-    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-    var j = j0;
-    for (; j + 4u <= j1; j += 4u) {
-      acc += dot(sc[j], vc[vb + j]);
-      a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
-      a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
-      a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
+  for (var d = lid % DH; d < DH; d += CHUNK) {
+    var acc = 0.0;
+    if (g < NJ) {
+      let vb = ((kvh * DH + d) * CAP + k0) / 4u;
+      let j0 = g * JL / 4u;
+      let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
+      var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+      var j = j0;
+      for (; j + 4u <= j1; j += 4u) {
+        acc += dot(sc[j], vc[vb + j]);
+        a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
+        a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
+        a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
+      }
+      for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
+      acc += (a1 + a2) + a3;
     }
-    for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
-    acc += (a1 + a2) + a3;
+    if (g < NJ) { red[g * DH + d] = acc; }
   }
-  red[lid] = acc;
   workgroupBarrier();
-  if (lid < DH) {
+  for (var d = lid; d < DH; d += CHUNK) {
     var tot = 0.0;
-    for (var k = 0u; k < NJ; k++) { tot += red[k * DH + lid]; }
-    part[out + lid] = tot;
+    for (var k = 0u; k < NJ; k++) { tot += red[k * DH + d]; }
+    part[out + d] = tot;
   }
   if (lid == 0u) { part[out + DH] = m; part[out + DH + 1u] = lsum; }
 }

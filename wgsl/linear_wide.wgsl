@@ -9,8 +9,8 @@ diagnostic(off, subgroup_uniformity);
 // a whole quant block (16-32 bytes of q4 / q8, 8 halves of row-major f16) per iteration through
 // the generated `w_dot` (weights.wide_accessor_wgsl; no arrays: they can end up in local memory);
 // the block's input slices are loaded once (`x_blk`) and shared by a pair's two weights.
-// UNROLL4: four blocks in flight per lane. Same maths, fusions and ROPE epilogue as
-// linear_subgroup.wgsl.
+// UNROLL4: four blocks in flight per lane. MROWS: that many consecutive rows per subgroup at a
+// time (not with ROPE). Same maths, fusions and ROPE epilogue as linear_subgroup.wgsl.
 // Dispatch: (ceil(O / ROWS), tokens).
 {{STEP_DECL}}
 {{X_DECL}}
@@ -38,6 +38,23 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if PRE_NORM
   inv = sg_row_inv({{XROW}}, lid, lane, sg);
 #endif
+#if MROWS
+  // MROWS consecutive rows per subgroup at a time: each block's input slices are loaded once
+  // for all of them, and MROWS (x2 with PAIR) weight blocks are in flight per lane
+  for (var r = sgi * {{MROWS}}u; r < ROWS; r += nsg * {{MROWS}}u) {
+    let o = wid.x * ROWS + r;
+    if (o >= w_O) { break; }
+{{MR_DECL}}
+    for (var b = lane; b < w_NB; b += sg) {
+      let xb = x_blk({{XROW}}, b, inv);
+{{MR_ACC}}
+    }
+{{MR_RED}}
+    if (lane == 0u) {
+{{MR_EPI}}
+    }
+  }
+#else
 #if ROPE
   // pairs of outputs (i0, i0 + 1) = weight rows (o, o2), rotation partners, in one subgroup
   for (var r = 2u * sgi; r < ROWS; r += 2u * nsg) {
@@ -103,4 +120,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (lane == 0u) { epilogue(t, o, acc, acc2); }
 #endif
   }
+#endif
 }

@@ -48,6 +48,10 @@ CANDIDATES = (
     GemvVariant("wide", rows=32, wg=256),
     GemvVariant("wide", rows=8, wg=256, unroll=4),
     GemvVariant("wide", rows=16, wg=128, unroll=4),
+    GemvVariant("wide", rows=16, wg=256, mrows=2),
+    GemvVariant("wide", rows=32, wg=256, mrows=4),
+    GemvVariant("wide", rows=8, wg=128, mrows=2),
+    GemvVariant("wide", rows=16, wg=128, mrows=4),
 )
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
 BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)

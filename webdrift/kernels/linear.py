@@ -41,6 +41,7 @@ class GemvVariant:
     wg: int = 64             # invocations per workgroup
     unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
+    mrows: int = 1           # wide: consecutive rows per subgroup at a time (input loaded once for them)
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,21 @@ def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) 
     if variant == "blk":
         return linear_blk.weight_decl(n, binding, w.fmt, w.o, w.i)
     return w.wgsl(n, binding, native_f16=dev.has_f16)
+
+
+def _mrows_code(m: int, pair: bool) -> dict:
+    """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
+    weight's last read its last row, and are not written)."""
+    if m <= 1:
+        return {"MROWS": False}
+    js = range(m)
+    row = [f"min(o + {j}u, w_O - 1u)" for j in js]
+    decl = [f"    var m{j} = 0.0;" + (f" var n{j} = 0.0;" if pair else "") for j in js]
+    acc = [f"      m{j} += w_dot({row[j]}, b, xb);" + (f" n{j} += w2_dot({row[j]}, b, xb);" if pair else "") for j in js]
+    red = [f"    m{j} = subgroupAdd(m{j});" + (f" n{j} = subgroupAdd(n{j});" if pair else "") for j in js]
+    epi = [f"      if (o + {j}u < w_O) {{ epilogue(t, o + {j}u, m{j}, {f'n{j}' if pair else f'm{j}'}); }}" for j in js]
+    return {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
+            "MR_EPI": "\n".join(epi)}
 
 
 class LinearKernel(Kernel):
@@ -134,6 +150,9 @@ class LinearKernel(Kernel):
                                  or w.o != (rope.n_heads + 2 * rope.n_kv) * rope.head_dim):
             raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
                              f"count and the QKV weight; {w.name} ({variant.variant}, {rows} rows)")
+        if variant.mrows > 1 and (v != "wide" or rope is not None or rows % variant.mrows):
+            raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option without RoPE, "
+                             f"for a row count that is a multiple of it; got {v} with {rows} rows")
         if v == "wide" and not all(wide_supported(u.fmt, u.i, u.layout) for u in (w, w2) if u is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -162,6 +181,7 @@ class LinearKernel(Kernel):
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
                      QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")
                                if qout.norm_offset is not None else ""))
+        d.update(_mrows_code(variant.mrows, w2 is not None))
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
