@@ -41,9 +41,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var s = -3.0e38;
   if (vis) {
     let kb = (kvh * CAP + k) * (DH / 4u);
-    var acc = 0.0;
-    for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
-    s = score(acc);
+    // four independent chains: four K loads in flight (one dependent load per iteration waits a
+    // full memory latency per vec4)
+    var acc = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+    var d = 0u;
+    for (; d + 4u <= DH4; d += 4u) {
+      acc += dot(qs[d], kc[kb + d]);
+      a1 += dot(qs[d + 1u], kc[kb + d + 1u]);
+      a2 += dot(qs[d + 2u], kc[kb + d + 2u]);
+      a3 += dot(qs[d + 3u], kc[kb + d + 3u]);
+    }
+    for (; d < DH4; d++) { acc += dot(qs[d], kc[kb + d]); }
+    s = score(acc + (a1 + a2) + a3);
   }
   red[lid] = s;
   workgroupBarrier();

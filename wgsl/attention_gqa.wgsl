@@ -54,7 +54,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (vis) {
     let kb = (kvh * CAP + k) * DH4;
 {{A_DECL}}
-    for (var d = 0u; d < DH4; d++) {
+    // four K loads issued before their products (a loop of one dependent load per iteration
+    // waits a full memory latency per vec4)
+    var d = 0u;
+    for (; d + 4u <= DH4; d += 4u) {
+      let kv0 = kc[kb + d];
+      let kv1 = kc[kb + d + 1u];
+      let kv2 = kc[kb + d + 2u];
+      let kv3 = kc[kb + d + 3u];
+{{A_ACC4}}
+    }
+    for (; d < DH4; d++) {
       let kv = kc[kb + d];
 {{A_ACC}}
     }
@@ -74,7 +84,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (g < NJ) {
       let vb = ((kvh * DH + d) * CAP + k0) / 4u;
       let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
-      for (var j = g * JL / 4u; j < j1; j++) {
+      var j = g * JL / 4u;
+      for (; j + 4u <= j1; j += 4u) {
+        let v0 = vc[vb + j];
+        let v1 = vc[vb + j + 1u];
+        let v2 = vc[vb + j + 2u];
+        let v3 = vc[vb + j + 3u];
+{{O_ACC4}}
+      }
+      for (; j < j1; j++) {
         let v = vc[vb + j];
 {{O_ACC}}
       }

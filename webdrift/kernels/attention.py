@@ -91,6 +91,8 @@ class AttentionKernel(Kernel):
                 "S_DECL": j(f"  var s{h} = -3.0e38;" for h in hs),
                 "A_DECL": j(f"    var a{h} = 0.0;" for h in hs),
                 "A_ACC": j(f"      a{h} += dot(qs[{h}u * DH4 + d], kv);" for h in hs),
+                "A_ACC4": j(f"      a{h} += (dot(qs[{h}u * DH4 + d], kv0) + dot(qs[{h}u * DH4 + d + 1u], kv1))"
+                            f" + (dot(qs[{h}u * DH4 + d + 2u], kv2) + dot(qs[{h}u * DH4 + d + 3u], kv3));" for h in hs),
                 "S_SET": j(f"    s{h} = score(a{h});" for h in hs),
                 "RED_S": j(f"  red[{h}u * CHUNK + lid] = s{h};" for h in hs),
                 "E_SET": j(f"  let e{h} = select(0.0, exp(s{h} - ml[{h}u]), vis);\n"
@@ -98,6 +100,8 @@ class AttentionKernel(Kernel):
                            f"  red[{h}u * CHUNK + lid] = e{h};" for h in hs),
                 "O_DECL": j(f"    var o{h} = 0.0;" for h in hs),
                 "O_ACC": j(f"        o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
+                "O_ACC4": j(f"        o{h} += (dot(sc[{h}u * CHUNK4 + j], v0) + dot(sc[{h}u * CHUNK4 + j + 1u], v1))"
+                            f" + (dot(sc[{h}u * CHUNK4 + j + 2u], v2) + dot(sc[{h}u * CHUNK4 + j + 3u], v3));" for h in hs),
                 "RED_O": j(f"      red[{h}u * REDW + g * DH + d] = o{h};" for h in hs)}
 
     def workgroups(self, t: int):
