@@ -52,13 +52,23 @@ fn lora_delta(t: u32, o: u32, part: u32) -> f32 {
   seg = select(select(2u, 1u, o < {{LS2}}u), 0u, o < {{LS1}}u);   // q | k | v
 #endif
   let col = o + part * {{LO1}}u;
+  let u0 = row + 4u + seg * {{LR}}u;
+  // four terms in flight (one dependent load pair per iteration waited a memory latency per rank)
   var v = 0.0;
-  for (var j = 0u; j < rank; j++) {
-    let c = (off + j) * {{LBO}}u + col;
-    let bw = unpack2x16float(lb[c / 2u]);
-    v += bitcast<f32>(lu[row + 4u + seg * {{LR}}u + j]) * select(bw.x, bw.y, (c & 1u) == 1u);
+  var j = 0u;
+  for (; j + 4u <= rank; j += 4u) {
+    v += (lora_term(u0, off, col, j) + lora_term(u0, off, col, j + 1u))
+       + (lora_term(u0, off, col, j + 2u) + lora_term(u0, off, col, j + 3u));
   }
+  for (; j < rank; j++) { v += lora_term(u0, off, col, j); }
   return v;
+}
+
+// u[j] * B[off + j, col] (B: f16, two per u32)
+fn lora_term(u0: u32, off: u32, col: u32, j: u32) -> f32 {
+  let c = (off + j) * {{LBO}}u + col;
+  let bw = unpack2x16float(lb[c / 2u]);
+  return bitcast<f32>(lu[u0 + j]) * select(bw.x, bw.y, (c & 1u) == 1u);
 }
 #endif
 
