@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 from ..errors import GPUError, UnsupportedModelError
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
@@ -456,6 +456,33 @@ def choose_gemv(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> Ge
 
 
 QOUT_STATIC = GemvVariant("blk", rows=32, wg=256, rps=4)
+COLS_MAX = 8          # token rows per workgroup of the integer-dot GEMV in a several-row program
+COLS_ACC = 32         # accumulators per invocation (rows x cols x 2 with gate/up) at most
+COLS_RED = 4096       # floats of workgroup memory for the sums without subgroups (16 KiB)
+
+
+def blk_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgroups: bool = True) -> GemvVariant:
+    """The integer-dot variant v for a decode program of `tokens` rows per step (the streams:
+    MAX_STREAMS; a prefill over decode kernels: its chunk): NCOL = tokens rounded up to a power of
+    two, at most COLS_MAX, each weight block read once for NCOL rows. A static rule: a column's
+    sums are the one-row kernel's whatever the rows per workgroup, so rows (down to 2, keeping
+    the RoPE epilogue's pairs) or, with the quantizing epilogue, RPS (down to 1) are halved to
+    keep COLS_ACC accumulators; without subgroups NCOL is halved until the sums fit COLS_RED.
+    One-row programs and the float variants: v unchanged (the one-row kernel)."""
+    if v.variant != "blk" or tokens <= 1:
+        return v
+    cols, per = min(COLS_MAX, 1 << (tokens - 1).bit_length()), 2 if dual else 1
+    if qout:   # the quantizing epilogue (its rows: one int8 block)
+        rps = v.rps
+        while rps > 1 and rps * cols * per > COLS_ACC:
+            rps //= 2
+        return replace(v, rps=rps, cols=cols)
+    rows = v.rows
+    while rows > 2 and rows * cols * per > COLS_ACC:
+        rows //= 2
+    while not subgroups and cols > 1 and rows * cols * per * v.wg > COLS_RED:
+        cols //= 2
+    return replace(v, rows=rows, cols=cols)
 
 
 def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
