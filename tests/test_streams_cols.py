@@ -5,7 +5,8 @@ the one-row decode program keeps the one-row kernel, and each stream's greedy to
 equal a single generation forced to the same first token (exact: a column sums in the one-row
 kernel's order). q8 and q4 on the tiny GGUF (RoPE epilogue, separate quantize dispatches); the
 int8 chain (quantizing epilogues) on a random HF Llama with 32-wide heads, whose first tokens
-and continuations are also checked against transformers' greedy decoding.
+and continuations are also checked against transformers' greedy decoding; and a request's LoRA
+adapter through the K-column GEMVs (q4, the int8 chain).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 import webdrift
 from tests.test_engine_hf import CASES, VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_lora import tok_dir  # noqa: F401 (fixture)
 from tests.test_streams import prompt_of, top_k_ids
 from tests.tiny_model import write_tiny_gguf
 from webdrift.models.forward import Linear
@@ -82,3 +84,19 @@ def test_int8_chain_streams(tmp_path, hf_tokenizer_dir, monkeypatch):  # noqa: F
     agree = sum(a == b for a, b in zip([r.token_ids[0] for r in rs], want_first))
     assert agree >= 2, ([r.token_ids[0] for r in rs], want_first)
     assert rs[0].token_ids[1:3] == torch_greedy(ref, ids + [rs[0].token_ids[0]], 2)
+
+
+def test_int8_streams_with_lora(tmp_path, tok_dir):  # noqa: F811
+    """A request's LoRA adapter through the K-column GEMVs (each column adds its own row's
+    u B^T; the int8 chain with LoRA writes act too): streams equal single runs with the adapter."""
+    from tests.test_lora import make_base, make_peft
+    base = make_base(tmp_path / "base", tok_dir)
+    make_peft(base, tmp_path / "a", r=8, lora_alpha=16, use_rslora=False, seed=1)
+    eng = webdrift.load(str(base), loras={"a": str(tmp_path / "a")}, max_lora_rank=16, max_context=256,
+                        prefill_chunk=64, autotune=False, weight_format="q4", int8_activations=True)
+    ids = np.random.default_rng(13).integers(3, VOCAB, 20).tolist()
+    rs = eng.generate(ids, max_new_tokens=5, n=4, lora="a", stop_at_eos=False)
+    assert eng._streams.program.int8_chain and set(blk_cols(eng._streams.program).values()) == {8}
+    for r in rs:
+        single = eng.generate(ids + [r.token_ids[0]], max_new_tokens=4, lora="a", stop_at_eos=False)
+        assert r.token_ids[1:] == single.token_ids
