@@ -6,7 +6,8 @@ equal a single generation forced to the same first token (exact: a column sums i
 kernel's order). q8 and q4 on the tiny GGUF (RoPE epilogue, separate quantize dispatches); the
 int8 chain (quantizing epilogues) on a random HF Llama with 32-wide heads, whose first tokens
 and continuations are also checked against transformers' greedy decoding; and a request's LoRA
-adapter through the K-column GEMVs (q4, the int8 chain).
+adapter through the K-column GEMVs (q4, the int8 chain); tree verification (speculative
+decoding) through them on the software adapter.
 """
 
 from __future__ import annotations
@@ -100,3 +101,21 @@ def test_int8_streams_with_lora(tmp_path, tok_dir):  # noqa: F811
     for r in rs:
         single = eng.generate(ids + [r.token_ids[0]], max_new_tokens=4, lora="a", stop_at_eos=False)
         assert r.token_ids[1:] == single.token_ids
+
+
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_int8_speculative_verification(tmp_path, fmt):
+    """Tree verification through the decode kernels (the software adapter's prefill stage: K-column
+    GEMVs over the tree's rows, the separate RoPE kernel): the same tokens as plain greedy. The LM
+    head stays float: a verification pass computes every row's logits, which the int8 head does
+    not (with an int8 head in plain decoding the two heads' logits differ in the last bits, and
+    q4's near-ties then pick other tokens; that is the heads, not the columns)."""
+    from tests.spec_util import OracleDrafter
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", eos=False)
+    eng = webdrift.load(path, max_context=512, autotune=False, weight_format=fmt,
+                        int8_activations={"qkv": True, "o": True, "gateup": True, "down": True})
+    ids = prompt_of(30, 8)
+    plain = eng.generate(ids, max_new_tokens=24)
+    spec = eng.generate(ids, max_new_tokens=24, speculative=OracleDrafter(ids + plain.token_ids, eng.config.vocab_size, 4))
+    assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
+    assert set(blk_cols(eng._verifier.program).values()) == {8}
