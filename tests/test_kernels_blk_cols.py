@@ -299,3 +299,27 @@ def test_static_cols_rule():
     assert blk_cols(q, 16, dual=False, qout=True) == GemvVariant("blk", rows=32, wg=256, rps=4, cols=8)
     assert blk_cols(GemvVariant("blk", rows=32, wg=1024, rps=1), 8, dual=True, qout=True) == \
         GemvVariant("blk", rows=32, wg=1024, rps=1, cols=8)
+
+
+def test_cols_measured_where_tuned(monkeypatch, tmp_path):
+    """choose_cols: untuned (autotune off, software adapters): the static rule; tuned (lavapipe
+    forced): the one-row kernel and the K-column forms for 4 and for the program's rows are timed
+    (plain and with the quantizing epilogue) and the fastest is cached per shape and row count."""
+    from webdrift.kernels import autotune
+    from webdrift.kernels.autotune import choose_cols
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    dev = device()
+    gw, _ = make_weight(_weights(64, 256), "q8")
+    v, q = GemvVariant("blk", rows=4, wg=64), GemvVariant("blk", rows=32, wg=128, rps=4)
+    assert choose_cols(dev, gw, None, v, 16, enabled=False) == blk_cols(v, 16, dual=False)
+    assert choose_cols(dev, gw, None, v, 16) == blk_cols(v, 16, dual=False)          # software: the rule
+    assert choose_cols(dev, gw, None, v, 1, enabled="force") == v                    # one row: nothing to choose
+    calls = []
+    real = autotune._search_cols
+    monkeypatch.setattr(autotune, "_search_cols", lambda *a: calls.append(a[3]) or real(*a))
+    for var, qout in ((v, False), (q, True)):
+        got = choose_cols(dev, gw, None, var, 16, qout=qout, enabled="force")
+        assert got in (var, blk_cols(var, 4, False, qout), blk_cols(var, 16, False, qout))
+        assert choose_cols(dev, gw, None, var, 16, qout=qout, enabled="force") == got      # cached
+    assert len(calls) == 2 and calls[0] == [blk_cols(v, 16, False), blk_cols(v, 4, False), v]

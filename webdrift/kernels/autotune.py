@@ -321,10 +321,10 @@ def _time(dev: Device, d):
     return best
 
 
-def _step_buffer(dev: Device, pos0: int = 0):
-    """The Step uniform of a one-token decode at position pos0, for timing kernels alone."""
+def _step_buffer(dev: Device, pos0: int = 0, tokens: int = 1):
+    """The Step uniform of a decode step of `tokens` rows at position pos0, for timing kernels alone."""
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, pos0))
+    dev.write_buffer(sb, pack_step(tokens, pos0))
     return sb
 
 
@@ -516,6 +516,47 @@ def _search_qout(dev: Device, w, w2):
         for b in bufs + [sb]:
             dev.release_buffer(b)
     return _as_dict(best or QOUT_STATIC)
+
+
+def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True) -> GemvVariant:
+    """The integer-dot variant v (the one-row choice) for a program of `tokens` rows per step:
+    blk_cols's static rule, or, where the adapter is tuned, the fastest of the one-row kernel and
+    the K-column forms for 4 and for `tokens` rows, timed over min(tokens, 2 COLS_MAX) rows
+    (cached per shape, variant and row count). Every candidate sums a row in the same order, so
+    the choice changes the speed only, never a stream's tokens."""
+    dual, sub = w2 is not None, dev.has_subgroups
+    static = blk_cols(v, tokens, dual, qout, sub)
+    if static == v:
+        return v
+    cands = list(dict.fromkeys([static, blk_cols(v, min(tokens, 4), dual, qout, sub), v]))
+    key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
+           + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
+    return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
+                                 _as_dict(static)))
+
+
+def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
+    x, y, q = xq_desc("x", w.i, t), TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
+    bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
+    sb = _step_buffer(dev, tokens=t)
+    best, best_ns = None, None
+    try:
+        for cand in cands:
+            try:
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
+                                 epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True) if qout else None))
+                yield CHECK
+            except (GPUError, UnsupportedModelError, ValueError):
+                continue
+            binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}
+            ns = yield from _time(dev, k.dispatch(binds | ({"qout": bufs[2], "qnw": bufs[3]} if qout else {}),
+                                                  k.workgroups(t)))
+            if ns > 0 and (best_ns is None or ns < best_ns):
+                best, best_ns = cand, ns
+    finally:
+        for b in bufs + [sb]:
+            dev.release_buffer(b)
+    return _as_dict(best or cands[0])
 
 
 def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> dict:
