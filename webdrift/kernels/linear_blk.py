@@ -132,7 +132,7 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
     (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1)."""
     if cols > 1:
         return _reduce_cols(rows, dual, subgroups, rope, cols)
-    names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+    names = _names(rows, dual, 1)
     if subgroups:
         L = [f"  let {v}s = subgroupAdd({v});" for v in names]
         L.append("  if (lane == 0u) {")
@@ -175,7 +175,7 @@ def sg_store(rps: int, dual: bool, cols: int = 1) -> str:
                 L += [f"      res[{2 * c + 1}u * ROWS + r0 + {r}u] = g{r}_{c}s;" for r in range(rps)]
         L.append("    }")
         return "\n".join(L)
-    names = [f"a{r}" for r in range(rps)] + ([f"g{r}" for r in range(rps)] if dual else [])
+    names = _names(rps, dual, 1)
     L = [f"    let {v}s = subgroupAdd({v});" for v in names]
     L.append("    if (lane == 0u) {")
     L += [f"      res[r0 + {r}u] = a{r}s;" for r in range(rps)]
