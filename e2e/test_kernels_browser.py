@@ -188,6 +188,15 @@ for src, fmt in args["formats"]:
         dev.submit([kq.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers, "qout": nb, "qnw": nw2}, kq.workgroups(T))])
         out[fmt + "/qout_y"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
         out[fmt + "/qout_words"] = base64.b64encode(await dev.read_buffer(nb, 0, nd.nbytes)).decode()
+        # both rows as the columns of one workgroup (GemvVariant.cols, the streams' kernels)
+        for name, cand, ep, extra in (("blk", dict(rows=4, wg=64), Epilogue(), {}),
+                                      ("qout", dict(wg=64, rps=4), Epilogue(qout=QuantOut(nd, "q8", 0.0, True)),
+                                       {"qout": nb, "qnw": nw2})):
+            kc = LinearKernel(dev, "decode", qd, yd, w, variant=GemvVariant("blk", cols=2, **cand),
+                              pre_norm=PreNorm(eps, 0.0), epilogue=ep)
+            dev.submit([kc.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers, **extra}, kc.workgroups(T))])
+            out[fmt + f"/{name}_cols_y"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+        out[fmt + "/qout_cols_words"] = base64.b64encode(await dev.read_buffer(nb, 0, nd.nbytes)).decode()
     except Exception as e:
         out[fmt] = "ERROR " + str(e)[:1500]
 await dev.check_errors()
@@ -198,7 +207,8 @@ json.dumps(out)
 
 def test_browser_int8_kernels(chromium, server, record):
     """QuantizeKernel (norm fused) + the integer-dot GEMV, plain and with its quantizing epilogue,
-    compiled by Tint and run on SwiftShader, against the numpy emulation of the desktop tests."""
+    compiled by Tint and run on SwiftShader, against the numpy emulation of the desktop tests;
+    with both rows as the columns of one workgroup (cols=2), bit-identical to the one-row kernel."""
     from tests.test_kernels_linear_blk import quant_x
     rng = np.random.default_rng(9)
     T, O, I, CAP, eps = 2, 64, 256, 4, 1e-5
@@ -240,6 +250,10 @@ def test_browser_int8_kernels(chromium, server, record):
         yn = (y * nw2).reshape(T, nb, 32)
         np.testing.assert_allclose(d, np.abs(yn).max(-1) / 127, rtol=1e-4)
         assert np.abs(q * d[..., None] - yn).max() <= 0.51 * d.max() + 1e-6    # int8 of y * next norm weight
+        # two columns per workgroup: the one-row kernels' outputs and int8 words, bit for bit
+        np.testing.assert_array_equal(res[fmt + "/blk_cols_y"], res[fmt + "/blk"], err_msg=fmt)
+        np.testing.assert_array_equal(res[fmt + "/qout_cols_y"], res[fmt + "/qout_y"], err_msg=fmt)
+        assert res[fmt + "/qout_cols_words"] == res[fmt + "/qout_words"], fmt
     record("int8_kernels_browser", "ok")
 
 

@@ -19,7 +19,12 @@
 // rope_qkv.wgsl happen in the epilogue. Output index i of the workgroup is weight row rperm(i):
 // rotation partners are adjacent indices (2k, 2k+1) in one workgroup (ROWS is even), whichever
 // pairing the model uses (ROPE_HALF: rows (k, k + DH/2); otherwise (2k, 2k+1)).
-// Dispatch: (ceil(O / ROWS), tokens).
+// COLS (NCOL > 1, several token rows: the streams, a prefill over decode kernels): a workgroup
+// reads each weight block once and dots it with the int8 blocks of NCOL rows ("columns" t0 ..
+// t0 + NCOL - 1, those < n_tokens), every epilogue applied per column (its own RoPE position and
+// cache row, its own int8 output row). Each column's sums are formed in the order of the one-row
+// kernel (same invocation per block, same reduction), so a row's outputs do not depend on NCOL.
+// Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
 {{SUBGROUP_DIRECTIVES}}
 {{STEP_DECL}}
 // x: quantized rows (quantize.wgsl's layout), read as vec4<u32>
@@ -32,6 +37,9 @@
 #include rope_epilogue
 #endif
 const ROWS: u32 = {{ROWS}}u;
+#if COLS
+const NCOL: u32 = {{NCOL}}u;      // token rows per workgroup
+#endif
 const WG: u32 = {{WG}}u;
 const NB: u32 = {{NB}}u;            // 32-blocks per row
 const STRIDE4: u32 = {{STRIDE4}}u;  // vec4s per quantized row
@@ -58,40 +66,85 @@ const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
 const QP0: u32 = {{QP0}}u;
 const RPS: u32 = {{RPS}}u;
-var<workgroup> res: array<f32, 64>;
+var<workgroup> res: array<f32, {{RES}}>;
 #include quantize_block
 #endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
+#if COLS
+  let t0 = wid.y * NCOL;
+  if (t0 >= {{NT}}) { return; }
+  let nc = min(NCOL, {{NT}} - t0);   // this workgroup's columns
+  let o0 = wid.x * ROWS;
+  var invs: array<f32, NCOL>;
+  for (var c = 0u; c < NCOL; c++) { invs[c] = 1.0; }
+#if XNORM
+  // linear_blk_xnorm.wgsl: the row at xr -> inv (the one-row kernel's text, so the same order)
+  for (var c = 0u; c < nc; c++) {
+    let xr = (t0 + c) * STRIDE4;
+    var inv = 1.0;
+#include linear_blk_xnorm
+    invs[c] = inv;
+  }
+#endif
+{{XR_DECL}}
+#else
   let t = wid.y;
   if (t >= {{NT}}) { return; }
   let xr = t * STRIDE4;
   let o0 = wid.x * ROWS;
   var inv = 1.0;
 #if XNORM
-  // 1/rms of the input row from the NP partial sums of x^2 its producer left in it
-  var ssp = 0.0;
-  for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
-  red[lid] = ssp;
-  workgroupBarrier();
-  for (var k = WG / 2u; k > 0u; k >>= 1u) {
-    if (lid < k) { red[lid] += red[lid + k]; }
-    workgroupBarrier();
-  }
-  inv = inverseSqrt(red[0] / {{XC}}.0 + {{XEPS}});
-  workgroupBarrier();
+#include linear_blk_xnorm
+#endif
 #endif
 #if QOUT
   for (var r0 = (lid / sg) * RPS; r0 < ROWS; r0 += (WG / sg) * RPS) {
 {{ACC_DECL}}
     for (var b = lane; b < NB; b += sg) {
+#if !COLS
       let xk = x_block(xr, b);
+#endif
 {{ROW_BODY}}
     }
 {{SG_STORE}}
   }
   workgroupBarrier();
+#if COLS
+  // WG / 32 columns at a time: invocations 32j .. 32j + 31 hold column c0 + j's 32 outputs
+  for (var c0 = 0u; c0 < nc; c0 += WG / 32u) {
+    let c = c0 + lid / 32u;
+    let r = lid % 32u;
+    let ok = c < nc && o0 + r < w_O;
+    let cc = min(c, NCOL - 1u);
+    let t = t0 + cc;
+    var v = 0.0;
+    var u = 0.0;
+    if (ok) {
+      v = epilogue_value(t, o0 + r, invs[cc] * res[cc * 2u * ROWS + r], invs[cc] * res[cc * 2u * ROWS + ROWS + r]);
+#if !QSKIP_Y
+      y_write1(0u, t, 0u, o0 + r, v);
+#endif
+      u = v;
+#if QNORM
+      u = v * (qnw[o0 + r] + {{QW_OFFSET}});
+#endif
+    }
+    quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
+#if QNORM
+    workgroupBarrier();
+    qa[lid] = select(0.0, v * v, ok);
+    workgroupBarrier();
+    if (c < nc && r == 0u) {
+      var s2 = 0.0;
+      for (var j = 0u; j < ROWS; j++) { s2 += qa[lid + j]; }
+      qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2);
+    }
+#endif
+    workgroupBarrier();
+  }
+#else
   let ok = lid < ROWS && o0 + lid < w_O;
   var v = 0.0;
   var u = 0.0;
@@ -116,10 +169,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2);
   }
 #endif
+#endif
 #else
 {{ACC_DECL}}
   for (var b = lid; b < NB; b += WG) {
+#if !COLS
     let xk = x_block(xr, b);
+#endif
 {{ROW_BODY}}
   }
 {{REDUCE}}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 from ..errors import GPUError, UnsupportedModelError
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
@@ -337,7 +337,7 @@ _flushes: dict = {}    # id(device) -> (device, the L2-evicting dispatch) or (de
 
 
 def _flush_dispatch(dev: Device):
-    """The dispatch run before each timed run on a GPU (not on software adapters): it writes
+    """The dispatch run before each timed run on a GPU (not on software adapters): it reads
     more bytes than the last-level cache holds, so every candidate is timed reading its weights
     from memory as in a decode step, not from an L2 warmed by the previous run (a 1B model's
     33 MiB down projection fits an H100's 50 MiB L2: timed warm, the fastest-in-L2 variant won
@@ -353,10 +353,10 @@ def _flush_dispatch(dev: Device):
     return got[1]
 
 
-def _step_buffer(dev: Device, pos0: int = 0):
-    """The Step uniform of a one-token decode at position pos0, for timing kernels alone."""
+def _step_buffer(dev: Device, pos0: int = 0, tokens: int = 1):
+    """The Step uniform of a decode step of `tokens` rows at position pos0, for timing kernels alone."""
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(1, pos0))
+    dev.write_buffer(sb, pack_step(tokens, pos0))
     return sb
 
 
@@ -488,6 +488,33 @@ def choose_gemv(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> Ge
 
 
 QOUT_STATIC = GemvVariant("blk", rows=32, wg=256, rps=4)
+COLS_MAX = 8          # token rows per workgroup of the integer-dot GEMV in a several-row program
+COLS_ACC = 32         # accumulators per invocation (rows x cols x 2 with gate/up) at most
+COLS_RED = 4096       # floats of workgroup memory for the sums without subgroups (16 KiB)
+
+
+def blk_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgroups: bool = True) -> GemvVariant:
+    """The integer-dot variant v for a decode program of `tokens` rows per step (the streams:
+    MAX_STREAMS; a prefill over decode kernels: its chunk): NCOL = tokens rounded up to a power of
+    two, at most COLS_MAX, each weight block read once for NCOL rows. A static rule: a column's
+    sums are the one-row kernel's whatever the rows per workgroup, so rows (down to 2, keeping
+    the RoPE epilogue's pairs) or, with the quantizing epilogue, RPS (down to 1) are halved to
+    keep COLS_ACC accumulators; without subgroups NCOL is halved until the sums fit COLS_RED.
+    One-row programs and the float variants: v unchanged (the one-row kernel)."""
+    if v.variant != "blk" or tokens <= 1:
+        return v
+    cols, per = min(COLS_MAX, 1 << (tokens - 1).bit_length()), 2 if dual else 1
+    if qout:   # the quantizing epilogue (its rows: one int8 block)
+        rps = v.rps
+        while rps > 1 and rps * cols * per > COLS_ACC:
+            rps //= 2
+        return replace(v, rps=rps, cols=cols)
+    rows = v.rows
+    while rows > 2 and rows * cols * per > COLS_ACC:
+        rows //= 2
+    while not subgroups and cols > 1 and rows * cols * per * v.wg > COLS_RED:
+        cols //= 2
+    return replace(v, rows=rows, cols=cols)
 
 
 def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
@@ -521,6 +548,47 @@ def _search_qout(dev: Device, w, w2):
         for b in bufs + [sb]:
             dev.release_buffer(b)
     return _as_dict(best or QOUT_STATIC)
+
+
+def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True) -> GemvVariant:
+    """The integer-dot variant v (the one-row choice) for a program of `tokens` rows per step:
+    blk_cols's static rule, or, where the adapter is tuned, the fastest of the one-row kernel and
+    the K-column forms for 4 and for `tokens` rows, timed over min(tokens, 2 COLS_MAX) rows
+    (cached per shape, variant and row count). Every candidate sums a row in the same order, so
+    the choice changes the speed only, never a stream's tokens."""
+    dual, sub = w2 is not None, dev.has_subgroups
+    static = blk_cols(v, tokens, dual, qout, sub)
+    if static == v:
+        return v
+    cands = list(dict.fromkeys([static, blk_cols(v, min(tokens, 4), dual, qout, sub), v]))
+    key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
+           + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
+    return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
+                                 _as_dict(static)))
+
+
+def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
+    x, y, q = xq_desc("x", w.i, t), TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
+    bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
+    sb = _step_buffer(dev, tokens=t)
+    best, best_ns = None, None
+    try:
+        for cand in cands:
+            try:
+                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
+                                 epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True) if qout else None))
+                yield CHECK
+            except (GPUError, UnsupportedModelError, ValueError):
+                continue
+            binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}
+            ns = yield from _time(dev, k.dispatch(binds | ({"qout": bufs[2], "qnw": bufs[3]} if qout else {}),
+                                                  k.workgroups(t)))
+            if ns > 0 and (best_ns is None or ns < best_ns):
+                best, best_ns = cand, ns
+    finally:
+        for b in bufs + [sb]:
+            dev.release_buffer(b)
+    return _as_dict(best or cands[0])
 
 
 def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> dict:

@@ -4,7 +4,8 @@
            wgsl/linear_row.wgsl        one output per invocation, no barriers (CPU adapters)
            wgsl/linear_subgroup.wgsl   one subgroup per output, 4-channel slices
            wgsl/linear_wide.wgsl       one subgroup per output, whole quant blocks per lane
-           wgsl/linear_blk.wgsl        integer dot products on int8 input rows (linear_blk.py)
+           wgsl/linear_blk.wgsl        integer dot products on int8 input rows (linear_blk.py);
+                                       GemvVariant.cols > 1: several token rows per workgroup
 All of them include linear_common.wgsl (bias, fused RMSNorm, activation, epilogue), so every
 variant computes the same maths. The options are typed: GemvVariant (which decode kernel;
 kernels/autotune.py measures it), PreNorm (RMSNorm of x fused in) and Epilogue (what happens to
@@ -29,6 +30,7 @@ from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
 from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
 
+MAX_COLS = 16   # token rows per workgroup of the integer-dot GEMV (GemvVariant.cols)
 DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "linear_subgroup",
                     "wide": "linear_wide", "blk": "linear_blk"}
 
@@ -42,6 +44,8 @@ class GemvVariant:
     unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
     mrows: int = 1           # wide: consecutive rows per subgroup at a time (input loaded once for them)
+    cols: int = 1            # blk: token rows per workgroup, each weight block read once for all
+                             # (the streams; autotune.blk_cols); 1: the one-row kernel
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,11 @@ class LinearKernel(Kernel):
                 if not dev.has_subgroups or w.o % 32 or qout.row.c != row_words(w.o):
                     raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
                                      f"{row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
+        if variant.cols != 1 and (v != "blk" or x_last_row or not 1 <= variant.cols <= MAX_COLS
+                                  or (qout is not None and variant.wg % 32)):
+            raise ValueError(f"{variant.cols} token rows per workgroup: the integer-dot decode GEMV takes 1 to "
+                             f"{MAX_COLS} (with a quantizing epilogue, a workgroup of whole 32s), not on the LM "
+                             f"head's last row only; {w.name} is {v}")
         rows, wg = variant.rows, variant.wg
         if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope.head_dim % 2
                                  or v not in ("blk", "subgroup", "wide")
@@ -193,13 +202,15 @@ class LinearKernel(Kernel):
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,
-                                        qout=qout is not None, rps=variant.rps, rope=rope is not None),
+                                        qout=qout is not None, rps=variant.rps, rope=rope is not None,
+                                        cols=variant.cols),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
                      QOUT=qout is not None)
             if qout is not None:
                 d.update(block_defines(qout.fmt, w.o, wg), QNORM=qout.norm_offset is not None,
                          QW_OFFSET=wgsl_float(qout.norm_offset or 0.0), QSKIP_Y=not qout.write_y)
-        super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}")
+        super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}"
+                                    f"{f'_x{variant.cols}' if variant.cols > 1 else ''}")
 
     @property
     def rows(self) -> int:
@@ -208,5 +219,5 @@ class LinearKernel(Kernel):
     def workgroups(self, t: int):
         if self.stage == "decode":
             per_wg = self.variant.wg if self.variant.variant == "row" else self.variant.rows
-            return (ceil_div(self.w.o, per_wg), t, 1)
+            return (ceil_div(self.w.o, per_wg), ceil_div(t, self.variant.cols), 1)
         return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)

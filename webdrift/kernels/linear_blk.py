@@ -8,6 +8,9 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
   q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
       8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
+Several columns (cols > 1: NCOL token rows per workgroup): each weight block is loaded once and
+dotted with every column's x block, accumulators a{r}_{c}; a column's sum is the same expression,
+in the same order, as the one-row kernel's (cols == 1 writes exactly the one-row text).
 Must not: import numpy or wgpu.
 """
 
@@ -52,11 +55,13 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
             f"    {acc}{r} += {n}m{r}.x * xk.d * f32({' + '.join(terms)}) + {n}m{r}.y * xk.s;"]
 
 
-def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = False) -> str:
+def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = False, cols: int = 1) -> str:
     if rope:   # output index -> weight row (rotation partners adjacent)
         L = [f"    let rw{r} = rperm(min({base} + {r}u, w_O - 1u));" for r in range(rows)]
     else:
         L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
+    if cols > 1:
+        return "\n".join(L + _cols_body(fmt, rows, dual, cols))
     for r in range(rows):
         L += _row("w", "a", r, fmt)
         if dual:
@@ -64,15 +69,70 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
     return "\n".join(L)
 
 
-def acc_decl(rows: int, dual: bool) -> str:
-    names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+def _load(n: str, r: int, fmt: str) -> list[str]:
+    """Weight block b of row rw{r}, loaded once for every column (q4: its even / odd nibbles)."""
+    o = f"rw{r}"
+    if fmt == "q8":
+        return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
+                f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
+                f"    let {n}s{r} = {n}_scale[{o} * NB + b];"]
+    return [f"    let {n}q{r} = {n}_data[{o} * NB + b];",
+            f"    let {n}e{r} = {n}q{r} & vec4<u32>(0x0F0F0F0Fu);",
+            f"    let {n}o{r} = ({n}q{r} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);",
+            f"    let {n}m{r} = unpack2x16float({n}_sm[{o} * NB + b]);"]
+
+
+def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
+    """acc{r}_{c} += column c's block product: _row's expression, term for term."""
+    xk = f"xk{c}"
+    if fmt == "q8":
+        terms = ([f"dot4I8Packed({n}a{r}.{e}, {xk}.lo.{e})" for e in "xyzw"]
+                 + [f"dot4I8Packed({n}b{r}.{e}, {xk}.hi.{e})" for e in "xyzw"])
+        return f"      {acc}{r}_{c} += f32({' + '.join(terms)}) * ({n}s{r} * {xk}.d);"
+    terms = []
+    for k, e in enumerate("xyzw"):
+        src = f"{xk}.lo" if k < 2 else f"{xk}.hi"
+        lo, hi = ("x", "y") if k % 2 == 0 else ("z", "w")
+        terms += [f"dot4I8Packed({n}e{r}.{e}, {src}.{lo})", f"dot4I8Packed({n}o{r}.{e}, {src}.{hi})"]
+    return f"      {acc}{r}_{c} += {n}m{r}.x * {xk}.d * f32({' + '.join(terms)}) + {n}m{r}.y * {xk}.s;"
+
+
+def _cols_body(fmt: str, rows: int, dual: bool, cols: int) -> list[str]:
+    """The weight loads, then per column (column c only where c < nc, uniform) its x block and
+    the products with every row."""
+    L = []
+    for r in range(rows):
+        L += _load("w", r, fmt) + (_load("w2", r, fmt) if dual else [])
+    for c in range(cols):
+        L.append("    {" if c == 0 else f"    if ({c}u < nc) {{")
+        L.append(f"      let xk{c} = x_block(xr{c}, b);")
+        for r in range(rows):
+            L.append(_dot("w", "a", r, c, fmt))
+            if dual:
+                L.append(_dot("w2", "g", r, c, fmt))
+        L.append("    }")
+    return L
+
+
+def _names(rows: int, dual: bool, cols: int) -> list[str]:
+    """Accumulator names; cols > 1: column-major, column c's a0.. then g0.. at c * RC (RC =
+    rows, or 2 rows with dual)."""
+    if cols == 1:
+        return [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+    return [f"{v}{r}_{c}" for c in range(cols) for v in ("ag" if dual else "a") for r in range(rows)]
+
+
+def acc_decl(rows: int, dual: bool, cols: int = 1) -> str:
+    names = _names(rows, dual, cols)
     return "\n".join(f"  var {v} = 0.0;" for v in names)
 
 
-def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False) -> str:
+def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1) -> str:
     """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r
     (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1)."""
-    names = [f"a{r}" for r in range(rows)] + ([f"g{r}" for r in range(rows)] if dual else [])
+    if cols > 1:
+        return _reduce_cols(rows, dual, subgroups, rope, cols)
+    names = _names(rows, dual, 1)
     if subgroups:
         L = [f"  let {v}s = subgroupAdd({v});" for v in names]
         L.append("  if (lane == 0u) {")
@@ -103,9 +163,19 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False) -> str:
     return "\n".join(L)
 
 
-def sg_store(rps: int, dual: bool) -> str:
-    """QOUT: the subgroup's RPS row sums into `res` (lane 0)."""
-    names = [f"a{r}" for r in range(rps)] + ([f"g{r}" for r in range(rps)] if dual else [])
+def sg_store(rps: int, dual: bool, cols: int = 1) -> str:
+    """QOUT: the subgroup's RPS row sums into `res` (lane 0; column c's at c * 2 ROWS)."""
+    if cols > 1:
+        names = _names(rps, dual, cols)
+        L = [f"    let {v}s = subgroupAdd({v});" for v in names]
+        L.append("    if (lane == 0u) {")
+        for c in range(cols):
+            L += [f"      res[{2 * c}u * ROWS + r0 + {r}u] = a{r}_{c}s;" for r in range(rps)]
+            if dual:
+                L += [f"      res[{2 * c + 1}u * ROWS + r0 + {r}u] = g{r}_{c}s;" for r in range(rps)]
+        L.append("    }")
+        return "\n".join(L)
+    names = _names(rps, dual, 1)
     L = [f"    let {v}s = subgroupAdd({v});" for v in names]
     L.append("    if (lane == 0u) {")
     L += [f"      res[r0 + {r}u] = a{r}s;" for r in range(rps)]
@@ -115,19 +185,76 @@ def sg_store(rps: int, dual: bool) -> str:
     return "\n".join(L)
 
 
+def _reduce_cols(rows: int, dual: bool, subgroups: bool, rope: bool, cols: int) -> str:
+    """reduce() for NCOL columns: every accumulator summed as the one-row kernel sums it
+    (subgroupAdd, then the subgroups' partials in order; or the same tree), packed at stride S
+    in `red` (S = WG / sg, or WG); then invocation j handles row j % ROWS of column j / ROWS."""
+    names = _names(rows, dual, cols)
+    rc = rows * (2 if dual else 1)
+    if subgroups:
+        L = [f"  let {v}s = subgroupAdd({v});" for v in names]
+        L.append("  let S = WG / sg;")
+        L.append("  if (lane == 0u) {")
+        L += [f"    red[{k}u * S + lid / sg] = {v}s;" for k, v in enumerate(names)]
+        L.append("  }")
+        L.append("  workgroupBarrier();")
+        L.append(f"  for (var j = lid; j < {len(names)}u; j += WG) {{")
+        L.append("    var tot = 0.0;")
+        L.append("    for (var k = 0u; k < S; k++) { tot += red[j * S + k]; }")
+        L.append("    red[j * S] = tot;")
+        L.append("  }")
+    else:
+        L = ["  let S = WG;"] + [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)]
+        L.append("  workgroupBarrier();")
+        L.append("  for (var k = WG / 2u; k > 0u; k >>= 1u) {")
+        L.append(f"    if (lid < k) {{ for (var r = 0u; r < {len(names)}u; r++) {{ red[r * WG + lid] += red[r * WG + lid + k]; }} }}")
+        L.append("    workgroupBarrier();")
+        L.append("  }")
+    L.append("  workgroupBarrier();")
+    L.append("  for (var j = lid; j < ROWS * nc; j += WG) {")
+    L.append("    let r = j % ROWS;")
+    L.append("    let c = j / ROWS;")
+    L.append(f"    let k = c * {rc}u;")
+    L.append("    if (o0 + r < w_O) {")
+    if rope:
+        L.append("      let ix = o0 + r;")
+        L.append("      rope_out(t0 + c, ix, epilogue_value(t0 + c, rperm(ix), invs[c] * red[(k + r) * S], 0.0),")
+        L.append("               epilogue_value(t0 + c, rperm(ix ^ 1u), invs[c] * red[(k + (r ^ 1u)) * S], 0.0));")
+    else:
+        acc2 = "invs[c] * red[(k + ROWS + r) * S]" if dual else "0.0"
+        L.append(f"      epilogue(t0 + c, o0 + r, invs[c] * red[(k + r) * S], {acc2});")
+    L.append("    }")
+    L.append("  }")
+    return "\n".join(L)
+
+
+def red_floats(rows: int, dual: bool, wg: int, subgroups: bool, cols: int, qout: bool = False) -> int:
+    """Workgroup floats `red` needs (XNORM takes wg; the sums of cols > 1 take their count times
+    S = wg / subgroup size, at most wg / 4 -- WGSL's smallest subgroup --, or wg)."""
+    if qout:
+        return wg
+    n = rows * (2 if dual else 1)
+    if cols == 1:
+        return max(wg, n * wg)
+    return max(wg, n * cols * (wg // 4 if subgroups else wg))
+
+
 def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool,
-            x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False) -> dict:
+            x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
     n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
-    epilogue (rows == 32; each subgroup accumulates RPS rows at a time)."""
+    epilogue (rows == 32; each subgroup accumulates RPS rows at a time). cols: token rows per
+    workgroup (NCOL)."""
     nb = i // 32
     acc_rows = rps if qout else rows
     return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
             "P0": 8 * nb + 2 * ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt == "q4",
-            "RED": wg if qout else max(wg, rows * (2 if dual else 1) * wg), "RPS": rps,
-            "SG_STORE": sg_store(rps, dual) if qout else "",
-            "ACC_DECL": acc_decl(acc_rows, dual),
-            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope),
-            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope),
+            "RED": red_floats(rows, dual, wg, subgroups, cols, qout), "RPS": rps,
+            "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
+            "XR_DECL": "\n".join(f"  let xr{c} = (t0 + {c}u) * STRIDE4;" for c in range(cols)),
+            "SG_STORE": sg_store(rps, dual, cols) if qout else "",
+            "ACC_DECL": acc_decl(acc_rows, dual, cols),
+            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
+            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
             "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from ..gpu.base import Buffer
 from ..graph import Graph, T
 from ..kernels.attention import AttentionCombineKernel, AttentionKernel
-from ..kernels.autotune import choose_attention, choose_gemv, choose_qout
+from ..kernels.autotune import choose_attention, choose_cols, choose_gemv, choose_qout
 from ..kernels.base import ceil_div
 from ..kernels.linear import GemvVariant
 from ..kernels.lora import u_width
@@ -205,6 +205,7 @@ class ForwardBuilder:
         m, cfg = model, model.cfg
         self.lora = lora
         self.m, self.cfg, self.stage, self.all_logits, self.fuse = m, cfg, stage, all_logits, fuse
+        self.capacity = capacity     # token rows per step: > 1 gives the integer-dot GEMVs several columns
         self.streams, self.tree = streams, tree
         if tree and not all_logits:
             raise ValueError("tree verification needs every row's logits (all_logits)")
@@ -379,6 +380,8 @@ class ForwardBuilder:
         sharded = len(m.output_shards) > 1
         for w in m.output_shards:
             variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql") if stage == "decode" else GemvVariant()
+            if stage == "decode" and not last:   # every row's logits: the streams' rows as columns
+                variant = self._cols(variant, w, None)
             if variant.rows * m.dev.max_workgroups < w.o:
                 variant = replace(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
@@ -462,12 +465,21 @@ class ForwardBuilder:
     def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> GemvVariant:
         """The decode GEMV variant measured fastest on this adapter (the GEMM has one)."""
         m = self.m
-        return choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8) if self.stage == "decode" else GemvVariant()
+        if self.stage != "decode":
+            return GemvVariant()
+        return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
 
     def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
         """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""
         m = self.m
-        return choose_qout(m.dev, w, w2, enabled=m.autotune)
+        return self._cols(choose_qout(m.dev, w, w2, enabled=m.autotune), w, w2, qout=True)
+
+    def _cols(self, v: GemvVariant, w: GPUWeight, w2: GPUWeight | None, qout: bool = False) -> GemvVariant:
+        """A program of several rows per step (the streams, a prefill over decode kernels): the
+        integer-dot GEMV reads each weight block once for several rows (autotune.choose_cols:
+        blk_cols's static rule, or measured); a one-row program keeps the one-row kernel."""
+        m = self.m
+        return choose_cols(m.dev, w, w2, v, self.capacity, qout=qout, enabled=m.autotune)
 
     def _chained(self, produced_by_gemv: bool) -> int | None:
         """Partial sums of x^2 per 32-block in an int8 row a quantizing epilogue wrote."""

@@ -124,7 +124,9 @@ async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: lis
     """Aggregate decode tokens/s of k streams decoded together (for each k of ks), and its ratio
     to the single stream's decode tokens/s; each k after an untimed warm-up generation (without
     it the first k measured held its programs' compile and tuning: 0.68x at k=4 vs 4.2x at k=8,
-    H100 2026-11-23)."""
+    H100 2026-11-23). "gemv_cols": the token rows per workgroup of the streams' integer-dot
+    GEMVs (GemvVariant.cols: 8 reads each weight block once for 8 streams; empty without int8
+    activations)."""
     out = {}
     for k in ks:
         await agenerate_ids(eng, ids, 2, n=k)   # builds (compiles, tunes) the k-row programs: not timed
@@ -134,6 +136,9 @@ async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: lis
         out[str(k)] = {"decode_tps_total": round(total, 2),
                        "vs_single": round(total / single_tps, 3) if single_tps else None}
         log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")
+    # token rows per workgroup of the streams' integer-dot GEMVs (GemvVariant.cols; [] without int8)
+    out["gemv_cols"] = sorted({op.variant.cols for op in eng._streams.program.graph.ops
+                               if getattr(op, "int8_input", False)}) if eng._streams is not None else []
     return out
 
 
