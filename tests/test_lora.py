@@ -371,6 +371,15 @@ def test_cli_generate_with_lora(setup):
     bad = subprocess.run(cmd[:7] + ["/nonexistent/adapter"] + cmd[8:], check=False,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "/nonexistent/adapter" in bad.stderr
+    # -n 2 with --lora twice: one adapter per response, the API's per-stream tokens
+    two = cmd[:8] + ["--lora", str(setup["dirs"]["a"]), "-n", "2"] + cmd[8:]
+    out = subprocess.run(two, check=False, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = [r["token_ids"] for r in json.loads(out.stdout)["responses"]]
+    want = setup["eng"].generate(prompt, max_new_tokens=6, n=2, lora=["b", "a"], lora_scale=0.75, stop_at_eos=False)
+    assert got == [r.token_ids for r in want]
+    three = subprocess.run(two[:-3] + ["-n", "3"] + two[-2:], check=False, capture_output=True, text=True, timeout=600)
+    assert three.returncode == 2 and "--lora given 2 times" in three.stderr
 
 
 def test_damaged_gguf_lora_bytes_give_webdrift_errors(tmp_path):
@@ -427,3 +436,40 @@ def test_lora_with_streams_and_speculative_decoding(setup):
     out = eng.generate(ids, max_new_tokens=10, lora="a", stop_at_eos=False, speculative=drafter)
     assert out.token_ids == want
     assert out.stats.spec_passes > 0 and out.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("plen,adapters", [(20, ["a", "b", None, "a"]), (70, ["b", None])])
+def test_one_adapter_per_stream(setup, plen, adapters):
+    """generate(n=K, lora=[...]): each stream decodes with its own adapter in the same steps.
+    First tokens: the top ones of each adapter's model (peft a's top 2 for streams 0 and 3:
+    distinct within the group); each continuation = that model's greedy after it, and
+    bit-identical to a single engine run with that adapter. The 70-token prompt spans two
+    attention chunks (each stream's segment holds its own copy of the prompt)."""
+    eng, refs, base = setup["eng"], setup["refs"], setup["base_ref"]
+    ids = ids_for(plen, seed=17)
+    models = {"a": refs["a"], "b": refs["b"], None: base}
+    rs = eng.generate(ids, max_new_tokens=5, n=len(adapters), lora=adapters, stop_at_eos=False)
+    tops = {}
+    for name in set(adapters):
+        with torch.no_grad():
+            last = models[name](torch.tensor([ids])).logits[0, -1].numpy().astype(np.float64)
+        tops[name] = [int(i) for i in np.argsort(-last, kind="stable")[:adapters.count(name)]]
+    assert [r.token_ids[0] for r in rs] == [tops[a][adapters[:i].count(a)] for i, a in enumerate(adapters)]
+    for r, a in zip(rs, adapters):
+        assert len(r.token_ids) == 5
+        assert r.token_ids[1:] == peft_greedy(models[a], ids + [r.token_ids[0]], 4)
+        single = eng.generate(ids + [r.token_ids[0]], max_new_tokens=4, lora=a, stop_at_eos=False)
+        assert r.token_ids[1:] == single.token_ids
+    # the request's rows went back to entry 0: a plain request after it is the base model's
+    assert eng.generate(ids, max_new_tokens=3, stop_at_eos=False).token_ids == peft_greedy(base, ids, 3)
+
+
+def test_per_stream_adapters_bad_input(setup):
+    eng = setup["eng"]
+    with pytest.raises(webdrift.InvalidArgumentError, match="n=3 streams"):
+        eng.generate([5, 6], max_new_tokens=2, n=3, lora=["a", "b"])
+    with pytest.raises(webdrift.InvalidArgumentError, match="'zz'"):
+        eng.generate([5, 6], max_new_tokens=2, n=2, lora=["a", "zz"])
+    with pytest.raises(webdrift.InvalidArgumentError, match="n=2 streams"):
+        eng.generate([5, 6], max_new_tokens=2, n=2, lora=["a", 3])
+    assert eng.generate([5, 6], max_new_tokens=2, n=2, lora=["a", "a"], stop_at_eos=False)[0].token_ids

@@ -171,7 +171,8 @@ export class Engine {
    * Generate a continuation of `prompt` (a string, or an array of token ids).
    * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
    * speculative ("lookup": prompt-lookup drafts verified as a tree; the same tokens, fewer passes),
-   * lora (a name given to loadLora), loraScale (1),
+   * lora (a name given to loadLora; with numResponses K, an array of K names or nulls gives each
+   * response its own adapter), loraScale (1),
    * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`),
    * numResponses (1; K > 1: K responses decoded together from one prompt, onToken(piece, stream)),
    * firstTokens ("distinct": the K most likely first tokens, or "sampled").

@@ -61,23 +61,24 @@ class RopeQKVKernel(Kernel):
 
 
 class KVSegmentCopyKernel(Kernel):
-    """The streams' copies of the prompt's last, partial attention chunk (runtime/streams.py):
-    cache rows [seg_base, pos0) -> [seg_base + s * seg_stride, pos0 + s * seg_stride) for streams
-    s = 1 .. n_tokens - 1, in the K and V caches of one layer (at most `chunk` - 1 rows each).
-    Bindings:
+    """Copies of prompt rows into the streams' segments (runtime/streams.py): cache rows
+    [seg_base, pos0) -> [seg_base + s * seg_stride, pos0 + s * seg_stride) for streams
+    s = 1 .. n_tokens - 1, in the K and V caches of one layer: the prompt's last partial chunk
+    (a shared prompt), or a whole prompt (seg_base 0, n_tokens 2, seg_stride = the target
+    stream's offset: streams with their own adapters). Bindings:
       step  the Step uniform (n_tokens = streams, pos0 = prompt length, seg_base, seg_stride)
       kc    (KVH, CAP, DH) K cache;  vc (KVH, DH, CAP) V cache
-    Dispatch: (ceil(KVH * chunk * DH / 256), streams - 1)."""
+    Dispatch: workgroups(streams, rows) (a grid-stride loop over the rows' values)."""
     template = "kv_segment_copy"
 
-    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int, chunk: int):
-        self.n = n_kv * chunk * head_dim
+    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int):
+        self.per_row = n_kv * head_dim
         b = Bindings()
         d = {"STEP_DECL": b.step(),
              "KC_DECL": b.array("kc", "array<f32>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
              "VC_DECL": b.array("vc", "array<f32>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
-             "KVH": n_kv, "DH": head_dim, "CAP": cap, "CHUNK": chunk}
+             "KVH": n_kv, "DH": head_dim, "CAP": cap}
         super().__init__(dev, d, b, "kv_segment_copy")
 
-    def workgroups(self, streams: int):
-        return (-(-self.n // 256), streams - 1, 1)
+    def workgroups(self, streams: int, rows: int):
+        return (min(4096, max(1, -(-self.per_row * rows // 256))), streams - 1, 1)

@@ -17,8 +17,8 @@ its q / k rows in the base model's RoPE order. The control buffer `ctl` (u32) ho
 table, MAX_ENTRIES entries of (offset, rank, f32 bits of the request's lora_scale, 0), then the
 per-row entry index (one row = one token of the step; >= MAX_ENTRIES: none). A single request
 uses entry 0 for every row (the index is written once, zeros), so switching adapters or scales
-writes 16 bytes and rebuilds nothing; several streams (issue 12 part 2) would give each row its
-own entry. Adding an adapter writes its rows into the pool; removing one frees its rows.
+writes 16 bytes and rebuilds nothing; streams with one adapter each give each row its own
+entry (assign_rows). Adding an adapter writes its rows into the pool; removing one frees its rows.
 Must not: import numpy or wgpu; decide how ops run (forward.py does).
 """
 
@@ -166,10 +166,26 @@ class LoraPool:
 
     def remove(self, name: str) -> None:
         off_rank = self.resident.pop(name)
-        if self._entry0[:2] == off_rank:
+        if self._entry0 is None or self._entry0[:2] == off_rank:
             self.activate(None, 0.0)
 
     # -- the adapter applied now ----------------------------------------------------------------
+    def assign_rows(self, names: list, scale: float) -> None:
+        """Row t of the next steps applies adapter names[t] (None: none) at `scale`: the distinct
+        adapters take table entries 0, 1, ..., the rows their index (the streams' per-stream
+        adapters). clear_rows undoes it."""
+        entries = [a for a in dict.fromkeys(names) if a is not None]
+        table = b"".join(struct.pack("<IIfI", *self.resident[a], float(scale), 0) for a in entries)
+        if table:
+            self.dev.write_buffer(self.ctl, table, 0)
+        self._entry0 = None      # entry 0 is rewritten by the next activate
+        index = [entries.index(a) if a is not None else MAX_ENTRIES for a in names]
+        self.dev.write_buffer(self.ctl, struct.pack(f"<{len(index)}I", *index), 16 * MAX_ENTRIES)
+
+    def clear_rows(self, n: int) -> None:
+        """Rows 0 .. n - 1 back to entry 0 (a single request's adapter)."""
+        self.dev.write_buffer(self.ctl, bytes(4 * n), 16 * MAX_ENTRIES)
+
     def activate(self, name: str | None, scale: float) -> None:
         """Entry 0 (every row of a single request) = adapter `name` at lora_scale `scale` (None: no
         adapter). Writes 16 bytes, and only when it changes."""

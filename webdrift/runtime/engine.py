@@ -118,7 +118,8 @@ class SamplingParams:
     n: int = 1                        # streams decoded together (runtime/streams.py)
     first_tokens: str = "distinct"    # how the streams' first tokens differ: "distinct" or "sampled"
     speculative: object = None        # None, "lookup", or a runtime.speculative.Drafter
-    lora: str | None = None           # the resident LoRA adapter applied (Engine.add_lora), or none
+    lora: str | tuple | None = None   # the resident LoRA adapter applied (Engine.add_lora), or none;
+                                      # a tuple: one per stream (n > 1; None: that stream has none)
     lora_scale: float = 1.0           # its strength (0: the base model)
 
     @classmethod
@@ -164,8 +165,15 @@ class SamplingParams:
         check_mode(speculative)
         if speculative is not None and n > 1:
             bad("speculative", speculative, "runs one stream: use it with n=1")
-        if lora is not None and not isinstance(lora, str):
-            bad("lora", lora, "must be None or the name of an adapter added with add_lora / loras=")
+        if isinstance(lora, (list, tuple)):    # one adapter per stream (None: that stream has none)
+            if len(lora) != n or not all(a is None or isinstance(a, str) for a in lora):
+                bad("lora", lora, f"a list gives each of the n={n} streams its adapter: n names or None")
+            lora = tuple(lora)
+            if len(set(lora)) == 1:
+                lora = lora[0]
+        elif lora is not None and not isinstance(lora, str):
+            bad("lora", lora, "must be None, the name of an adapter added with add_lora / loras=, or a list of n "
+                "names (one per stream)")
         s = _as_float(lora_scale)
         if s is None or not abs(s) <= F32_MAX:
             bad("lora_scale", lora_scale, "must be a finite number (1.0: the adapter as trained, 0: the base model)")
@@ -317,11 +325,14 @@ class Engine:
             self._release()
 
     def _apply_lora(self, sp: SamplingParams) -> None:
-        """Point the LoRA slots at the request's adapter (16 bytes written when it changes)."""
-        if sp.lora is not None and (self.lora_pool is None or sp.lora not in self.lora_pool.resident):
-            hint = "" if self.lora_pool is not None else " (load with enable_lora=True or loras={...})"
-            raise InvalidArgumentError(f"lora={shown(sp.lora)}: no such adapter; loaded: {self.loras}{hint}")
-        if self.lora_pool is not None:
+        """Point the LoRA slots at the request's adapter (16 bytes written when it changes); one
+        adapter per stream (a tuple) is checked here and applied by the streams (runtime/streams.py)."""
+        names = sp.lora if isinstance(sp.lora, tuple) else (sp.lora,)
+        for name in names:
+            if name is not None and (self.lora_pool is None or name not in self.lora_pool.resident):
+                hint = "" if self.lora_pool is not None else " (load with enable_lora=True or loras={...})"
+                raise InvalidArgumentError(f"lora={shown(name)}: no such adapter; loaded: {self.loras}{hint}")
+        if self.lora_pool is not None and not isinstance(sp.lora, tuple):
             self.lora_pool.activate(sp.lora, sp.lora_scale)
 
     # -- public API ------------------------------------------------------------------------

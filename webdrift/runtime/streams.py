@@ -15,6 +15,10 @@ single sequence's chunk holds at the same positions: a stream's logits are bit-i
 single generation of its tokens. The segments live inside the engine's cache (max_context rows):
 K streams of a P-token prompt get about (max_context - P) / K new tokens each (at least one).
 
+One adapter per stream (`lora=[...]`, Punica / S-LoRA's batched LoRA: each row of a step applies
+its own adapter): the prompt's keys depend on the adapter, so nothing is shared: F = 0, every
+segment holds its own copy of the prompt, prefilled once per distinct adapter.
+
 First tokens: "distinct" (the paper's scheme: the K most likely distinct tokens after the prompt,
 ties to the lowest id; then each stream samples as usual) or "sampled" (K independent draws
 from the sampler, each stream with its own random sequence).
@@ -47,12 +51,14 @@ class StreamLayout:
     budget: int        # new tokens per stream that fit
 
 
-def plan(prompt: int, n: int, max_new_tokens: int, cache_rows: int, max_context: int, chunk: int) -> StreamLayout:
+def plan(prompt: int, n: int, max_new_tokens: int, cache_rows: int, max_context: int, chunk: int,
+         shared: bool = True) -> StreamLayout:
     """Where n streams after a `prompt`-token prompt live in a cache of `cache_rows` rows; the
     budget is max_new_tokens or what fits. A stream's segment holds the prompt's last partial
     chunk and the tokens decode steps process (all but the last sampled one), so a budget of one
-    token needs no segment at all."""
-    seg_base = prompt // chunk * chunk
+    token needs no segment at all. shared=False (one adapter per stream: the prompt's keys differ
+    per adapter): no shared rows, each segment holds the whole prompt."""
+    seg_base = prompt // chunk * chunk if shared else 0
     tail = prompt - seg_base
     per_stream = (cache_rows - seg_base) // n // chunk * chunk     # segment rows each stream can have
     fits = min(per_stream - tail + 1 if per_stream > tail else 1, max_context - prompt)
@@ -83,12 +89,58 @@ class StreamRunner:
         self.chunk = AttentionKernel.chunk_for(m.cfg.head_dim)
         self.program = eng._program("decode", MAX_STREAMS, False, streams=True)
         eng._fit_arena(self.program)
-        k = KVSegmentCopyKernel(eng.dev, m.cfg.n_kv_heads, m.cfg.head_dim, m.cap_stride, self.chunk)
+        k = KVSegmentCopyKernel(eng.dev, m.cfg.n_kv_heads, m.cfg.head_dim, m.cap_stride)
         self.copy = [(k, k.bind(eng.dev, {"step": eng.step_buf, "kc": lw.k_cache, "vc": lw.v_cache}))
                      for lw in m.layers]
 
-    def copy_dispatches(self, n: int) -> list:
-        return [k.dispatch(bg, k.workgroups(n), f"L{i}.kv_segment_copy") for i, (k, bg) in enumerate(self.copy)]
+    def copy_dispatches(self, n: int, rows: int) -> list:
+        return [k.dispatch(bg, k.workgroups(n, rows), f"L{i}.kv_segment_copy") for i, (k, bg) in enumerate(self.copy)]
+
+
+async def _prefill(eng, ids: list[int], sp, n: int, draws: int) -> list[int]:
+    """The prompt through the prefill program and n first tokens: `draws` sampled ones (read
+    back), or the n most likely distinct ones (written into the step's ids)."""
+    dev, prof, P = eng.dev, eng.profiler, len(ids)
+    ticket = None
+    with prof.phase("prefill.submit", tokens=P):
+        for pos, part, disp in eng._submit_prompt(ids, sp, draws=draws):
+            last = pos + len(part) == P
+            copies = [(eng.out_tokens, 0, eng.ring[0], 0, 4 * draws)] if last and draws > 1 else None
+            ticket = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
+    if draws > 1:
+        return list(struct.unpack(f"<{draws}I", await dev.map_read(eng.ring[0], 4 * draws, ticket)))
+    lt = eng.prefill.graph.tensors["logits"]
+    first = top_distinct(await dev.read_buffer(eng.arena, lt.offset, 4 * eng.config.vocab_size), n)
+    dev.write_buffer(eng.ids_buf, struct.pack(f"<{n}I", *first))
+    return first
+
+
+async def _prefill_per_adapter(eng, runner: StreamRunner, ids: list[int], sp, lay: StreamLayout,
+                               adapters: tuple) -> list[int]:
+    """One adapter per stream: the prompt once per distinct adapter (its keys and values depend
+    on the adapter), each time copied whole into the segments of that adapter's streams; stream
+    0's adapter last, so its own segment (rows [0, P)) keeps the prompt's rows. First tokens per
+    adapter group as sp.first_tokens says (distinct within the group; sampled: each group's draws
+    with its own seed)."""
+    dev, P, n = eng.dev, len(ids), len(adapters)
+    groups: dict = {}
+    for s, a in enumerate(adapters):
+        groups.setdefault(a, []).append(s)
+    first = [0] * n
+    order = [a for a in groups if a != adapters[0]] + [adapters[0]]
+    for gi, a in enumerate(order):
+        members = groups[a]
+        eng.lora_pool.activate(a, sp.lora_scale)
+        sampled = sp.first_tokens == "sampled"
+        gsp = replace(sp, seed=(sp.seed + 0x9E3779B9 * gi) & 0xFFFFFFFF) if sampled else sp
+        toks = await _prefill(eng, ids, gsp, len(members), len(members) if sampled else 1)
+        for s, tok in zip(members, toks):
+            first[s] = tok
+            if s:   # stream s's own copy of the whole prompt
+                dev.write_buffer(eng.step_buf, pack_step(2, P, streams=(0, s * lay.seg_stride)))
+                dev.submit(runner.copy_dispatches(2, P))
+    dev.write_buffer(eng.ids_buf, struct.pack(f"<{n}I", *first))
+    return first
 
 
 async def events(eng, ids: list[int], sp, st):
@@ -104,7 +156,8 @@ async def events(eng, ids: list[int], sp, st):
         eng._streams = StreamRunner(eng)
     runner = eng._streams
     P = len(ids)
-    lay = plan(P, n, sp.max_new_tokens, eng.model.cap_stride, eng.max_context, runner.chunk)
+    adapters = sp.lora if isinstance(sp.lora, tuple) else None     # one adapter per stream
+    lay = plan(P, n, sp.max_new_tokens, eng.model.cap_stride, eng.max_context, runner.chunk, shared=adapters is None)
     eos = set(eng.tokenizer.eos_token_ids) | set(eng.config.eos_token_ids) if sp.stop_at_eos else set()
     outs: list[list[int]] = [[] for _ in range(n)]
     texts: list[list[str]] = [[] for _ in range(n)]
@@ -117,22 +170,14 @@ async def events(eng, ids: list[int], sp, st):
     t_pf = time.perf_counter()
     draws = n if sp.first_tokens == "sampled" else 1
     tickets = [None] * RING
-    if lay.budget:
-        with prof.phase("prefill.submit", tokens=P):
-            for pos, part, disp in eng._submit_prompt(ids, sp, draws=draws):
-                last = pos + len(part) == P
-                copies = [(eng.out_tokens, 0, eng.ring[0], 0, 4 * n)] if last and draws > 1 else None
-                tickets[0] = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
-        if draws > 1:
-            raw = await dev.map_read(eng.ring[0], 4 * n, tickets[0])
-            first = list(struct.unpack(f"<{n}I", raw))
-        else:
-            lt = eng.prefill.graph.tensors["logits"]
-            first = top_distinct(await dev.read_buffer(eng.arena, lt.offset, 4 * eng.config.vocab_size), n)
-            dev.write_buffer(eng.ids_buf, struct.pack(f"<{n}I", *first))
+    if lay.budget and adapters is not None:
+        first = await _prefill_per_adapter(eng, runner, ids, sp, lay, adapters)
+        st.prefill_s = time.perf_counter() - t_pf
+    elif lay.budget:
+        first = await _prefill(eng, ids, sp, n, draws)
         if P > lay.seg_base and lay.seg_stride:   # each stream's copy of the prompt's last partial chunk
             dev.write_buffer(eng.step_buf, pack_step(n, P, streams=(lay.seg_base, lay.seg_stride)))
-            dev.submit(runner.copy_dispatches(n))
+            dev.submit(runner.copy_dispatches(n, P - lay.seg_base))
         st.prefill_s = time.perf_counter() - t_pf
     t_dec = time.perf_counter()
 
@@ -162,25 +207,31 @@ async def events(eng, ids: list[int], sp, st):
     # -- decode steps: every stream's row in one pass; step j processes the tokens of step j - 1
     decode_list = runner.program.dispatches(n)
     submitted = read = 1
-    while True:
-        while (submitted < lay.budget and submitted < read + IN_FLIGHT and not all(finish)
-               and not eng._stop_requested):
-            with prof.phase("decode.submit", step=submitted):
-                dev.write_buffer(eng.step_buf, pack_step(n, P + submitted - 1, submitted, sp.seed, sp.temperature,
-                                                         sp.top_k, sp.top_p, streams=(lay.seg_base, lay.seg_stride),
-                                                         n_out=n))
-                tickets[submitted % RING] = dev.submit(
-                    decode_list, [(eng.out_tokens, 4 * n * submitted, eng.ring[submitted % RING], 0, 4 * n)],
-                    timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
-            submitted += 1
-        if read == submitted:
-            break
-        with prof.phase("readback", token=read):
-            raw = await dev.map_read(eng.ring[read % RING], 4 * n, tickets[read % RING])
-        evs = take(read, list(struct.unpack(f"<{n}I", raw)))   # finished streams' tokens are dropped
-        read += 1
-        for ev in evs:
-            yield ev
+    if adapters is not None:
+        eng.lora_pool.assign_rows(list(adapters), sp.lora_scale)
+    try:
+        while True:
+            while (submitted < lay.budget and submitted < read + IN_FLIGHT and not all(finish)
+                   and not eng._stop_requested):
+                with prof.phase("decode.submit", step=submitted):
+                    dev.write_buffer(eng.step_buf, pack_step(n, P + submitted - 1, submitted, sp.seed, sp.temperature,
+                                                             sp.top_k, sp.top_p, streams=(lay.seg_base, lay.seg_stride),
+                                                             n_out=n))
+                    tickets[submitted % RING] = dev.submit(
+                        decode_list, [(eng.out_tokens, 4 * n * submitted, eng.ring[submitted % RING], 0, 4 * n)],
+                        timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
+                submitted += 1
+            if read == submitted:
+                break
+            with prof.phase("readback", token=read):
+                raw = await dev.map_read(eng.ring[read % RING], 4 * n, tickets[read % RING])
+            evs = take(read, list(struct.unpack(f"<{n}I", raw)))   # finished streams' tokens are dropped
+            read += 1
+            for ev in evs:
+                yield ev
+    finally:
+        if adapters is not None:
+            eng.lora_pool.clear_rows(n)
     if eng._stop_requested:
         for i in range(n):
             finish[i] = finish[i] or "stopped"

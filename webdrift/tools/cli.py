@@ -181,7 +181,7 @@ def _load(args, status: Status):
     """The engine for generate / chat, through the core's assembly path one step at a time (what
     webdrift.load does), each step a visible wait."""
     from ..runtime.loading import EngineOptions, assemble, make_tokenizer, open_source
-    lora = getattr(args, "lora", None)
+    lora = _lora_paths(args)
     options = EngineOptions(max_context=args.max_context, weight_format=args.weight_format,
                             enable_lora=bool(lora), max_lora_rank=getattr(args, "max_lora_rank", 64))
     source = open_source(args.model)       # a known model not in the cache yet: hub.pull shows its own progress
@@ -195,8 +195,7 @@ def _load(args, status: Status):
 
     def tensors(done, total, name):
         status.set("loading the weights", f"{done}/{total} tensors")
-    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors,
-                   loras={"lora": lora} if lora else None)
+    eng = assemble(source, options, dev, tokenizer=tokenizer, progress=tensors, loras=lora or None)
     status.done()
     return eng
 
@@ -257,10 +256,22 @@ def _run_generation(eng, prompt, sampling: dict, status: Status, on_text=None):
     return result
 
 
+def _lora_paths(args) -> dict:
+    """--lora PATH (repeatable): {adapter name: path}; one path applies to every response, one
+    per response (-n K, K paths) gives each response its own adapter."""
+    paths = getattr(args, "lora", None) or []
+    n = getattr(args, "n", 1)
+    if len(paths) > 1 and len(paths) != n:
+        raise InvalidArgumentError(f"--lora given {len(paths)} times: once (every response) or once per "
+                                   f"response (-n {n})")
+    return {f"lora{i}" if len(paths) > 1 else "lora": p for i, p in enumerate(paths)}
+
+
 def _sampling(args) -> dict:
+    names = list(_lora_paths(args))
     return {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
             "top_p": args.top_p, "seed": args.seed, "stop_at_eos": args.stop_at_eos, "speculative": args.speculative,
-            "lora": "lora" if args.lora else None, "lora_scale": args.lora_scale}
+            "lora": names if len(names) > 1 else (names[0] if names else None), "lora_scale": args.lora_scale}
 
 
 def _write(piece: str) -> None:
@@ -438,9 +449,9 @@ def _add_sampling_args(p, max_new_tokens: int):
     p.add_argument("--speculative", default=None, metavar="MODE",
                    help="speculative decoding: 'lookup' drafts tokens from earlier text (prompt lookup) and "
                         "verifies them as a tree in one pass; the same output (default: off)")
-    p.add_argument("--lora", default=None, metavar="PATH",
+    p.add_argument("--lora", action="append", default=None, metavar="PATH",
                    help="apply a LoRA adapter: a PEFT folder (adapter_config.json + adapter_model.safetensors) "
-                        "or a llama.cpp GGUF LoRA file")
+                        "or a llama.cpp GGUF LoRA file; with -n K, give it K times for one adapter per response")
     p.add_argument("--lora-scale", type=float, default=1.0, help="the adapter's strength (default 1; 0: the base model)")
     p.add_argument("--max-lora-rank", type=int, default=64, help="the largest adapter rank (default %(default)s)")
 
