@@ -34,6 +34,7 @@ import time
 
 from ..errors import InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
+from ..kernels.base import ceil_div
 from ..profile.benchmark import (  # the protocol and schema, shared with the browser's bench page
     DESKTOP_ROUTE,
     MACHINE_FIELDS,
@@ -105,9 +106,9 @@ model_spec_label = model_label
 INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
-def generate_ids(eng, ids: list[int], new_tokens: int, lora: str | None = None):
+def generate_ids(eng, ids: list[int], new_tokens: int, lora: str | tuple | None = None, n: int = 1):
     from ..runtime.engine import SamplingParams, _run
-    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, lora=lora)
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, lora=lora, n=n)
     return _run(eng.agenerate(ids, sp))
 
 
@@ -130,18 +131,27 @@ def random_lora(cfg, rank: int, seed: int):
     return ad
 
 
-def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log) -> dict:
+def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log,
+               streams: list[int] | None = None) -> dict:
     """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and with
-    the LoRA slots built but no adapter applied; the host time of switching adapters."""
+    the LoRA slots built but no adapter applied; the host time of switching adapters; with
+    streams, the aggregate decode tok/s of k streams each with its own adapter (generate(n=k,
+    lora=[...]): no shared prompt, so the context holds k copies of it)."""
     from ..runtime.engine import SamplingParams
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
-    options = EngineOptions(max_context=max(p + m for p, m in protocols), prefill_chunk=prefill_chunk,
-                            int8_activations=int8_activations, enable_lora=True, max_lora_rank=rank)
+    ks = streams or []
+    ctx = max(max([p + m] + [k * (ceil_div(p + m, 64) + 1) * 64 for k in ks]) for p, m in protocols)
+    options = EngineOptions(max_context=min(ctx, src.config.max_position or ctx), prefill_chunk=prefill_chunk,
+                            int8_activations=int8_activations, enable_lora=True, max_lora_rank=rank,
+                            lora_pool_rank=rank * max([2, *ks]))
     eng = assemble(src, options, dev, tokenizer=NullTokenizer())
     try:
         for name, seed in (("a", 1), ("b", 2)):
             eng.add_lora(name, random_lora(src.config, rank, seed))
+        for i in range(2, max(ks, default=0)):
+            eng.add_lora(f"s{i}", random_lora(src.config, rank, 10 + i))
+        names = ("a", "b") + tuple(f"s{i}" for i in range(2, max(ks, default=0)))
         ids = prompt_ids(src.config.vocab_size, max(p for p, _ in protocols))
         generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4, lora="a")     # compile + warm
         out = {}
@@ -150,6 +160,13 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activati
             off = generate_ids(eng, ids[:p], m).stats.decode_tokens_per_s
             out[f"{p}/{m}"] = {"decode_tps": round(on, 2), "slots_no_adapter_decode_tps": round(off, 2)}
             log(f"  {p}/{m} LoRA rank {rank}: decode {on:.1f} tok/s with the adapter, {off:.1f} without")
+            for k in ks:   # k streams, one adapter each
+                generate_ids(eng, ids[:p], 2, lora=names[:k], n=k)     # builds the k-row programs: not timed
+                rs = generate_ids(eng, ids[:p], m, lora=names[:k], n=k)
+                dec = rs[0].stats.decode_s
+                total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+                out[f"{p}/{m}"].setdefault("streams", {})[str(k)] = {"decode_tps_total": round(total, 2)}
+                log(f"    {k} streams, one adapter each: {total:.1f} tok/s together")
         n = 200
         t0 = time.perf_counter()
         for k in range(n):   # what a request does to switch: point entry 0 at the other adapter
@@ -196,12 +213,15 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
     if lora_rank:
         try:
-            lr = bench_lora(dev, src, protocols, lora_rank, prefill_chunk, int8_activations, log)
+            lr = bench_lora(dev, src, protocols, lora_rank, prefill_chunk, int8_activations, log, streams)
             for r in rows:
                 v = dict(lr.get(f"{r['prompt_tokens']}/{r['new_tokens']}", {}), rank=lora_rank,
                          switch_ms=lr["switch_ms"], pool_bytes=lr["pool_bytes"])
                 if v.get("decode_tps") and r.get("decode_tps"):
                     v["decode_ratio"] = round(v["decode_tps"] / r["decode_tps"], 3)   # target >= 0.85
+                for sv in v.get("streams", {}).values():   # vs one stream without an adapter (target >= 2.5 at k=4)
+                    if r.get("decode_tps"):
+                        sv["vs_single"] = round(sv["decode_tps_total"] / r["decode_tps"], 3)
                 r["lora"] = v
         except Exception as e:  # noqa: BLE001 - keep the base rows
             log(f"  LoRA: {type(e).__name__}: {e}")
@@ -493,7 +513,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "~500-token rewriting task and a free-form chat, real models only (bench_spec.py)")
     p.add_argument("--lora-rank", type=int, default=None, metavar="R",
                    help="also decode with a random rank-R LoRA adapter on all seven targets (and with the LoRA "
-                        "slots but no adapter), and time switching adapters (row field `lora`)")
+                        "slots but no adapter), and time switching adapters (row field `lora`); with --streams, "
+                        "also K streams with one adapter each (lora.streams)")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
