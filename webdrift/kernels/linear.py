@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..errors import UnsupportedModelError
+from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import Device
 from ..tensor import TensorDesc
 from . import linear_blk
@@ -90,6 +90,19 @@ def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) 
     if variant == "blk":
         return linear_blk.weight_decl(n, binding, w.fmt, w.o, w.i)
     return w.wgsl(n, binding, native_f16=dev.has_f16)
+
+
+def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
+    """Floats of the float GEMVs' workgroup reduction array: the split variant reduces every row
+    (and a pair's second) through it; the others use it only for the fused norm's per-subgroup
+    sums (at most WG). A size over the adapter's workgroup storage is a GPULimitError (the tuner
+    skips such candidates; a driver handed one can lose the device)."""
+    red = max(2 * rows * wg, wg) if v == "split" else wg
+    limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
+    if 4 * red > limit:
+        raise GPULimitError(f"the {v} GEMV with {rows} rows x {wg} invocations needs {4 * red} bytes of workgroup "
+                            f"storage; the adapter allows {limit}")
+    return red
 
 
 def _mrows_code(m: int, pair: bool) -> dict:
@@ -194,7 +207,7 @@ class LinearKernel(Kernel):
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
-                 ROWS=rows, WG=wg, RED=max(2 * rows * wg, wg),
+                 ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev),
                  NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not blk)
         if pre_norm is not None and not blk:
