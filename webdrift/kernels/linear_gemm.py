@@ -54,8 +54,8 @@ class GemmVariant:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
             raise ValueError(f"f16 GEMM tiles are for f16 weights, not {fmt}")
 
-    def workgroup_bytes(self, dual: bool, pre_norm: bool) -> int:
-        """Bytes of workgroup memory the kernel declares."""
+    def workgroup_bytes(self, dual: bool, pre_norm: bool = True) -> int:
+        """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
@@ -64,8 +64,9 @@ class GemmVariant:
         per = self.bm * self.kstep * 16 + nw * self.bn * self.kstep * (8 if self.f16_tiles else 16)
         return nbuf * per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
 
-    def fits(self, dev, dual: bool, pre_norm: bool) -> bool:
-        """Whether the adapter runs this configuration (invocations, workgroup memory, f16)."""
+    def fits(self, dev, dual: bool, pre_norm: bool = True) -> bool:
+        """Whether the adapter runs this configuration (invocations, workgroup memory, f16); the
+        choice counts the fused norm's scratch always, so it holds for every fusion."""
         lim = dev.info.limits
         return (self.wg <= int(lim.get("max-compute-invocations-per-workgroup", WG_LIMIT_DEFAULT))
                 and self.workgroup_bytes(dual, pre_norm) <= int(lim.get("max-compute-workgroup-storage-size",

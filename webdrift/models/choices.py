@@ -28,6 +28,22 @@ class Int8Choice:
     chain: bool = False
 
 
+def choose_prefill_int8(model, wanted: bool | None) -> bool:
+    """Whether the layers' prefill GEMMs read int8 rows (QuantizeKernel + the integer-dot GEMM,
+    wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 with inputs a
+    multiple of 32 and the adapter has packed integer dot products, never on software adapters;
+    True: forced (UnsupportedModelError where impossible); False: the float GEMM.
+    `model`: dev, layers[0] (a GPUModel)."""
+    dev, lw = model.dev, model.layers[0]
+    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+    ok = dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+    if wanted and not ok:
+        raise UnsupportedModelError(
+            "the int8 prefill GEMM needs q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+            f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
+    return ok and not dev.info.is_cpu if wanted is None else bool(wanted)
+
+
 def chain_possible(dev, cfg) -> bool:
     """Whether every layer GEMV can write the next one's int8 row (quantizing epilogues need
     subgroups, 32-multiples and pre-norm blocks; the combine needs head_dim % 32 == 0)."""

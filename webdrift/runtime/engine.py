@@ -230,6 +230,7 @@ class Engine:
         t0 = time.perf_counter()
         self.model = GPUModel(dev, source, max_context, options.weight_format, progress, autotune=options.autotune,
                               int8_activations=options.int8_activations,
+                              prefill_int8={"gemm_int8": True, "gemm_float": False}.get(pk),
                               max_binding_bytes=options.max_binding_bytes)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
