@@ -8,7 +8,8 @@
 //   xs[buf][s][t] = x[t0 + t, 4 (k0 + s) ..+4]        ws[buf][s][o] = W[o0 + o, 4 (k0 + s) ..+4]
 // (zero past T, O and the row). DB: two buffers; the next step's slices are fetched into
 // registers before this step's products and stored after them: one barrier per step, the loads'
-// latency behind the FMAs. WT = vec4<f16>: weight tiles held as f16 (shader-f16; half the bytes).
+// latency behind the FMAs. WT, the tile type: f16 vectors with GemmVariant.f16_tiles (shader-f16;
+// half the bytes; f16 weights only, held exactly).
 // PRE_NORM: the tile multiplies x * (nw + W_OFFSET); 1/rms of each row (a prologue over the
 // tile's rows, RP invocations per row) scales the sums in the epilogue.
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
