@@ -275,3 +275,45 @@ def test_tiny_model_int8_prefill_end_to_end(tmp_path):
             == blk.generate(ids, max_new_tokens=8, stop_at_eos=False).token_ids)
     with pytest.raises(UnsupportedModelError, match="int8 prefill GEMM"):
         webdrift.load(p, prefill_kernels="gemm_int8", **{**kw, "weight_format": "f16"})
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_gemm_lora_epilogue(int8):
+    """The LoRA expand in the GEMM's epilogue (linear_common.wgsl's lora_delta): y = x W^T +
+    sum_j u[t, j] B[off + j, o] for the row's adapter offset and rank (here 1 and 3 of 4)."""
+    from webdrift.kernels.lora import LoraOut, u_width
+    dev = device()
+    T, O, I, R, P, off, rank = 67, 45, 96, 4, 8, 1, 3
+    rng = np.random.default_rng(41)
+    u = rng.standard_normal((T, R)).astype(np.float32)
+    B = rng.standard_normal((P, O + 1)).astype(np.float16)    # pool rows of O + 1 columns: whole u32 pairs
+    lu = np.zeros((CAP, u_width(1, R)), np.uint32)
+    lu[:T, 0], lu[:T, 1] = off, rank
+    lu[:T, 4:] = u.view(np.uint32)
+    lud = TensorDesc("lu", u_width(1, R), CAP, layout="linear")
+    lub = dev.create_buffer(lu.nbytes, label="lu")
+    dev.write_buffer(lub, lu)
+    lbb = dev.create_buffer(B.nbytes, label="lb")
+    dev.write_buffer(lbb, B.reshape(-1).view(np.uint32))
+    W = _weights(O, I)
+    yd = TensorDesc("y", O, CAP)
+    lora = LoraOut(lud, R, 1, B.shape[1])
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    xd = TensorDesc("x", I, CAP)
+    fmt = "q8" if int8 else "f32"
+    gw, wref = make_weight(W, fmt)
+    if int8:
+        qd = xq_desc("xq", I, CAP)
+        xb = upload(qd, None)
+        run(QuantizeKernel(dev, xd, qd, fmt), {"x": upload(xd, x), "xq": xb}, T)
+        words = np.frombuffer(dev.read_buffer_sync(xb), np.uint32).reshape(CAP, -1)[:T]
+        base = int8_reference(decode_rows(words, I, fmt), wref, fmt, I)
+        src, variant = qd, GEMM_I8_CANDIDATES[0]
+    else:
+        xb, src, variant = upload(xd, x), xd, GEMM_CANDIDATES[0]
+        base = x.astype(np.float64) @ wref.T.astype(np.float64)
+    yb = upload(yd, None, fill=SENTINEL)
+    k = LinearKernel(dev, "prefill", src, yd, gw, variant=variant, epilogue=Epilogue(lora=lora))
+    run(k, {"x": xb, "y": yb, "w": gw.buffers, "lu": lub, "lb": lbb}, T)
+    want = base + u[:, :rank].astype(np.float64) @ B[off:off + rank, :O].astype(np.float64)
+    close(download(yd, yb)[:T], want, rtol=2e-5)
