@@ -317,3 +317,47 @@ def test_gemm_lora_epilogue(int8):
     run(k, {"x": xb, "y": yb, "w": gw.buffers, "lu": lub, "lb": lbb}, T)
     want = base + u[:, :rank].astype(np.float64) @ B[off:off + rank, :O].astype(np.float64)
     close(download(yd, yb)[:T], want, rtol=2e-5)
+
+
+def test_smollm2_int8_prefill_teacher_forced(smollm2_gguf_path):
+    """SmolLM2-135M (Q4_1 / Q8_0) with every layer's prefill GEMM on int8 rows (forced; the
+    scoring pass runs the prefill program) vs transformers fp32 on the same GGUF: the thresholds
+    of the int8-activation decode path (test_engine_smollm2.py: mean cosine >= 0.993, min >= 0.9,
+    top-1 >= 92% over 128 positions)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import webdrift
+    from tests.test_engine_smollm2 import PROMPTS
+    p = smollm2_gguf_path
+    eng = webdrift.load(str(p), max_context=160, prefill_chunk=64, prefill_kernels="gemm_int8", autotune=False,
+                        int8_activations=False)
+    assert eng.model.prefill_int8 and eng.prefill.stage == "prefill"
+    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    ids = tok.encode(" ".join(PROMPTS) * 8)[:128]
+    got = eng.logits(ids)
+    with torch.no_grad():
+        want = model(torch.tensor([ids])).logits[0].numpy()
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    top1 = (got.argmax(1) == want.argmax(1)).mean()
+    assert cos.mean() >= 0.993 and cos.min() >= 0.9 and top1 >= 0.92, (cos.mean(), cos.min(), top1)
+
+
+def test_bench_prefill_kernels_rows(tmp_path):
+    """bench --prefill-kernels gemm_int8: the rows say which prefill kernels and tile ran, and the
+    prefill's share of the compute peak is taken against the int8-dot peak."""
+    import json
+
+    from webdrift.profile.compute import prefill_flops_per_token
+    from webdrift.tools.cli import main
+    from webdrift.weights.synthetic import synthetic_source
+    js = tmp_path / "r.json"
+    assert main(["bench", "--quick", "--quant", "q4", "--no-peers", "--prefill-kernels", "gemm_int8",
+                 "--json", str(js)]) == 0
+    rep = json.loads(js.read_text())
+    flops = prefill_flops_per_token(synthetic_source("tiny", "q4"))   # what --quick runs
+    peak = rep["roofline"]["compute"]["int8"]["tflops"]
+    for r in rep["results"]:
+        assert r["error"] is None and r["prefill_kernels"] == "gemm_int8" and r["prefill_tile"] == "64x64/4x4/k2"
+        assert r["prefill_pct_compute"] == pytest.approx(100 * r["prefill_tps"] * flops / (peak * 1e12), rel=0.01, abs=0.01)
