@@ -361,3 +361,20 @@ def test_bench_prefill_kernels_rows(tmp_path):
     for r in rep["results"]:
         assert r["error"] is None and r["prefill_kernels"] == "gemm_int8" and r["prefill_tile"] == "64x64/4x4/k2"
         assert r["prefill_pct_compute"] == pytest.approx(100 * r["prefill_tps"] * flops / (peak * 1e12), rel=0.01, abs=0.01)
+
+
+def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
+    """Forced tuning (software adapters are never tuned otherwise): choose_gemm returns one of the
+    candidates this adapter runs, and gemm_int8_pays compares the best float tile with quantize +
+    the best int8 tile, both measured (an empty cache: nothing is taken from earlier runs)."""
+    from webdrift.kernels import autotune
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    dev = device()
+    w, _ = make_weight(_weights(64, 128), "q4")
+    w2, _ = make_weight(_weights(64, 128, seed=2), "q4", name="w2")
+    for int8 in (False, True):
+        assert autotune.choose_gemm(dev, w, w2, enabled="force", int8=int8) in autotune.gemm_candidates(dev, w, w2, int8)
+    m = autotune.gemm_int8_pays(dev, w, w2)
+    assert m["float_ns"] > 0 and m["int8_ns"] > 0
+    assert m["int8"] == (m["int8_ns"] + autotune.HOST_NS_PER_DISPATCH < m["float_ns"])

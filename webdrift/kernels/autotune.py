@@ -619,25 +619,62 @@ def static_gemm(dev: Device, w, w2=None, int8: bool = False) -> GemmVariant:
     return cands[0]
 
 
+def _gemm_key(dev: Device, w, w2, int8: bool) -> str:
+    return (f"{dev.info.adapter}|{dev.info.backend}|gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
+
+
 def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemmVariant:
     """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on
     GEMM_TUNE_ROWS tokens with the real weights like choose_gemv; int8: the integer-dot GEMM."""
-    key = (f"{dev.info.adapter}|{dev.info.backend}|gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-           f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
     static = asdict(static_gemm(dev, w, w2, int8))
-    got = _decide(dev, key, enabled, lambda: _search_gemm(dev, w, w2, int8), static)
+    got = _decide(dev, _gemm_key(dev, w, w2, int8), enabled, lambda: _search_gemm(dev, w, w2, int8), static)
     try:
-        return GemmVariant(**got)
+        return GemmVariant(**{k: v for k, v in got.items() if not k.endswith("_ns")})
     except TypeError:      # a cache entry of another version
         return GemmVariant(**static)
 
 
+def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True) -> dict:
+    """Time one layer's prefill GEMM both ways (GEMM_TUNE_ROWS tokens): the best float tile
+    against QuantizeKernel + the best int8 tile. Returns {"float_ns", "int8_ns", "int8"};
+    cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
+    FORCE): models/choices.py calls it only where the adapter is tuned."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|gemm_int8_pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2),
+                   {"float_ns": None, "int8_ns": None, "int8": static})
+
+
+def _measure_gemm_int8(dev: Device, w, w2):
+    f = yield from _sub(_gemm_key(dev, w, w2, False), lambda: _search_gemm(dev, w, w2, False))
+    q = yield from _sub(_gemm_key(dev, w, w2, True), lambda: _search_gemm(dev, w, w2, True))
+    rows = GEMM_TUNE_ROWS
+    x, xq = TensorDesc("x", w.i, rows), xq_desc("xq", w.i, rows)
+    xb, qb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(xq.nbytes, label="tune.xq")
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(rows, 0))
+    try:
+        qk = QuantizeKernel(dev, x, xq, w.fmt)
+        yield CHECK
+        t_q = yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)))
+    except (GPUError, UnsupportedModelError, ValueError):
+        return {"float_ns": None, "int8_ns": None, "int8": False}
+    finally:
+        for b in (xb, qb, sb):
+            dev.release_buffer(b)
+    f_ns, q_ns = f.get("best_ns"), q.get("best_ns")
+    if not f_ns or not q_ns:
+        return {"float_ns": f_ns, "int8_ns": q_ns, "int8": bool(q_ns)}
+    return {"float_ns": f_ns, "int8_ns": q_ns + t_q, "int8": q_ns + t_q + HOST_NS_PER_DISPATCH < f_ns}
+
+
 def _search_gemm(dev: Device, w, w2, int8: bool):
+    """The fastest GEMM candidate's fields, with its GPU ns as "best_ns" (None: none ran)."""
     rows = GEMM_TUNE_ROWS
     x = xq_desc("x", w.i, rows) if int8 else TensorDesc("x", w.i, rows)
     y = TensorDesc("y", w.o, rows)
     if y.nbytes > dev.max_binding_size:     # e.g. a large vocabulary's LM head: not timed
-        return asdict(static_gemm(dev, w, w2, int8))
+        return {**asdict(static_gemm(dev, w, w2, int8)), "best_ns": None}
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
     dev.write_buffer(sb, pack_step(rows, 0))
@@ -655,7 +692,7 @@ def _search_gemm(dev: Device, w, w2, int8: bool):
     finally:
         for b in (xb, yb, sb):
             dev.release_buffer(b)
-    return asdict(best or static_gemm(dev, w, w2, int8))
+    return {**asdict(best or static_gemm(dev, w, w2, int8)), "best_ns": best_ns}
 
 
 # ML Drift's weight-layout search for the float formats: the orders a float weight may be stored
