@@ -275,6 +275,13 @@ def test_tiny_model_int8_prefill_end_to_end(tmp_path):
             == blk.generate(ids, max_new_tokens=8, stop_at_eos=False).token_ids)
     with pytest.raises(UnsupportedModelError, match="int8 prefill GEMM"):
         webdrift.load(p, prefill_kernels="gemm_int8", **{**kw, "weight_format": "f16"})
+    # q8 layers with the float GEMM forced: the float GEMVs' logits
+    fl = webdrift.load(p, prefill_kernels="gemm_float", int8_activations=False, **kw)
+    gv = webdrift.load(p, prefill_kernels="gemv", int8_activations=False, **kw)
+    ops = [op for op in fl.prefill.graph.ops if type(op).__name__ == "Linear" and not op.head]
+    assert not fl.model.prefill_int8 and all(not op.int8_input and op.variant == GemmVariant() for op in ops)
+    f, g = fl.logits(ids), gv.logits(ids)
+    assert np.abs(f - g).max() <= 1e-4 * np.abs(g).max()
 
 
 @pytest.mark.parametrize("int8", [False, True])
