@@ -1,5 +1,6 @@
 """What one model runs on one adapter, decided once at load: int8 activations per GEMV role and
-the int8 chain (by measurement where the adapter can time kernels). The decision is a typed
+the int8 chain (by measurement where the adapter can time kernels), and whether the prefill
+GEMMs take int8 rows. The decision is a typed
 value that models/forward.py copies into the ops it builds; nothing downstream re-derives it.
 Per-weight kernel choices (GEMV variant, weight layout, attention kernel) come from
 kernels/autotune.py, measured per adapter and shape and cached.

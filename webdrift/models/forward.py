@@ -9,7 +9,7 @@ One layer reads like the math (gpt-fast's TransformerBlock.forward):
 
 and `ForwardBuilder.layer` is written in that order. Every decision about how an op runs is made
 here, once, and carried by the op's fields: which norm is fused into which GEMV, whether a GEMV
-reads int8 activations and which decode variant it runs, which epilogue it has (bias, residual,
+reads int8 activations and which decode variant or prefill GEMM tile it runs, which epilogue it has (bias, residual,
 activation, softcap, quantizing the next GEMV's int8 row, RoPE + KV append), which attention
 kernel. models/lower.py turns each op into a kernel and its bindings without looking at names.
 
