@@ -71,6 +71,8 @@ GEMM_CANDIDATES = (
 GEMM_F16_CANDIDATES = tuple(GemmVariant(**{**asdict(c), "f16_tiles": True}) for c in GEMM_CANDIDATES[:4])
 GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),
+    GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=2, double=True),
+    GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=4),
     GemmVariant(int8=True, bm=128, bn=64, tm=8, tn=4, kstep=1, double=True),
     GemmVariant(int8=True, bm=128, bn=128, tm=8, tn=8, kstep=1, double=True),
     GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=2, double=True),
