@@ -8,9 +8,9 @@
            wgsl/linear_blk.wgsl        integer dot products on int8 input rows (linear_blk.py)
 All of them include linear_common.wgsl (bias, fused RMSNorm, activation, epilogue), so every
 variant computes the same maths. The options are typed: GemvVariant (which decode kernel) or
-GemmVariant (which prefill GEMM and its tile; kernels/autotune.py measures both), PreNorm (RMSNorm of x fused in) and Epilogue (what happens to
-each output: bias, gate/up activation, soft-cap, residual; the blk GEMV's QuantOut, the QKV
-GEMV's RopeOut).
+GemmVariant (which prefill GEMM and its tile; kernels/autotune.py measures both), PreNorm
+(RMSNorm of x fused in) and Epilogue (what happens to each output: bias, gate/up activation,
+soft-cap, residual; the blk GEMV's QuantOut, the QKV GEMV's RopeOut).
 Must not: import numpy or wgpu.
 """
 
