@@ -340,20 +340,22 @@ def test_gemm_lora_epilogue(int8):
     close(download(yd, yb)[:T], want, rtol=2e-5)
 
 
-def test_smollm2_int8_prefill_teacher_forced(smollm2_gguf_path):
-    """SmolLM2-135M (Q4_1 / Q8_0) with every layer's prefill GEMM on int8 rows (forced; the
-    scoring pass runs the prefill program) vs transformers fp32 on the same GGUF: the thresholds
-    of the int8-activation decode path (test_engine_smollm2.py: mean cosine >= 0.993, min >= 0.9,
-    top-1 >= 92% over 128 positions)."""
+@pytest.mark.parametrize("kernels", ["gemm_int8", "gemm_float"])
+def test_smollm2_prefill_gemm_teacher_forced(smollm2_gguf_path, kernels):
+    """SmolLM2-135M (Q4_1 / Q8_0) with every layer's prefill GEMM forced (the scoring pass runs the
+    prefill program) vs transformers fp32 on the same GGUF, with test_engine_smollm2.py's
+    thresholds: int8 rows those of the int8-activation decode path (mean cosine >= 0.993, min >=
+    0.9, top-1 >= 92% over 128 positions; measured on lavapipe: 0.9975, 0.959, 96.9%), the float
+    GEMM those of the float path (min cosine >= 0.999, top-1 >= 98%; measured: 1.0000, 100%)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import webdrift
     from tests.test_engine_smollm2 import PROMPTS
     p = smollm2_gguf_path
-    eng = webdrift.load(str(p), max_context=160, prefill_chunk=64, prefill_kernels="gemm_int8", autotune=False,
+    eng = webdrift.load(str(p), max_context=160, prefill_chunk=64, prefill_kernels=kernels, autotune=False,
                         int8_activations=False)
-    assert eng.model.prefill_int8 and eng.prefill.stage == "prefill"
+    assert eng.model.prefill_int8 == (kernels == "gemm_int8") and eng.prefill.stage == "prefill"
     model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     ids = tok.encode(" ".join(PROMPTS) * 8)[:128]
@@ -362,7 +364,10 @@ def test_smollm2_int8_prefill_teacher_forced(smollm2_gguf_path):
         want = model(torch.tensor([ids])).logits[0].numpy()
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     top1 = (got.argmax(1) == want.argmax(1)).mean()
-    assert cos.mean() >= 0.993 and cos.min() >= 0.9 and top1 >= 0.92, (cos.mean(), cos.min(), top1)
+    if kernels == "gemm_int8":
+        assert cos.mean() >= 0.993 and cos.min() >= 0.9 and top1 >= 0.92, (cos.mean(), cos.min(), top1)
+    else:
+        assert cos.min() >= 0.999 and top1 >= 0.98, (cos.min(), top1)
 
 
 def test_bench_prefill_kernels_rows(tmp_path):
