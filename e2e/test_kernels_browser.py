@@ -156,7 +156,7 @@ import base64, json, struct
 from webdrift.gpu.base import UNIFORM
 from webdrift.gpu.browser import create_browser_device
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut
+from webdrift.kernels.linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
 from webdrift.kernels.quantize import QuantizeKernel, xq_desc
 from webdrift.kernels.step import STEP_BYTES, pack_step
 from webdrift.tensor import TensorDesc
@@ -183,6 +183,10 @@ for src, fmt in args["formats"]:
         dev.submit([qk.dispatch({"step": step, "x": xb, "xq": qb, "nw": nwb}, qk.workgroups(T)),
                     k.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers}, k.workgroups(T))])
         out[fmt + "/blk"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+        for name, gv in (("gemm_i8", GemmVariant(int8=True, kstep=2)), ("gemm_i8_db", GemmVariant(int8=True, kstep=1, double=True))):
+            kg = LinearKernel(dev, "prefill", qd, yd, w, variant=gv, pre_norm=PreNorm(eps, 0.0))
+            dev.submit([kg.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers}, kg.workgroups(T))])
+            out[fmt + "/" + name] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
         kq = LinearKernel(dev, "decode", qd, yd, w, variant=GemvVariant("blk", wg=64, rps=4), pre_norm=PreNorm(eps, 0.0),
                           epilogue=Epilogue(qout=QuantOut(nd, "q8", 0.0, True)))
         dev.submit([kq.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers, "qout": nb, "qnw": nw2}, kq.workgroups(T))])
@@ -207,8 +211,9 @@ json.dumps(out)
 
 def test_browser_int8_kernels(chromium, server, record):
     """QuantizeKernel (norm fused) + the integer-dot GEMV, plain and with its quantizing epilogue,
-    compiled by Tint and run on SwiftShader, against the numpy emulation of the desktop tests;
-    with both rows as the columns of one workgroup (cols=2), bit-identical to the one-row kernel."""
+    and the int8 prefill GEMM (single and double-buffered tiles), compiled by Tint and run on
+    SwiftShader, against the numpy emulation of the desktop tests; with both rows as the columns of
+    one workgroup (cols=2), bit-identical to the one-row kernel."""
     from tests.test_kernels_linear_blk import quant_x
     rng = np.random.default_rng(9)
     T, O, I, CAP, eps = 2, 64, 256, 4, 1e-5
@@ -242,6 +247,9 @@ def test_browser_int8_kernels(chromium, server, record):
             want += (u - uq) @ m.T
         want *= inv
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=fmt)
+        for name in ("gemm_i8", "gemm_i8_db"):     # the same block sums and scales as the GEMV
+            np.testing.assert_allclose(np.array(res[f"{fmt}/{name}"]).reshape(T, O), y, rtol=1e-5,
+                                       atol=1e-5 * np.abs(y).max(), err_msg=f"{fmt}/{name}")
         yq = np.array(res[fmt + "/qout_y"]).reshape(T, O)
         np.testing.assert_allclose(yq, y, rtol=1e-5, atol=1e-5)
         words = np.frombuffer(base64.b64decode(res[fmt + "/qout_words"]), np.uint32).reshape(CAP, -1)[:T]

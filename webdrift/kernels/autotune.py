@@ -32,7 +32,7 @@ from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .attention import AttentionKernel
 from .flush import L2FlushKernel
-from .linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut
+from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
 from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
 from .weights import wide_supported
@@ -59,6 +59,32 @@ BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
 # the integer-dot GEMV with a quantizing epilogue (32 outputs per workgroup): RPS rows per
 # subgroup at a time; bigger workgroups give more subgroups per 32 rows
 QOUT_CANDIDATES = tuple(GemvVariant("blk", rows=32, wg=w, rps=r) for w, r in ((256, 4), (512, 2), (1024, 1), (128, 8)))
+# the prefill GEMMs (kernels/linear_gemm.py): tile configurations, the static rule's preference
+# first; a candidate runs where it fits the adapter (invocations, workgroup memory). The last of
+# each list is the fallback every WebGPU adapter runs (256 invocations, <= 16 KiB), and what
+# software adapters use.
+GEMM_CANDIDATES = (
+    GemmVariant(bm=64, bn=128, tm=4, tn=8, kstep=4, double=True),
+    GemmVariant(bm=128, bn=128, tm=8, tn=8, kstep=4, double=True),
+    GemmVariant(bm=128, bn=64, tm=8, tn=4, kstep=4, double=True),
+    GemmVariant(bm=128, bn=128, tm=8, tn=8, kstep=2, double=True),
+    GemmVariant(bm=64, bn=64, tm=4, tn=4, kstep=8, double=True),
+    GemmVariant(bm=64, bn=64, tm=4, tn=4, kstep=2, double=True),
+    GemmVariant(),
+)
+# f16 weights: the same tiles with f16 weight tiles in workgroup memory (shader-f16), tried first
+GEMM_F16_CANDIDATES = tuple(GemmVariant(**{**asdict(c), "f16_tiles": True}) for c in GEMM_CANDIDATES[:4])
+GEMM_I8_CANDIDATES = (
+    GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),
+    GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=2, double=True),
+    GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=4),
+    GemmVariant(int8=True, bm=128, bn=64, tm=8, tn=4, kstep=1, double=True),
+    GemmVariant(int8=True, bm=128, bn=128, tm=8, tn=8, kstep=1, double=True),
+    GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=2, double=True),
+    GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=1, double=True),
+    GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=2),
+)
+GEMM_TUNE_ROWS = 256          # tokens of the timed GEMMs (EngineOptions' default prefill chunk)
 _memory: dict[str, dict] = {}
 _DEFAULTS = asdict(GemvVariant())
 
@@ -671,6 +697,104 @@ def _search_timed(dev: Device, w, w2, int8: bool):
         for b in (xb, yb, sb):
             dev.release_buffer(b)
     return best or static_choice(dev, int8), best_ns
+
+
+# -- the prefill GEMMs -------------------------------------------------------------------------------
+
+def gemm_candidates(dev: Device, w, w2=None, int8: bool = False) -> list[GemmVariant]:
+    """The GEMM configurations this adapter runs for weight w (and w2), the static preference first."""
+    if int8:
+        cands = GEMM_I8_CANDIDATES
+    else:
+        f16 = w.fmt == "f16" and (w2 is None or w2.fmt == "f16")
+        cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES
+    return [c for c in cands if c.fits(dev, w2 is not None)]
+
+
+def static_gemm(dev: Device, w, w2=None, int8: bool = False) -> GemmVariant:
+    """The prefill GEMM where none is measured: software adapters the fallback 64 x 64 tile
+    (tests pin it), GPUs the first candidate that fits."""
+    cands = gemm_candidates(dev, w, w2, int8)
+    fallback = (GEMM_I8_CANDIDATES if int8 else GEMM_CANDIDATES)[-1]
+    if dev.info.is_cpu or not cands:
+        return fallback
+    return cands[0]
+
+
+def _gemm_key(dev: Device, w, w2, int8: bool) -> str:
+    return (f"{dev.info.adapter}|{dev.info.backend}|gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
+
+
+def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemmVariant:
+    """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on
+    GEMM_TUNE_ROWS tokens with the real weights like choose_gemv; int8: the integer-dot GEMM."""
+    static = asdict(static_gemm(dev, w, w2, int8))
+    got = _decide(dev, _gemm_key(dev, w, w2, int8), enabled, lambda: _search_gemm(dev, w, w2, int8), static)
+    try:
+        return GemmVariant(**{k: v for k, v in got.items() if not k.endswith("_ns")})
+    except TypeError:      # a cache entry of another version
+        return GemmVariant(**static)
+
+
+def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True) -> dict:
+    """Time one layer's prefill GEMM both ways (GEMM_TUNE_ROWS tokens): the best float tile
+    against QuantizeKernel + the best int8 tile. Returns {"float_ns", "int8_ns", "int8"};
+    cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
+    FORCE): models/choices.py calls it only where the adapter is tuned."""
+    key = f"{dev.info.adapter}|{dev.info.backend}|gemm_int8_pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2),
+                   {"float_ns": None, "int8_ns": None, "int8": static})
+
+
+def _measure_gemm_int8(dev: Device, w, w2):
+    f = yield from _sub(_gemm_key(dev, w, w2, False), lambda: _search_gemm(dev, w, w2, False))
+    q = yield from _sub(_gemm_key(dev, w, w2, True), lambda: _search_gemm(dev, w, w2, True))
+    rows = GEMM_TUNE_ROWS
+    x, xq = TensorDesc("x", w.i, rows), xq_desc("xq", w.i, rows)
+    xb, qb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(xq.nbytes, label="tune.xq")
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(rows, 0))
+    try:
+        qk = QuantizeKernel(dev, x, xq, w.fmt)
+        yield CHECK
+        t_q = yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)))
+    except (GPUError, UnsupportedModelError, ValueError):
+        return {"float_ns": None, "int8_ns": None, "int8": False}
+    finally:
+        for b in (xb, qb, sb):
+            dev.release_buffer(b)
+    f_ns, q_ns = f.get("best_ns"), q.get("best_ns")
+    if not f_ns or not q_ns:
+        return {"float_ns": f_ns, "int8_ns": q_ns, "int8": bool(q_ns)}
+    return {"float_ns": f_ns, "int8_ns": q_ns + t_q, "int8": q_ns + t_q + HOST_NS_PER_DISPATCH < f_ns}
+
+
+def _search_gemm(dev: Device, w, w2, int8: bool):
+    """The fastest GEMM candidate's fields, with its GPU ns as "best_ns" (None: none ran)."""
+    rows = GEMM_TUNE_ROWS
+    x = xq_desc("x", w.i, rows) if int8 else TensorDesc("x", w.i, rows)
+    y = TensorDesc("y", w.o, rows)
+    if y.nbytes > dev.max_binding_size:     # e.g. a large vocabulary's LM head: not timed
+        return {**asdict(static_gemm(dev, w, w2, int8)), "best_ns": None}
+    xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
+    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
+    dev.write_buffer(sb, pack_step(rows, 0))
+    best, best_ns = None, None
+    try:
+        for cand in gemm_candidates(dev, w, w2, int8):
+            try:
+                k = LinearKernel(dev, "prefill", x, y, w, w2, variant=cand)
+                yield CHECK
+            except (GPUError, UnsupportedModelError, ValueError):
+                continue
+            ns = yield from _time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(rows)))
+            if ns > 0 and (best_ns is None or ns < best_ns):
+                best, best_ns = cand, ns
+    finally:
+        for b in (xb, yb, sb):
+            dev.release_buffer(b)
+    return {**asdict(best or static_gemm(dev, w, w2, int8)), "best_ns": best_ns}
 
 
 # ML Drift's weight-layout search for the float formats: the orders a float weight may be stored

@@ -1,5 +1,6 @@
 """LinearKernel: y = x W^T with its fusions, stage-aware, one template per algorithm:
-  prefill  wgsl/linear_gemm.wgsl       64x64 tiles, 4x4 register blocks per invocation
+  prefill  wgsl/linear_gemm.wgsl       tiled GEMM, register blocks per invocation (linear_gemm.py)
+           wgsl/linear_gemm_i8.wgsl    the same on int8 input rows x q8 / q4 weights (dot4I8Packed)
   decode   wgsl/linear_split.wgsl      a workgroup splits the inputs of ROWS outputs
            wgsl/linear_row.wgsl        one output per invocation, no barriers (CPU adapters)
            wgsl/linear_subgroup.wgsl   one subgroup per output, 4-channel slices
@@ -7,10 +8,10 @@
            wgsl/linear_blk.wgsl        integer dot products on int8 input rows (linear_blk.py);
                                        GemvVariant.cols > 1: several token rows per workgroup
 All of them include linear_common.wgsl (bias, fused RMSNorm, activation, epilogue), so every
-variant computes the same maths. The options are typed: GemvVariant (which decode kernel;
-kernels/autotune.py measures it), PreNorm (RMSNorm of x fused in) and Epilogue (what happens to
-each output: bias, gate/up activation, soft-cap, residual; the blk GEMV's QuantOut, the QKV
-GEMV's RopeOut).
+variant computes the same maths. The options are typed: GemvVariant (which decode kernel) or
+GemmVariant (which prefill GEMM and its tile; kernels/autotune.py measures both), PreNorm
+(RMSNorm of x fused in) and Epilogue (what happens to each output: bias, gate/up activation,
+soft-cap, residual; the blk GEMV's QuantOut, the QKV GEMV's RopeOut).
 Must not: import numpy or wgpu.
 """
 
@@ -24,6 +25,7 @@ from ..tensor import TensorDesc
 from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
+from .linear_gemm import GemmVariant, float_defines, int8_defines
 from .lora import LoraOut
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
@@ -87,7 +89,7 @@ class Epilogue:
 def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) -> str:
     if variant == "wide":
         return wide_accessor_wgsl(n, binding, w.fmt, w.o, w.i)
-    if variant == "blk":
+    if variant in ("blk", "gemm_i8"):
         return linear_blk.weight_decl(n, binding, w.fmt, w.o, w.i)
     return w.wgsl(n, binding, native_f16=dev.has_f16)
 
@@ -121,10 +123,12 @@ def _mrows_code(m: int, pair: bool) -> dict:
 
 
 class LinearKernel(Kernel):
-    """y = x W^T (+ the epilogue), stage "decode" (a GemvVariant) or "prefill" (the GEMM).
+    """y = x W^T (+ the epilogue), stage "decode" (a GemvVariant) or "prefill" (a GemmVariant;
+    a GemvVariant there means the default float GEMM).
     Bindings, in this order (those of absent options are not declared):
       step      the Step uniform
-      x         (T_cap, I) activation; blk: (T_cap, row_words(I)) u32 int8 rows from QuantizeKernel
+      x         (T_cap, I) activation; blk and the int8 GEMM: (T_cap, row_words(I)) u32 int8 rows
+                from QuantizeKernel
       y         (T_cap, O) activation (x_last_row: row 0 only); bound even where never written
                 (rope, QuantOut(write_y=False))
       w         the (O, I) weight (w.buffers); w2: the second weight (gate/up: the up projection)
@@ -137,18 +141,36 @@ class LinearKernel(Kernel):
     Dispatch: workgroups(t)."""
 
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
-                 w2: GPUWeight | None = None, *, variant: GemvVariant = GemvVariant(),
+                 w2: GPUWeight | None = None, *, variant: GemvVariant | GemmVariant = GemvVariant(),
                  pre_norm: PreNorm | None = None, epilogue: Epilogue = Epilogue(), x_last_row: bool = False):
         """x_last_row (decode): read x's row step.last_row, write y's row 0 (the LM head)."""
         if stage not in ("decode", "prefill"):
             raise ValueError(f"a linear layer's stage is 'decode' or 'prefill', not {stage!r}")
         ep, qout, rope = epilogue, epilogue.qout, epilogue.rope
-        v = variant.variant if stage == "decode" else "gemm"
-        if v not in DECODE_TEMPLATES and v != "gemm":
+        gemm = None
+        if stage == "prefill":
+            gemm = variant if isinstance(variant, GemmVariant) else GemmVariant()
+            gemm.check()
+            for u in (w, w2):
+                if u is not None:
+                    gemm.check_weight(u.fmt)
+            v = "gemm_i8" if gemm.int8 else "gemm"
+            if qout is not None:
+                raise ValueError("the prefill GEMM has no quantizing epilogue")
+            if not gemm.fits(dev, w2 is not None, pre_norm is not None):
+                raise UnsupportedModelError(f"GEMM tile {gemm} needs more invocations or workgroup memory "
+                                            f"({gemm.workgroup_bytes(w2 is not None, pre_norm is not None)} bytes) "
+                                            "than this adapter offers")
+        elif isinstance(variant, GemvVariant):
+            v = variant.variant
+        else:
+            raise ValueError("a decode GEMV takes a GemvVariant")
+        if v not in DECODE_TEMPLATES and gemm is None:
             raise ValueError(f"unknown decode GEMV variant {v!r}; the variants are {sorted(DECODE_TEMPLATES)}")
-        self.template = DECODE_TEMPLATES.get(v, "linear_gemm")
+        self.template = DECODE_TEMPLATES.get(v, f"linear_{v}")
         blk = v == "blk"
-        if blk:
+        i8 = blk or v == "gemm_i8"   # int8 input rows, integer dot products
+        if i8:
             for u in (w, w2):
                 if u is not None and not linear_blk.supported(u.fmt, u.i):
                     raise UnsupportedModelError(f"the integer-dot GEMV reads q8 and q4 weights; {u.name} is {u.fmt}")
@@ -161,18 +183,18 @@ class LinearKernel(Kernel):
                 if not dev.has_subgroups or w.o % 32 or qout.row.c != row_words(w.o):
                     raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
                                      f"{row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
-        if variant.cols != 1 and (v != "blk" or x_last_row or not 1 <= variant.cols <= MAX_COLS
+        if gemm is None and variant.cols != 1 and (v != "blk" or x_last_row or not 1 <= variant.cols <= MAX_COLS
                                   or (qout is not None and variant.wg % 32)):
             raise ValueError(f"{variant.cols} token rows per workgroup: the integer-dot decode GEMV takes 1 to "
                              f"{MAX_COLS} (with a quantizing epilogue, a workgroup of whole 32s), not on the LM "
                              f"head's last row only; {w.name} is {v}")
-        rows, wg = variant.rows, variant.wg
+        rows, wg = (variant.rows, variant.wg) if gemm is None else (0, gemm.wg)
         if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope.head_dim % 2
                                  or v not in ("blk", "subgroup", "wide")
                                  or w.o != (rope.n_heads + 2 * rope.n_kv) * rope.head_dim):
             raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
-                             f"count and the QKV weight; {w.name} ({variant.variant}, {rows} rows)")
-        if variant.mrows > 1 and (v != "wide" or rope is not None or rows % variant.mrows):
+                             f"count and the QKV weight; {w.name} ({v}, {rows} rows)")
+        if gemm is None and variant.mrows > 1 and (v != "wide" or rope is not None or rows % variant.mrows):
             raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option without RoPE, "
                              f"for a row count that is a multiple of it; got {v} with {rows} rows")
         if v == "wide" and not all(wide_supported(u.fmt, u.i, u.layout) for u in (w, w2) if u is not None):
@@ -180,19 +202,19 @@ class LinearKernel(Kernel):
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
         if x_last_row and stage != "decode":
             raise ValueError("x_last_row is a decode-kernel option")
-        self.stage, self.w, self.variant = stage, w, variant
+        self.stage, self.w, self.variant, self.gemm = stage, w, variant, gemm
         b = Bindings()   # declared in binding order
 
         def weight(name: str, u: GPUWeight) -> str:
             return b.weight(name, u, lambda n, k: _weight_decl(n, k, u, v, dev))
         d = {"STEP_DECL": b.step(),
              "X_DECL": (b.array("x", "array<vec4<u32>>", f"({x.w}, {x.c // 4}) int8 rows, four words per vec4",
-                                writable=True, var="xq") if blk else b.tensor("x", x)),
+                                writable=True, var="xq") if i8 else b.tensor("x", x)),
              "Y_DECL": b.tensor("y", y),
              "W_DECL": weight("w", w),
              "W2_DECL": weight("w2", w2) if w2 is not None else "",
              "BIAS_DECL": b.array("bias", "array<f32>", f"({w.o})") if ep.bias else "",
-             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not blk else "",
+             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not i8 else "",
              "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
         if rope is not None:   # rope_epilogue.wgsl
             d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
@@ -203,14 +225,14 @@ class LinearKernel(Kernel):
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
                      QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")
                                if qout.norm_offset is not None else ""))
-        d.update(_mrows_code(variant.mrows, w2 is not None))
+        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None))
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
-                 UNROLL4=variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
+                 UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
                  ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev),
                  NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
-                 PRE_NORM=pre_norm is not None and not blk)
-        if pre_norm is not None and not blk:
+                 PRE_NORM=pre_norm is not None and not i8)
+        if pre_norm is not None and not i8:
             d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
@@ -222,8 +244,15 @@ class LinearKernel(Kernel):
             if qout is not None:
                 d.update(block_defines(qout.fmt, w.o, wg), QNORM=qout.norm_offset is not None,
                          QW_OFFSET=wgsl_float(qout.norm_offset or 0.0), QSKIP_Y=not qout.write_y)
+        if gemm is not None and gemm.int8:   # as blk: the quantizer applied the norm weight, 1/rms here
+            row = linear_blk.defines(w.fmt, w.i, 1, 64, False, False, False,
+                                     x_partials=pre_norm.x_partials if pre_norm else None)
+            d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
+            d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")
+        elif gemm is not None:
+            d.update(float_defines(gemm, w2 is not None, pre_norm is not None))
         super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}"
-                                    f"{f'_x{variant.cols}' if variant.cols > 1 else ''}")
+                                    f"{f'_x{variant.cols}' if gemm is None and variant.cols > 1 else ''}")
 
     @property
     def rows(self) -> int:
@@ -233,4 +262,4 @@ class LinearKernel(Kernel):
         if self.stage == "decode":
             per_wg = self.variant.wg if self.variant.variant == "row" else self.variant.rows
             return (ceil_div(self.w.o, per_wg), ceil_div(t, self.variant.cols), 1)
-        return (ceil_div(self.w.o, 64), ceil_div(t, 64), 1)
+        return (ceil_div(self.w.o, self.gemm.bn), ceil_div(t, self.gemm.bm), 1)

@@ -1,5 +1,6 @@
 """What one model runs on one adapter, decided once at load: int8 activations per GEMV role and
-the int8 chain (by measurement where the adapter can time kernels). The decision is a typed
+the int8 chain (by measurement where the adapter can time kernels), and whether the prefill
+GEMMs take int8 rows. The decision is a typed
 value that models/forward.py copies into the ops it builds; nothing downstream re-derives it.
 Per-weight kernel choices (GEMV variant, weight layout, attention kernel) come from
 kernels/autotune.py, measured per adapter and shape and cached.
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..kernels import linear_blk
 from ..kernels.attention import AttentionCombineKernel
-from ..kernels.autotune import chain_pays, int8_pays, tunable
+from ..kernels.autotune import chain_pays, gemm_int8_pays, int8_pays, tunable
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -26,6 +27,30 @@ class Int8Choice:
     row in its epilogue (no quantize dispatch but layer 0's)."""
     roles: dict
     chain: bool = False
+
+
+def choose_prefill_int8(model, wanted: bool | None) -> bool:
+    """Whether the layers' prefill GEMMs read int8 rows (QuantizeKernel + the integer-dot GEMM,
+    wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 with inputs a
+    multiple of 32 and the adapter has packed integer dot products, never on software adapters,
+    and where the adapter is tuned, if timing layer 0's gate/up GEMM both ways (with the
+    quantize dispatch) says int8 is faster (autotune.gemm_int8_pays; untimed: int8);
+    True: forced (UnsupportedModelError where impossible); False: the float GEMM.
+    `model`: dev, layers[0], autotune (a GPUModel)."""
+    dev, lw = model.dev, model.layers[0]
+    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+    ok = dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+    if wanted and not ok:
+        raise UnsupportedModelError(
+            "the int8 prefill GEMM needs q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+            f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
+    if wanted is not None:
+        return bool(wanted)
+    if not ok or dev.info.is_cpu:
+        return False
+    if tunable(dev, model.autotune):
+        return bool(gemm_int8_pays(dev, lw.w_gate, lw.w_up, enabled=model.autotune)["int8"])
+    return True
 
 
 def chain_possible(dev, cfg) -> bool:

@@ -9,7 +9,7 @@ One layer reads like the math (gpt-fast's TransformerBlock.forward):
 
 and `ForwardBuilder.layer` is written in that order. Every decision about how an op runs is made
 here, once, and carried by the op's fields: which norm is fused into which GEMV, whether a GEMV
-reads int8 activations and which decode variant it runs, which epilogue it has (bias, residual,
+reads int8 activations and which decode variant or prefill GEMM tile it runs, which epilogue it has (bias, residual,
 activation, softcap, quantizing the next GEMV's int8 row, RoPE + KV append), which attention
 kernel. models/lower.py turns each op into a kernel and its bindings without looking at names.
 
@@ -45,9 +45,16 @@ from dataclasses import dataclass, replace
 from ..gpu.base import Buffer
 from ..graph import Graph, T
 from ..kernels.attention import AttentionCombineKernel, AttentionKernel
-from ..kernels.autotune import choose_attention, choose_cols, choose_gemv, choose_qout
+from ..kernels.autotune import (
+    choose_attention,
+    choose_cols,
+    choose_gemm,
+    choose_gemv,
+    choose_qout,
+    static_gemm,
+)
 from ..kernels.base import ceil_div
-from ..kernels.linear import GemvVariant
+from ..kernels.linear import GemmVariant, GemvVariant
 from ..kernels.lora import u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
@@ -135,8 +142,8 @@ class Linear(Op):
                                  # writes elsewhere instead (RoPE; the chain's gate/up)
     w: GPUWeight
     w2: GPUWeight | None = None
-    int8_input: bool = False     # x is an int8 row (integer-dot GEMV)
-    variant: GemvVariant         # decode GEMV variant (kernels/autotune.py); the GEMM: the default
+    int8_input: bool = False     # x is an int8 row (integer-dot GEMV / GEMM)
+    variant: GemvVariant | GemmVariant   # decode: the GEMV variant, prefill: the GEMM's (kernels/autotune.py)
     norm: Buffer | None = None   # RMSNorm of x fused in (float input: the weight is bound here)
     pre_norm: bool = False       # x is normalised in the GEMV (float: with `norm`; int8: 1/rms only)
     x_partials: int | None = None   # int8 input from a quantizing epilogue: its partial sums of x^2
@@ -209,15 +216,20 @@ class ForwardBuilder:
         self.streams, self.tree = streams, tree
         if tree and not all_logits:
             raise ValueError("tree verification needs every row's logits (all_logits)")
-        # int8 activations per GEMV role (decode kernels only; the model's choice)
-        self.int8 = {r: stage == "decode" and v for r, v in m.int8_roles.items()}
+        # int8 activations per GEMV role (the model's choices): decode GEMVs by role; the prefill
+        # GEMMs of the layers all or none (a quantize op before each, as the decode GEMVs without
+        # the chain), the prefill head (decode kernels on the last row) keeps the float GEMV
+        if stage == "decode":
+            self.int8 = dict(m.int8_roles)
+        else:
+            self.int8 = {r: m.prefill_int8 and r != "head" for r in m.int8_roles}
         self.int8["head"] = self.int8["head"] and not all_logits
-        # the int8 chain: each layer's GEMVs write the next GEMV's int8 rows themselves
-        self.chain = m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
-        # the QKV GEMV applies RoPE, the Q relayout and the KV append: the integer-dot one, or
-        # the float decode one where its variant computes rows in subgroups
-        self.rope_epilogue = not cfg.qk_norm and not tree and (
-            self.int8["qkv"] or (fuse and stage == "decode" and self._float_rope_epilogue()))
+        # the int8 chain (decode): each layer's GEMVs write the next GEMV's int8 rows themselves
+        self.chain = stage == "decode" and m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
+        # the QKV GEMV applies RoPE, the Q relayout and the KV append (decode): the integer-dot
+        # one, or the float one where its variant computes rows in subgroups
+        self.rope_epilogue = not cfg.qk_norm and not tree and stage == "decode" and (
+            self.int8["qkv"] or (fuse and self._float_rope_epilogue()))
         # the O projection's int8 row written by the attention combine; not with LoRA, whose
         # shrink reads the float attention rows (a quantize op makes the int8 row instead)
         self.combine_quant = (self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
@@ -291,7 +303,8 @@ class ForwardBuilder:
         if self.rope_epilogue:
             variant = self._variant(lw.wqkv, int8=int8)
             if not int8:   # the float GEMV's subgroups compute pairs of rows: twice the chosen rows,
-                variant = replace(variant, rows=2 * variant.rows)   # or half its subgroups idle
+                # or half its subgroups idle (and one rotation pair per subgroup: no mrows)
+                variant = replace(variant, rows=2 * variant.rows, mrows=1)
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
@@ -379,11 +392,14 @@ class ForwardBuilder:
         stage = "decode" if last else self.stage
         sharded = len(m.output_shards) > 1
         for w in m.output_shards:
-            variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql") if stage == "decode" else GemvVariant()
-            if stage == "decode" and not last:   # every row's logits: the streams' rows as columns
-                variant = self._cols(variant, w, None)
-            if variant.rows * m.dev.max_workgroups < w.o:
-                variant = replace(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
+            if stage == "decode":
+                variant = choose_gemv(m.dev, w, enabled=m.autotune, int8=x == "xql")
+                if not last:   # every row's logits: the streams' rows as columns
+                    variant = self._cols(variant, w, None)
+                if variant.rows * m.dev.max_workgroups < w.o:
+                    variant = replace(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
+            else:   # every row's logits: the float GEMM (the vocabulary's y is too big to time)
+                variant = static_gemm(m.dev, w)
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
                          variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
@@ -462,12 +478,13 @@ class ForwardBuilder:
         c = self._variant(self.m.layers[0].wqkv)
         return c.variant in ("subgroup", "wide") and c.rows % 2 == 0
 
-    def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> GemvVariant:
-        """The decode GEMV variant measured fastest on this adapter (the GEMM has one)."""
+    def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> GemvVariant | GemmVariant:
+        """The decode GEMV variant or the prefill GEMM configuration measured fastest on this
+        adapter (the static rule where it is not measured)."""
         m = self.m
-        if self.stage != "decode":
-            return GemvVariant()
-        return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
+        if self.stage == "decode":
+            return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
+        return choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8)
 
     def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
         """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""

@@ -21,7 +21,7 @@ from ..gpu.base import STORAGE, Buffer, Device
 from ..kernels.autotune import choose_layout
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
 from ..kernels.weights import GPUWeight
-from .choices import Int8Choice, choose_int8
+from .choices import Int8Choice, choose_int8, choose_prefill_int8
 from .footprint import binding_limit, check_limits
 from .manifest import LayerManifest, Matrix, kv_cache_bytes, model_manifest
 
@@ -77,6 +77,7 @@ class GPUModel:
 
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
                  progress=None, autotune: bool = True, int8_activations: bool | dict | None = None,
+                 prefill_int8: bool | None = None,
                  max_binding_bytes: int | None = None):
         """max_binding_bytes: hold no weight buffer larger than this (below the adapter's limits):
         the token embedding / LM head split into row shards at this size, other weights must fit."""
@@ -113,6 +114,8 @@ class GPUModel:
                                if cfg.rope_local_theta else self.inv_freq)
         self._tensors = None
         self.int8_choice: Int8Choice = choose_int8(self, int8_activations)
+        # the layers' prefill GEMMs on int8 rows (choices.choose_prefill_int8)
+        self.prefill_int8: bool = choose_prefill_int8(self, prefill_int8)
 
     @property
     def int8_roles(self) -> dict:

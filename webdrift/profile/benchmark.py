@@ -80,13 +80,13 @@ def model_label(src) -> tuple[str, str]:
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
-                 autotune=True):
+                 autotune=True, prefill_kernels: str = "auto"):
     """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
     assembly path (runtime/loading.py)."""
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
     options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations,
-                            autotune=autotune)
+                            autotune=autotune, prefill_kernels=prefill_kernels)
     return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
@@ -105,6 +105,18 @@ async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
     roof["compute"] = await ameasure_peaks(dev, reps=3 if quick else 5, workgroups=16 if quick else 2048,
                                            iters=64 if quick else 1024)
     return roof
+
+
+def prefill_kernels_used(eng) -> tuple[str, str | None]:
+    """What the engine's prefill runs: ("gemv" | "gemm_float" | "gemm_int8", the first layer GEMM's
+    tile as BMxBN/TMxTN/kK[/db][/f16], or None for the GEMVs)."""
+    from ..models.forward import Linear
+    if eng.prefill.stage == "decode":
+        return "gemv", None
+    kind = "gemm_int8" if eng.model.prefill_int8 else "gemm_float"
+    v = next(op.variant for op in eng.prefill.graph.ops if isinstance(op, Linear) and not op.head)
+    tile = (f"{v.bm}x{v.bn}/{v.tm}x{v.tn}/k{v.kstep}" + ("/db" if v.double else "") + ("/f16" if v.f16_tiles else ""))
+    return kind, tile
 
 
 def prefill_pct_compute(prefill_tps: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
@@ -159,12 +171,15 @@ def empty_row(base: dict, p: int, m: int, **kw) -> dict:
 
 async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
-                       streams: list[int] | None = None, peak_tflops: float | None = None) -> list[dict]:
+                       streams: list[int] | None = None, peak_tflops: float | None = None,
+                       prefill_kernels: str = "auto", int8_peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     progress(phase, done, total): "load", "tune" (queued kernel measurements) and "run".
     streams: also decode k streams together per protocol (row["streams"]);
-    peak_tflops: the compute peak the prefill GEMM's arithmetic runs at (f32 today), for each row's
-    prefill_pct_compute (weights' FLOPs per token, profile/compute.py)."""
+    peak_tflops: the compute peak the float prefill GEMM's arithmetic runs at (f32), for each row's
+    prefill_pct_compute (weights' FLOPs per token, profile/compute.py); int8_peak_tflops: the
+    dot4I8Packed peak, used instead where the prefill runs the int8 GEMM; prefill_kernels: the
+    engine option (bench --prefill-kernels), the row says what ran (prefill_kernels, prefill_tile)."""
     from ..kernels import autotune as tuner
     from ..models.footprint import decode_read_bytes, plan_weights
     from ..profile.roofline import decode_ceiling
@@ -187,7 +202,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     eng = None
     try:
         progress("load", 0, 1)
-        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune)
+        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels)
         await dev.check_errors()
         queued = tuner.pending(dev)
         if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
@@ -196,9 +211,12 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             eng = None
             gc.collect()
             before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
-            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune)
+            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels)
             await dev.check_errors()
         progress("load", 1, 1)
+        base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
+        if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
+            peak_tflops = int8_peak_tflops
         base["int8_activations"] = eng.model.int8
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain

@@ -238,6 +238,8 @@ class Engine:
         t0 = time.perf_counter()
         self.model = GPUModel(dev, source, max_context, options.weight_format, progress, autotune=options.autotune,
                               int8_activations=options.int8_activations,
+                              # the GEMMs' int8 rows: forced, refused, or chosen (not measured for GEMVs)
+                              prefill_int8=False if gemv else {"gemm_int8": True, "gemm_float": False}.get(pk),
                               max_binding_bytes=options.max_binding_bytes)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")

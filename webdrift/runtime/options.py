@@ -12,7 +12,9 @@ from ..errors import InvalidArgumentError
 from ..models.manifest import WEIGHT_FORMATS
 
 LAYOUTS = ("linear", "sliced")
-PREFILL_KERNELS = ("auto", "gemm", "gemv")
+# gemm: the GEMMs, int8 on q4/q8 layers where choices.choose_prefill_int8 says so; gemm_float /
+# gemm_int8: the float / the int8 GEMM forced (tests; int8 on software adapters)
+PREFILL_KERNELS = ("auto", "gemm", "gemv", "gemm_float", "gemm_int8")
 
 
 def _is_int(v) -> bool:
@@ -30,7 +32,7 @@ class EngineOptions:
     fuse: bool = True                     # fold RMSNorms into the linear layers that consume them
     autotune: bool | str = True           # time kernel variants on this adapter at first use (cached);
                                           # "force": on software adapters too (tests)
-    prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters)
+    prefill_kernels: str = "auto"         # gemm | gemv | auto (gemv on software adapters) | gemm_float | gemm_int8
     int8_activations: bool | dict | None = None   # None: measured per role; True / False; {role: bool}
     max_binding_bytes: int | None = None  # cap on each weight buffer (None: the adapter's limit)
     enable_lora: bool = False             # build the programs with LoRA slots (load(loras=...) sets it)
@@ -54,7 +56,7 @@ class EngineOptions:
         if not isinstance(self.autotune, bool) and self.autotune != "force":
             bad("autotune", 'must be True, False or "force" (measure on software adapters too)')
         if self.prefill_kernels not in PREFILL_KERNELS:
-            bad("prefill_kernels", "choose auto, gemm or gemv")
+            bad("prefill_kernels", f"choose one of {', '.join(PREFILL_KERNELS)}")
         i8 = self.int8_activations
         if isinstance(i8, dict):
             # the role names are the model's (GPUModel checks them); here only the shape

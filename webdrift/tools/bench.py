@@ -53,6 +53,7 @@ from ..profile.benchmark import (  # the protocol and schema, shared with the br
     parse_protocol,
     prompt_ids,
 )
+from ..runtime.options import PREFILL_KERNELS
 from ..weights.synthetic import PRESETS, QUANTS, check_choice
 
 BIG_SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
@@ -194,7 +195,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
                 streams: list[int] | None = None, peak_tflops: float | None = None,
-                lora_rank: int | None = None) -> list[dict]:
+                lora_rank: int | None = None, prefill_kernels: str = "auto",
+                int8_peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
@@ -205,7 +207,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     from ..runtime.engine import _run
     log = log or (lambda s: None)
     rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
-                             int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops))
+                             int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
+                             prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -312,7 +315,9 @@ def run_bench(args, dev=None, log=None) -> dict:
                                llama_bench=getattr(args, "llama_bench", None),
                                streams=parse_streams(getattr(args, "streams", None)),
                                peak_tflops=roof["compute"]["f32"]["tflops"],
-                               lora_rank=getattr(args, "lora_rank", None))
+                               lora_rank=getattr(args, "lora_rank", None),
+                               prefill_kernels=getattr(args, "prefill_kernels", "auto"),
+                               int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"))
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -353,8 +358,14 @@ def _peer_cell(p: dict | None) -> str:
             f"{_fmt(p.get('prefill_tps'), '.0f')} ({_fmt(p.get('prefill_ratio'), '.2f')}x)")
 
 
+def _prefill_cell(r: dict) -> str:
+    """The prefill's % of the compute peak, with the kernels and tile that ran."""
+    what = ", ".join(str(v) for v in (r.get("prefill_kernels"), r.get("prefill_tile")) if v)
+    return f"{_fmt(r.get('prefill_pct_compute'), '.2f')}" + (f" ({what})" if what else "")
+
+
 def format_table(report: dict, markdown: bool = False) -> str:
-    head = ["model", "quant", "prompt/new", "prefill tok/s", "prefill % f32 peak", "decode tok/s", "% roofline",
+    head = ["model", "quant", "prompt/new", "prefill tok/s", "prefill % peak (kernels, tile)", "decode tok/s", "% roofline",
             "ceiling tok/s", "peak GPU mem", "load s", "ttft s", "llama.cpp decode / prefill tok/s (wd/peer)",
             "HF eager decode / prefill tok/s (wd/peer)", "CUDA graph decode / prefill tok/s (wd/peer)"]
     rows = []
@@ -365,7 +376,7 @@ def format_table(report: dict, markdown: bool = False) -> str:
                          "error: " + r["error"][:90], "", "", "", "", "", "", "", "", "", ""])
             continue
         rows.append([r["model"], r["quant"], f"{r['prompt_tokens']}/{r['new_tokens']}", _fmt(r["prefill_tps"]),
-                     _fmt(r.get("prefill_pct_compute"), ".2f"), _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
+                     _prefill_cell(r), _fmt(r["decode_tps"]), _fmt(r["pct_roofline"]), _fmt(r["roofline_decode_tps"], ".0f"),
                      _gib(r["peak_gpu_bytes"]), _fmt(r["load_s"], ".2f"), _fmt(r["ttft_s"], ".3f"),
                      _peer_cell(pr.get("llama_cpp")), _peer_cell(pr.get("hf_eager")), _peer_cell(pr.get("cuda_graph"))])
     if any(r.get("lora") for r in report["results"]):   # bench --lora-rank
@@ -506,6 +517,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--streams", default=None, metavar="K[,K...]",
                    help="also decode K streams together per protocol (generate n=K): aggregate decode tok/s and "
                         "its ratio to one stream")
+    p.add_argument("--prefill-kernels", choices=PREFILL_KERNELS, default="auto",
+                   help="prefill kernels: auto, gemm (int8 GEMM on q4/q8 where the GPU has integer dot products), "
+                        "gemm_float / gemm_int8 (forced), gemv (default auto)")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
     p.add_argument("--speculative", default=None, metavar="MODE",

@@ -1,0 +1,180 @@
+"""The prefill GEMMs (LinearKernel, stage "prefill"): their typed configuration (GemmVariant)
+and the code generation of their templates' unrolled parts.
+
+  float  wgsl/linear_gemm.wgsl      x (f32 activations) times any weight format, dequantized
+                                    through w_read4 into workgroup memory (f32, or f16 tiles)
+  int8   wgsl/linear_gemm_i8.wgsl   int8 activation rows (kernels/quantize.py) times q8 / q4 weight
+                                    blocks with dot4I8Packed, the scales applied per 32-block
+
+Both: a workgroup computes a BM-token x BN-output tile, invocation (ty, tx) a TM x TN register
+block of tokens ty + i * NTY and outputs tx + j * NTX (NTY = BM / TM, NTX = BN / TN: strided, so
+a subgroup's reads of workgroup memory are consecutive vec4s and its stores of y consecutive
+outputs). K advances KSTEP units per step (float: 4-input slices; int8: 32-blocks); with
+`double` the next step's tiles are fetched into registers before the current step's products and
+stored into the other buffer after them (one barrier per step). This module writes the register
+block (named accumulators: arrays indexed in loops can end up in local memory) and the
+fetch / store slots; the templates hold the structure.
+Must not: import numpy or wgpu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
+WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
+
+
+@dataclass(frozen=True)
+class GemmVariant:
+    """A prefill GEMM configuration (kernels/autotune.py's choice or the static rule).
+    int8: the integer-dot GEMM (int8 rows from QuantizeKernel x q8 / q4 weights)."""
+    int8: bool = False
+    bm: int = 64              # tokens per workgroup tile
+    bn: int = 64              # outputs per workgroup tile
+    tm: int = 4               # tokens per invocation
+    tn: int = 4               # outputs per invocation
+    kstep: int = 4            # per K step: float: 4-input slices; int8: 32-blocks
+    double: bool = False      # double-buffered tiles, one barrier per K step
+    f16_tiles: bool = False   # float: weight tiles as f16 in workgroup memory (needs shader-f16)
+
+    @property
+    def wg(self) -> int:
+        """Invocations per workgroup."""
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    def check(self) -> None:
+        if min(self.bm, self.bn, self.tm, self.tn, self.kstep) < 1 or self.bm % self.tm or self.bn % self.tn:
+            raise ValueError(f"a GEMM tile of {self.bm} x {self.bn} needs register blocks that divide it, "
+                             f"not {self.tm} x {self.tn}")
+        if self.int8 and self.f16_tiles:
+            raise ValueError("f16 tiles are a float-GEMM option")
+
+    def check_weight(self, fmt: str) -> None:
+        if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
+            raise ValueError(f"f16 GEMM tiles are for f16 weights, not {fmt}")
+
+    def workgroup_bytes(self, dual: bool, pre_norm: bool = True) -> int:
+        """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
+        nbuf = 2 if self.double else 1
+        nw = 2 if dual else 1
+        if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
+            per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
+            return nbuf * per + (4 * self.bm if pre_norm else 0)
+        per = self.bm * self.kstep * 16 + nw * self.bn * self.kstep * (8 if self.f16_tiles else 16)
+        return nbuf * per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
+
+    def fits(self, dev, dual: bool, pre_norm: bool = True) -> bool:
+        """Whether the adapter runs this configuration (invocations, workgroup memory, f16); the
+        choice counts the fused norm's scratch always, so it holds for every fusion."""
+        lim = dev.info.limits
+        return (self.wg <= int(lim.get("max-compute-invocations-per-workgroup", WG_LIMIT_DEFAULT))
+                and self.workgroup_bytes(dual, pre_norm) <= int(lim.get("max-compute-workgroup-storage-size",
+                                                                        WGMEM_LIMIT_DEFAULT))
+                and (not self.f16_tiles or dev.has_f16))
+
+
+def _slots(n_items: int, wg: int) -> int:
+    return -(-n_items // wg)
+
+
+def _store(tm: int, tn: int, dual: bool, inv: str) -> str:
+    """The epilogue of the register block: every valid (token, output) through linear_common's
+    epilogue(); inv(i): the row's 1/rms expression (or "")."""
+    L = []
+    for i in range(tm):
+        L.append(f"  let tr{i} = t0 + ty + {i}u * NTY;")
+        L.append(f"  if (tr{i} < T) {{")
+        s = inv(i)
+        for j in range(tn):
+            g = f"{s}c{i}_{j}"
+            u = f"{s}d{i}_{j}" if dual else g
+            L.append(f"    if (o0 + tx + {j}u * NTX < w_O) {{ epilogue(tr{i}, o0 + tx + {j}u * NTX, {g}, {u}); }}")
+        L.append("  }")
+    return "\n".join(L)
+
+
+def _acc_decl(tm: int, tn: int, dual: bool) -> str:
+    names = [f"c{i}_{j}" for i in range(tm) for j in range(tn)]
+    if dual:
+        names += [f"d{i}_{j}" for i in range(tm) for j in range(tn)]
+    return "\n".join(f"  var {n} = 0.0;" for n in names)
+
+
+def _fetch_put(n_x: int, n_w: int, wg: int, k0: str, buf: str, tag: str) -> tuple[str, str]:
+    """Fetch slots into registers (k0: the step's first K unit) and their stores into buffer buf."""
+    f, p = [], []
+    for k in range(_slots(n_x, wg)):
+        f.append(f"    let {tag}x{k} = fetch_x(lid + {k * wg}u, t0, {k0}, T);")
+        p.append(f"    put_x({buf}, lid + {k * wg}u, {tag}x{k});")
+    for k in range(_slots(n_w, wg)):
+        f.append(f"    let {tag}w{k} = fetch_w(lid + {k * wg}u, o0, {k0});")
+        p.append(f"    put_w({buf}, lid + {k * wg}u, {tag}w{k});")
+    return "\n".join(f), "\n".join(p)
+
+
+def _common(v: GemmVariant, n_x: int, n_w: int) -> dict:
+    fetch0, put0 = _fetch_put(n_x, n_w, v.wg, "0u", "0u", "p")
+    fetch_next, put_next = _fetch_put(n_x, n_w, v.wg, "(k + 1u) * KS", "1u - cur", "n")
+    fetch, put = _fetch_put(n_x, n_w, v.wg, "k * KS", "0u", "n")
+    nbuf = 2 if v.double else 1
+    return {"XS_N": nbuf * v.bm * v.kstep, "WS_N": nbuf * v.bn * v.kstep,
+            "XSC_N": nbuf * v.bm * v.kstep, "WSC_N": nbuf * v.bn * v.kstep, "BM": v.bm, "BN": v.bn, "KS": v.kstep, "NTX": v.bn // v.tn, "NTY": v.bm // v.tm, "WG": v.wg,
+            "NBUF": 2 if v.double else 1, "DB": v.double, "FETCH0": fetch0, "PUT0": put0,
+            "FETCH_NEXT": fetch_next, "PUT_NEXT": put_next, "FETCH": fetch, "PUT": put}
+
+
+def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
+    """Defines of wgsl/linear_gemm.wgsl."""
+    v.check()
+    body = []
+    for s in range(v.kstep):
+        body.append("    {")
+        body += [f"      let a{i} = xs[xb + {s}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
+        for name, arr, acc in (("b", "ws", "c"), ("e", "ws2", "d")) if dual else (("b", "ws", "c"),):
+            body += [f"      let {name}{j} = vec4<f32>({arr}[wb + {s}u * BN + tx + {j}u * NTX]);" for j in range(v.tn)]
+            body += [f"      {acc}{i}_{j} += dot(a{i}, {name}{j});" for i in range(v.tm) for j in range(v.tn)]
+        body.append("    }")
+    wg = v.wg
+    rp = max(1, wg // v.bm)                # invocations per row in the 1/rms prologue
+    return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
+            "COMPUTE": "\n".join(body), "WT": "vec4<f16>" if v.f16_tiles else "vec4<f32>",
+            "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if pre_norm else (lambda i: "")),
+            "RP": rp, "RS": wg // rp}
+
+
+def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
+    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8" or "q4"; the scale products per block:
+    q8 d_w d_x isum, q4 d_w d_x isum + m_w s_x)."""
+    v.check()
+    body = []
+    q4 = fmt == "q4"
+    parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
+        (("b", "ws", "n", "wsc", "wd", "c"),)
+    for kb in range(v.kstep):
+        body.append(f"    {{   // block {kb} of the step")
+        body += [f"    var {isum}{i}_{j} = 0;" for _, _, isum, *_ in parts for i in range(v.tm) for j in range(v.tn)]
+        for h in range(2):
+            body.append("    {")
+            body += [f"      let a{i} = xs[xb + {2 * kb + h}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
+            for name, arr, isum, *_ in parts:
+                body += [f"      let {name}{j} = {arr}[wb + {2 * kb + h}u * BN + tx + {j}u * NTX];" for j in range(v.tn)]
+                for i in range(v.tm):
+                    for j in range(v.tn):
+                        terms = " + ".join(f"dot4I8Packed(a{i}.{c}, {name}{j}.{c})" for c in "xyzw")
+                        body.append(f"      {isum}{i}_{j} += {terms};")
+            body.append("    }")
+        body.append("    {")
+        body += [f"      let xd{i} = xsc[xb2 + {kb}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
+        for _, _, isum, sarr, sn, acc in parts:
+            body += [f"      let {sn}{j} = {sarr}[wb2 + {kb}u * BN + tx + {j}u * NTX];" for j in range(v.tn)]
+            for i in range(v.tm):
+                for j in range(v.tn):
+                    line = f"      {acc}{i}_{j} += f32({isum}{i}_{j}) * (xd{i}.x * {sn}{j}.x)"
+                    body.append(line + (f" + {sn}{j}.y * xd{i}.y;" if q4 else ";"))
+        body.append("    }")
+        body.append("    }")
+    nbuf = 2 if v.double else 1
+    return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
+            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4,
+            "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
