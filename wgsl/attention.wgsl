@@ -15,7 +15,7 @@
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
 var<workgroup> sc: array<vec4<f32>, {{CHUNK4}}>;
-var<workgroup> red: array<f32, {{REDW}}>;     // max(CHUNK, NJ * DH)
+var<workgroup> red: array<f32, {{CHUNK}}>;
 
 @compute @workgroup_size({{CHUNK}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -41,18 +41,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var s = -3.0e38;
   if (vis) {
     let kb = (kvh * CAP + k) * (DH / 4u);
-    // four independent chains: four K loads in flight (one dependent load per iteration waits a
-    // full memory latency per vec4)
-    var acc = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-    var d = 0u;
-    for (; d + 4u <= DH4; d += 4u) {
-      acc += dot(qs[d], kc[kb + d]);
-      a1 += dot(qs[d + 1u], kc[kb + d + 1u]);
-      a2 += dot(qs[d + 2u], kc[kb + d + 2u]);
-      a3 += dot(qs[d + 3u], kc[kb + d + 3u]);
-    }
-    for (; d < DH4; d++) { acc += dot(qs[d], kc[kb + d]); }
-    s = score(acc + (a1 + a2) + a3);
+    var acc = 0.0;
+    for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
+    s = score(acc);
   }
   red[lid] = s;
   workgroupBarrier();
@@ -76,34 +67,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // out[d] = sum_j e_j V[d][k0 + j]: invocation (d, g) sums its group's keys (each streams its own
   // contiguous run of V row d, four keys per load, in four independent chains), then the NJ group
   // sums are added through workgroup memory. Keys past nvis have e = 0 (JL and CAP are multiples
-  // of 4, so the rounded-up run stays inside row d and inside the group). DH > CHUNK (NJ = 1):
-  // invocation lid takes channels lid, lid + CHUNK, ...
+  // of 4, so the rounded-up run stays inside row d and inside the group).
   workgroupBarrier();
+  let d = lid % DH;
   let g = lid / DH;
-  for (var d = lid % DH; d < DH; d += CHUNK) {
-    var acc = 0.0;
-    if (g < NJ) {
-      let vb = ((kvh * DH + d) * CAP + k0) / 4u;
-      let j0 = g * JL / 4u;
-      let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
-      var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-      var j = j0;
-      for (; j + 4u <= j1; j += 4u) {
-        acc += dot(sc[j], vc[vb + j]);
-        a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
-        a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
-        a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
-      }
-      for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
-      acc += (a1 + a2) + a3;
+  var acc = 0.0;
+  if (g < NJ) {
+    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
+    let j0 = g * JL / 4u;
+    let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
+    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+    var j = j0;
+    for (; j + 4u <= j1; j += 4u) {
+      acc += dot(sc[j], vc[vb + j]);
+      a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
+      a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
+      a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
     }
-    if (g < NJ) { red[g * DH + d] = acc; }
+    for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
+    acc += (a1 + a2) + a3;
   }
+  red[lid] = acc;
   workgroupBarrier();
-  for (var d = lid; d < DH; d += CHUNK) {
+  if (lid < DH) {
     var tot = 0.0;
-    for (var k = 0u; k < NJ; k++) { tot += red[k * DH + d]; }
-    part[out + d] = tot;
+    for (var k = 0u; k < NJ; k++) { tot += red[k * DH + lid]; }
+    part[out + lid] = tot;
   }
   if (lid == 0u) { part[out + DH] = m; part[out + DH + 1u] = lsum; }
 }

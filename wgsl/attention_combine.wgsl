@@ -18,25 +18,27 @@ const QSTRIDE: u32 = {{QSTRIDE}}u;
 const DH: u32 = {{DH}}u;
 const GROUP: u32 = {{GROUP}}u;
 const NSPLIT: u32 = {{NSPLIT}}u;
+const NSPLIT4: u32 = {{NSPLIT4}}u;
 const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const WG: u32 = {{WG}}u;
-var<workgroup> ms: array<f32, {{NSPLIT}}>;   // chunk maxima, then their weights exp(m_s - m)
-var<workgroup> ls: array<f32, {{NSPLIT}}>;   // chunk sums, then weighted
+var<workgroup> ms: array<f32, {{NSPLIT4}}>;  // chunk maxima, then their weights exp(m_s - m); padded to 4
+var<workgroup> ls: array<f32, {{NSPLIT4}}>;  // chunk sums, then weighted
 var<workgroup> last: atomic<u32>;             // 1 + the last chunk with a visible key
 var<workgroup> nused: u32;                    // the same, read uniformly
 
-// output channel d: the weighted partials of chunks 0 .. n - 1 in four independent chains, over l
+// output channel d: the weighted partials of chunks 0 .. n - 1 in four independent chains, over
+// l; chunk s always goes to chain s % 4 (groups of four up to n: chunks past the last visible
+// one weigh 0), so a row's sum does not depend on how far the cache's visible chunks reach (a
+// stream's segment lies past other streams': its logits stay a single sequence's, bit for bit)
 fn channel(base: u32, d: u32, l: f32, n: u32) -> f32 {
   var a0 = 0.0; var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
-  var s = 0u;
-  for (; s + 4u <= n; s += 4u) {
+  for (var s = 0u; s < n; s += 4u) {
     let p = base + s * (DH + 2u) + d;
     a0 += wpart(s, p);
     a1 += wpart(s + 1u, p + DH + 2u);
     a2 += wpart(s + 2u, p + 2u * (DH + 2u));
     a3 += wpart(s + 3u, p + 3u * (DH + 2u));
   }
-  for (; s < n; s++) { a0 += wpart(s, base + s * (DH + 2u) + d); }
   return ((a0 + a1) + (a2 + a3)) / l;
 }
 
@@ -52,10 +54,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let base = (kvh * ROWS_CAP + row) * NSPLIT * (DH + 2u);
   if (lid == 0u) { atomicStore(&last, 0u); }
   workgroupBarrier();
-  for (var s = lid; s < NSPLIT; s += WG) {
-    ms[s] = part[base + s * (DH + 2u) + DH];
-    ls[s] = part[base + s * (DH + 2u) + DH + 1u];
-    if (ms[s] > -1.0e38) { atomicMax(&last, s + 1u); }
+  for (var s = lid; s < NSPLIT4; s += WG) {
+    var m_s = -3.0e38;   // the padding chunks: no visible key
+    var l_s = 0.0;
+    if (s < NSPLIT) {
+      m_s = part[base + s * (DH + 2u) + DH];
+      l_s = part[base + s * (DH + 2u) + DH + 1u];
+    }
+    ms[s] = m_s;
+    ls[s] = l_s;
+    if (m_s > -1.0e38) { atomicMax(&last, s + 1u); }
   }
   workgroupBarrier();
   // only the chunks up to the last visible key are read below: the cache's capacity (NSPLIT

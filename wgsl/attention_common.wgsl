@@ -18,7 +18,6 @@ const SCALE: f32 = {{SCALE}};
 const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
 const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
 const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
-const REDW: u32 = {{REDW}}u;  // max(CHUNK, NJ * DH): the output reduction's row
 
 fn score(a: f32) -> f32 {
   var s = a * SCALE;

@@ -9,7 +9,7 @@
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{QS}}>;     // (GROUP, DH / 4)
 var<workgroup> sc: array<vec4<f32>, {{SC}}>;     // (GROUP, CHUNK / 4): exp(s - m), four keys per vec4
-var<workgroup> red: array<f32, {{RED}}>;         // (GROUP, REDW): scores (stride CHUNK), then outputs
+var<workgroup> red: array<f32, {{RED}}>;         // (GROUP, CHUNK)
 var<workgroup> ml: array<f32, {{ML}}>;           // (2, GROUP): m, l per head
 
 // tree reduction of red[h * CHUNK ..] for every head at once (max or sum), then ml[off + h]
@@ -54,17 +54,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (vis) {
     let kb = (kvh * CAP + k) * DH4;
 {{A_DECL}}
-    // four K loads issued before their products (a loop of one dependent load per iteration
-    // waits a full memory latency per vec4)
-    var d = 0u;
-    for (; d + 4u <= DH4; d += 4u) {
-      let kv0 = kc[kb + d];
-      let kv1 = kc[kb + d + 1u];
-      let kv2 = kc[kb + d + 2u];
-      let kv3 = kc[kb + d + 3u];
-{{A_ACC4}}
-    }
-    for (; d < DH4; d++) {
+    for (var d = 0u; d < DH4; d++) {
       let kv = kc[kb + d];
 {{A_ACC}}
     }
@@ -77,34 +67,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) streams its run of V row d four
   // keys per load, each load serving every head (see attention.wgsl for the run bounds)
   let nvis = min(p + 1u - kp0, CHUNK);
+  let d = lid % DH;
   let g = lid / DH;
-  workgroupBarrier();
-  for (var d = lid % DH; d < DH; d += CHUNK) {   // DH > CHUNK (NJ = 1): channels lid, lid + CHUNK, ...
 {{O_DECL}}
-    if (g < NJ) {
-      let vb = ((kvh * DH + d) * CAP + k0) / 4u;
-      let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
-      var j = g * JL / 4u;
-      for (; j + 4u <= j1; j += 4u) {
-        let v0 = vc[vb + j];
-        let v1 = vc[vb + j + 1u];
-        let v2 = vc[vb + j + 2u];
-        let v3 = vc[vb + j + 3u];
-{{O_ACC4}}
-      }
-      for (; j < j1; j++) {
-        let v = vc[vb + j];
+  if (g < NJ) {
+    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
+    let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
+    for (var j = g * JL / 4u; j < j1; j++) {
+      let v = vc[vb + j];
 {{O_ACC}}
-      }
-{{RED_O}}
     }
   }
+{{RED_O}}
   workgroupBarrier();
-  for (var d = lid; d < DH; d += CHUNK) {
+  if (lid < DH) {
     for (var h = 0u; h < GROUP; h++) {
       var tot = 0.0;
-      for (var q = 0u; q < NJ; q++) { tot += red[h * REDW + q * DH + d]; }
-      part[out0 + h * ostride + d] = tot;
+      for (var q = 0u; q < NJ; q++) { tot += red[h * CHUNK + q * DH + lid]; }
+      part[out0 + h * ostride + lid] = tot;
     }
   }
   if (lid < GROUP) { part[out0 + lid * ostride + DH] = ml[lid]; part[out0 + lid * ostride + DH + 1u] = ml[GROUP + lid]; }

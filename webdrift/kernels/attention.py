@@ -32,12 +32,10 @@ class AttentionKernel(Kernel):
 
     @classmethod
     def chunk_for(cls, head_dim: int) -> int:
-        """Keys per workgroup: 64 whatever the head size (head_dim > 64: each invocation sums
-        several output channels). Short chunks give decode many workgroups (the cache is split
-        over them like flash-decoding): 256-key chunks left 1B's decode attention at 34 us on an
-        H100 with 64 workgroups, and 128-key chunks for head_dim 128 left 8B's at 23 us per layer
-        with 72 workgroups at a 1.1k context (H100, 2026-11-23)."""
-        return 64
+        """Keys per workgroup: the power of two >= head_dim, at least 64. Short chunks give decode
+        many workgroups (the cache is split over them like flash-decoding; 256-key chunks left
+        1B's decode attention at 34 us on an H100 with 64 workgroups)."""
+        return min(cls.MAX_CHUNK, max(64, 1 << (head_dim - 1).bit_length()))
 
     MAX_GQA = 8   # query heads per KV head the grouped variant unrolls
 
@@ -53,10 +51,9 @@ class AttentionKernel(Kernel):
             raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.MAX_CHUNK}, "
                                         f"got {head_dim}")
         self.CHUNK = self.chunk_for(head_dim)
-        self.head_dim = head_dim
         self.nsplit = ceil_div(cap, self.CHUNK)
         self.group, self.n_kv = n_heads // n_kv, n_kv
-        nj = max(1, self.CHUNK // head_dim)
+        nj = self.CHUNK // head_dim
         if cap % 4 or ceil_div(self.CHUNK, nj) % 4:
             raise ValueError(f"attention reads V four keys at a time: cache rows {cap} must be a multiple of 4")
         b = Bindings()
@@ -68,7 +65,7 @@ class AttentionKernel(Kernel):
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
              "CHUNK4": self.CHUNK // 4, "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": ceil_div(self.CHUNK, nj),
-             "REDW": max(self.CHUNK, nj * head_dim), "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
+             "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
              "ROWS_CAP": rows_cap, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
              "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""}
@@ -78,31 +75,26 @@ class AttentionKernel(Kernel):
                 raise UnsupportedModelError(f"grouped attention unrolls at most {self.MAX_GQA} query heads per KV "
                                             f"head, got {self.group}")
             self.template = "attention_gqa"
-            d.update(self._gqa_code(self.group, max(self.CHUNK, nj * head_dim)))
+            d.update(self._gqa_code(self.group, head_dim))
         super().__init__(dev, d, b, "attention_gqa" if grouped else "attention")
 
-    def _gqa_code(self, group: int, redw: int) -> dict:
-        """attention_gqa.wgsl's per-head statements, unrolled over the group's heads (redw: the
-        per-head row of the output reduction, max(CHUNK, NJ * DH))."""
+    def _gqa_code(self, group: int, head_dim: int) -> dict:
+        """attention_gqa.wgsl's per-head statements, unrolled over the group's heads."""
         hs = range(group)
         j = "\n".join
-        return {"QS": group * self.head_dim // 4, "SC": group * self.CHUNK // 4,
-                "RED": group * redw, "ML": 2 * group,
+        return {"QS": group * head_dim // 4, "SC": group * self.CHUNK // 4,
+                "RED": group * self.CHUNK, "ML": 2 * group,
                 "S_DECL": j(f"  var s{h} = -3.0e38;" for h in hs),
                 "A_DECL": j(f"    var a{h} = 0.0;" for h in hs),
                 "A_ACC": j(f"      a{h} += dot(qs[{h}u * DH4 + d], kv);" for h in hs),
-                "A_ACC4": j(f"      a{h} += (dot(qs[{h}u * DH4 + d], kv0) + dot(qs[{h}u * DH4 + d + 1u], kv1))"
-                            f" + (dot(qs[{h}u * DH4 + d + 2u], kv2) + dot(qs[{h}u * DH4 + d + 3u], kv3));" for h in hs),
                 "S_SET": j(f"    s{h} = score(a{h});" for h in hs),
                 "RED_S": j(f"  red[{h}u * CHUNK + lid] = s{h};" for h in hs),
                 "E_SET": j(f"  let e{h} = select(0.0, exp(s{h} - ml[{h}u]), vis);\n"
                            f"  sc[({h}u * CHUNK + lid) / 4u][lid % 4u] = e{h};\n"
                            f"  red[{h}u * CHUNK + lid] = e{h};" for h in hs),
-                "O_DECL": j(f"    var o{h} = 0.0;" for h in hs),
-                "O_ACC": j(f"        o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
-                "O_ACC4": j(f"        o{h} += (dot(sc[{h}u * CHUNK4 + j], v0) + dot(sc[{h}u * CHUNK4 + j + 1u], v1))"
-                            f" + (dot(sc[{h}u * CHUNK4 + j + 2u], v2) + dot(sc[{h}u * CHUNK4 + j + 3u], v3));" for h in hs),
-                "RED_O": j(f"      red[{h}u * REDW + g * DH + d] = o{h};" for h in hs)}
+                "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
+                "O_ACC": j(f"      o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
+                "RED_O": "  workgroupBarrier();\n" + j(f"  red[{h}u * CHUNK + lid] = o{h};" for h in hs)}
 
     def workgroups(self, t: int):
         if self.grouped:
@@ -129,7 +121,7 @@ class AttentionCombineKernel(Kernel):
         d = {"STEP_DECL": b.step(),
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
-             "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "ROWS_CAP": rows_cap,
+             "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "NSPLIT4": -(-nsplit // 4) * 4, "ROWS_CAP": rows_cap,
              "WG": wg, "QUANT": quant is not None}
         if quant is None:
             d["OUT_DECL"] = b.tensor("out", out)
