@@ -107,29 +107,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 #endif
 {{ACC_DECL}}
-#if DB
-{{FETCH0}}
-{{PUT0}}
-  workgroupBarrier();
-  for (var k = 0u; k < NSTEPS; k++) {
-    let cur = k % 2u;
-    let xb = cur * KS * BM;
-    let wb = cur * KS * BN;
-{{FETCH_NEXT}}
-{{COMPUTE}}
-{{PUT_NEXT}}
-    workgroupBarrier();
-  }
-#else
-  for (var k = 0u; k < NSTEPS; k++) {
-{{FETCH}}
-{{PUT}}
-    workgroupBarrier();
-    let xb = 0u;
-    let wb = 0u;
-{{COMPUTE}}
-    workgroupBarrier();
-  }
-#endif
-{{STORE}}
+#include linear_gemm_loop
 }

@@ -159,33 +159,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 #endif
 {{ACC_DECL}}
-#if DB
-{{FETCH0}}
-{{PUT0}}
-  workgroupBarrier();
-  for (var k = 0u; k < NSTEPS; k++) {
-    let cur = k % 2u;
-    let xb = cur * 2u * KS * BM;
-    let wb = cur * 2u * KS * BN;
-    let xb2 = cur * KS * BM;
-    let wb2 = cur * KS * BN;
-{{FETCH_NEXT}}
-{{COMPUTE}}
-{{PUT_NEXT}}
-    workgroupBarrier();
-  }
-#else
-  for (var k = 0u; k < NSTEPS; k++) {
-{{FETCH}}
-{{PUT}}
-    workgroupBarrier();
-    let xb = 0u;
-    let wb = 0u;
-    let xb2 = 0u;
-    let wb2 = 0u;
-{{COMPUTE}}
-    workgroupBarrier();
-  }
-#endif
-{{STORE}}
+#include linear_gemm_loop
 }

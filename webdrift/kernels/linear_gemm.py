@@ -78,6 +78,12 @@ def _slots(n_items: int, wg: int) -> int:
     return -(-n_items // wg)
 
 
+def _bases(names: tuple, sizes: tuple) -> dict:
+    """linear_gemm_loop.wgsl's tile offsets: `let NAME = cur * SIZE;` (double-buffered) or 0u."""
+    return {"DB_BASES": "\n".join(f"    let {n} = cur * {z};" for n, z in zip(names, sizes)),
+            "SB_BASES": "\n".join(f"    let {n} = 0u;" for n in names)}
+
+
 def _store(tm: int, tn: int, dual: bool, inv: str) -> str:
     """The epilogue of the register block: every valid (token, output) through linear_common's
     epilogue(); inv(i): the row's 1/rms expression (or "")."""
@@ -139,6 +145,7 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
     rp = max(1, wg // v.bm)                # invocations per row in the 1/rms prologue
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
             "COMPUTE": "\n".join(body), "WT": "vec4<f16>" if v.f16_tiles else "vec4<f32>",
+            **_bases(("xb", "wb"), ("KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if pre_norm else (lambda i: "")),
             "RP": rp, "RS": wg // rp}
 
@@ -177,4 +184,5 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
     nbuf = 2 if v.double else 1
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
             "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4,
+            **_bases(("xb", "wb", "xb2", "wb2"), ("2u * KS * BM", "2u * KS * BN", "KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
