@@ -107,6 +107,21 @@ def test_gemm_verification_pass(tiny_path):
         check_same(e, ids, seed=k, max_new_tokens=32, stop_at_eos=False)
 
 
+def test_int8_verification_runs_the_decode_kernels(tiny_path):
+    """With int8 activations (the GPU default for q4 / q8) the tree runs the decode kernels and
+    keeps the int8 LM head on every row, whatever the prefill kernels: a float head there rounded
+    differently from the single-token steps and moved near-ties (lavapipe, q4: the speculative
+    context left the plain greedy output on the first prompt). q8 here: the same tokens."""
+    from webdrift.models.forward import Linear
+    e = webdrift.load(tiny_path, max_context=256, autotune=False, weight_format="q8", int8_activations=True,
+                      prefill_kernels="gemm")
+    for k, ids in enumerate(prompts(4, seed=9)):
+        check_same(e, ids, seed=k, max_new_tokens=24, stop_at_eos=False)
+    prog = e._verifier.program
+    heads = [op for op in prog.graph.ops if isinstance(op, Linear) and op.head]
+    assert prog.stage == "decode" and heads and all(op.int8_input and op.variant.cols > 1 for op in heads)
+
+
 def test_lookup_mode_identical(eng):
     """speculative="lookup" on prompts that repeat themselves: the same tokens as plain decoding."""
     for k, ids in enumerate(prompts(5, seed=5)):

@@ -223,7 +223,9 @@ class ForwardBuilder:
             self.int8 = dict(m.int8_roles)
         else:
             self.int8 = {r: m.prefill_int8 and r != "head" for r in m.int8_roles}
-        self.int8["head"] = self.int8["head"] and not all_logits
+        # every row's logits: the float head (scoring), but a tree verification in the decode
+        # kernels keeps the decode steps' int8 head, so its logits round as theirs do
+        self.int8["head"] = self.int8["head"] and (not all_logits or (tree and stage == "decode"))
         # the int8 chain (decode): each layer's GEMVs write the next GEMV's int8 rows themselves
         self.chain = stage == "decode" and m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
         # the QKV GEMV applies RoPE, the Q relayout and the KV append (decode): the integer-dot

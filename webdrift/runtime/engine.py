@@ -706,7 +706,11 @@ class Engine:
         first use (the arena grows to fit it)."""
         if self._verifier is None:
             self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
-            program = Program(self.model, self._prefill_stage, MAX_TREE, True, self._layout, self.step_buf,
+            # with int8 activations the tree runs the decode kernels (K-column integer-dot GEMVs,
+            # the int8 LM head on every row): a float head or the GEMMs round differently from the
+            # single-token steps, and near-ties then resolve differently (tokens != plain decoding)
+            stage = "decode" if any(self.model.int8_roles.values()) else self._prefill_stage
+            program = Program(self.model, stage, MAX_TREE, True, self._layout, self.step_buf,
                               self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
                               lora=self.lora_pool)
             self._fit_arena(program)
