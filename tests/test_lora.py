@@ -354,7 +354,7 @@ def test_engine_without_lora_slots(setup):
     assert not any("lora" in op.label for op in plain.decode.graph.ops)
 
 
-def test_cli_generate_with_lora(setup):
+def test_cli_generate_with_lora(setup, capsys):
     """`webdrift generate --lora PATH --lora-scale S` gives the API's tokens."""
     import subprocess
     import sys
@@ -371,15 +371,14 @@ def test_cli_generate_with_lora(setup):
     bad = subprocess.run(cmd[:7] + ["/nonexistent/adapter"] + cmd[8:], check=False,
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and "/nonexistent/adapter" in bad.stderr
-    # -n 2 with --lora twice: one adapter per response, the API's per-stream tokens
-    two = cmd[:8] + ["--lora", str(setup["dirs"]["a"]), "-n", "2"] + cmd[8:]
-    out = subprocess.run(two, check=False, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = [r["token_ids"] for r in json.loads(out.stdout)["responses"]]
+    # -n 2 with --lora twice: one adapter per response, the API's per-stream tokens (in-process)
+    from webdrift.tools.cli import main
+    two = cmd[3:8] + ["--lora", str(setup["dirs"]["a"]), "-n", "2"] + cmd[8:]
+    assert main(two) == 0
+    got = [r["token_ids"] for r in json.loads(capsys.readouterr().out)["responses"]]
     want = setup["eng"].generate(prompt, max_new_tokens=6, n=2, lora=["b", "a"], lora_scale=0.75, stop_at_eos=False)
     assert got == [r.token_ids for r in want]
-    three = subprocess.run(two[:-3] + ["-n", "3"] + two[-2:], check=False, capture_output=True, text=True, timeout=600)
-    assert three.returncode == 2 and "--lora given 2 times" in three.stderr
+    assert main(two + ["-n", "3"]) == 2 and "--lora given 2 times" in capsys.readouterr().err
 
 
 def test_damaged_gguf_lora_bytes_give_webdrift_errors(tmp_path):
