@@ -48,8 +48,10 @@ def desktop_report(tmp_path_factory):
 
 
 def test_bench_page_returns_the_desktop_schema(chromium, server, desktop_report, record):
+    # quick=1 as the desktop's --quick: the compute roofline's small grid (its full 2048-workgroup
+    # grid took most of this test's ~285 s on SwiftShader)
     pg = chromium.page(server["url"] + "/bench.html?synthetic=tiny&quant=q4&protocol=8/4&rooflineMiB=4"
-                       "&autotune=false")
+                       "&autotune=false&quick=1")
     t0 = time.time()
     rep = chromium.eval(pg, """async () => {
         await new Promise((r) => { const w = () => window.runBench ? r() : setTimeout(w, 50); w(); });
