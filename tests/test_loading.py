@@ -83,6 +83,16 @@ def test_browser_option_table_covers_every_engine_option():
         engine_options({"prefillChunk": 0})
 
 
+def test_js_generate_options_take_one_adapter_per_response():
+    """generate(p, {numResponses: 3, lora: ["a", null, "b"]}) as the worker hands it over (JSON)."""
+    from webdrift.browser_api import sampling_from_options
+    sp = sampling_from_options(json.loads('{"numResponses": 3, "lora": ["a", null, "b"], "loraScale": 0.5}'))
+    assert (sp.n, sp.lora, sp.lora_scale) == (3, ("a", None, "b"), 0.5)
+    assert sampling_from_options({"numResponses": 2, "lora": ["a", "a"]}).lora == "a"
+    with pytest.raises(InvalidArgumentError, match="n=3"):
+        sampling_from_options({"numResponses": 3, "lora": ["a", "b"]})
+
+
 @pytest.fixture(scope="module")
 def worker_api(smollm2_gguf_path):
     """webdrift.browser_api's worker functions, with a desktop device in place of the page's (its
