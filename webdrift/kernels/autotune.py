@@ -550,26 +550,35 @@ def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
                                  _as_dict(QOUT_STATIC)))
 
 
+def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, UnsupportedModelError, ValueError)):
+    """The fastest of `cands` (a generator, driven like every measurement): build(cand) makes the
+    kernel (a candidate this adapter or weight cannot run raises one of `errors`, or fails to
+    compile, and is skipped), each dispatched on `binds` over t token rows and timed. Returns
+    (the fastest candidate or None, its GPU ns or None)."""
+    best, best_ns = None, None
+    for cand in cands:
+        try:
+            k = build(cand)
+            yield CHECK
+        except errors:
+            continue
+        ns = yield from _time(dev, k.dispatch(binds, k.workgroups(t)))
+        if ns > 0 and (best_ns is None or ns < best_ns):
+            best, best_ns = cand, ns
+    return best, best_ns
+
+
 def _search_qout(dev: Device, w, w2):
     x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
     bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
     sb = _step_buffer(dev)
-    best, best_ns = None, None
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
     try:
-        for cand in QOUT_CANDIDATES:
-            if cand.wg > limit:
-                continue
-            try:
-                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
-                                 epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True)))
-                yield CHECK
-            except (GPUError, UnsupportedModelError, ValueError):
-                continue
-            ns = yield from _time(dev, k.dispatch({"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2),
-                                                   "qout": bufs[2], "qnw": bufs[3]}, k.workgroups(1)))
-            if ns > 0 and (best_ns is None or ns < best_ns):
-                best, best_ns = cand, ns
+        best, _ = yield from _fastest(
+            dev, [c for c in QOUT_CANDIDATES if c.wg <= limit],
+            lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
+                                   epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True))),
+            {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2], "qnw": bufs[3]}, 1)
     finally:
         for b in bufs + [sb]:
             dev.release_buffer(b)
@@ -597,20 +606,13 @@ def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
     x, y, q = xq_desc("x", w.i, t), TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
     bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
     sb = _step_buffer(dev, tokens=t)
-    best, best_ns = None, None
+    binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}
     try:
-        for cand in cands:
-            try:
-                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand,
-                                 epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True) if qout else None))
-                yield CHECK
-            except (GPUError, UnsupportedModelError, ValueError):
-                continue
-            binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}
-            ns = yield from _time(dev, k.dispatch(binds | ({"qout": bufs[2], "qnw": bufs[3]} if qout else {}),
-                                                  k.workgroups(t)))
-            if ns > 0 and (best_ns is None or ns < best_ns):
-                best, best_ns = cand, ns
+        best, _ = yield from _fastest(
+            dev, cands,
+            lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
+                                   epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True) if qout else None)),
+            binds | ({"qout": bufs[2], "qnw": bufs[3]} if qout else {}), t)
     finally:
         for b in bufs + [sb]:
             dev.release_buffer(b)
@@ -676,23 +678,13 @@ def _search_timed(dev: Device, w, w2, int8: bool):
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = _step_buffer(dev)
-    best, best_ns = None, None
+    wide_ok = wide_supported(w.fmt, w.i, w.layout) and (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))
+    cands = [c for c in (BLK_CANDIDATES if int8 else CANDIDATES)
+             if (c.variant not in ("subgroup", "wide") or dev.has_subgroups) and (c.variant != "wide" or wide_ok)]
     try:
-        for cand in (BLK_CANDIDATES if int8 else CANDIDATES):
-            if cand.variant in ("subgroup", "wide") and not dev.has_subgroups:
-                continue
-            if cand.variant == "wide" and not (wide_supported(w.fmt, w.i, w.layout) and
-                                               (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))):
-                continue
-            try:
-                k = LinearKernel(dev, "decode", x, y, w, w2, variant=cand)
-                yield CHECK
-            except (GPUError, UnsupportedModelError):   # a candidate this adapter or weight cannot run
-                continue
-            d = k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(1))
-            ns = yield from _time(dev, d)
-            if ns > 0 and (best_ns is None or ns < best_ns):
-                best, best_ns = cand, ns
+        best, best_ns = yield from _fastest(dev, cands, lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c),
+                                            {"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, 1,
+                                            errors=(GPUError, UnsupportedModelError))
     finally:
         for b in (xb, yb, sb):
             dev.release_buffer(b)
@@ -753,8 +745,7 @@ def _measure_gemm_int8(dev: Device, w, w2):
     rows = GEMM_TUNE_ROWS
     x, xq = TensorDesc("x", w.i, rows), xq_desc("xq", w.i, rows)
     xb, qb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(xq.nbytes, label="tune.xq")
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(rows, 0))
+    sb = _step_buffer(dev, tokens=rows)
     try:
         qk = QuantizeKernel(dev, x, xq, w.fmt)
         yield CHECK
@@ -778,19 +769,11 @@ def _search_gemm(dev: Device, w, w2, int8: bool):
     if y.nbytes > dev.max_binding_size:     # e.g. a large vocabulary's LM head: not timed
         return {**asdict(static_gemm(dev, w, w2, int8)), "best_ns": None}
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
-    sb = dev.create_buffer(STEP_BYTES, UNIFORM, "tune.step")
-    dev.write_buffer(sb, pack_step(rows, 0))
-    best, best_ns = None, None
+    sb = _step_buffer(dev, tokens=rows)
     try:
-        for cand in gemm_candidates(dev, w, w2, int8):
-            try:
-                k = LinearKernel(dev, "prefill", x, y, w, w2, variant=cand)
-                yield CHECK
-            except (GPUError, UnsupportedModelError, ValueError):
-                continue
-            ns = yield from _time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, k.workgroups(rows)))
-            if ns > 0 and (best_ns is None or ns < best_ns):
-                best, best_ns = cand, ns
+        best, best_ns = yield from _fastest(dev, gemm_candidates(dev, w, w2, int8),
+                                            lambda c: LinearKernel(dev, "prefill", x, y, w, w2, variant=c),
+                                            {"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, rows)
     finally:
         for b in (xb, yb, sb):
             dev.release_buffer(b)
