@@ -29,6 +29,13 @@ class Int8Choice:
     chain: bool = False
 
 
+def _layer_int8(dev, lw) -> tuple[list, bool]:
+    """A layer's five weight matrices, and whether they can all read int8 rows on this adapter
+    (q4 / q8 with inputs a multiple of 32, packed integer dot products)."""
+    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+    return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+
+
 def choose_prefill_int8(model, wanted: bool | None) -> bool:
     """Whether the layers' prefill GEMMs read int8 rows (QuantizeKernel + the integer-dot GEMM,
     wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 with inputs a
@@ -38,8 +45,7 @@ def choose_prefill_int8(model, wanted: bool | None) -> bool:
     True: forced (UnsupportedModelError where impossible); False: the float GEMM.
     `model`: dev, layers[0], autotune (a GPUModel)."""
     dev, lw = model.dev, model.layers[0]
-    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-    ok = dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+    mats, ok = _layer_int8(dev, lw)
     if wanted and not ok:
         raise UnsupportedModelError(
             "the int8 prefill GEMM needs q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
@@ -72,8 +78,7 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     dev, cfg, lw = model.dev, model.cfg, model.layers[0]
     roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
              "down": (lw.w_down, None, False), "head": (model.output, None, True)}
-    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
-    ok = dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
+    mats, ok = _layer_int8(dev, lw)
     head_ok = dev.has_dp4a and linear_blk.supported(model.output.fmt, model.output.i)
     possible = chain_possible(dev, cfg)
     if isinstance(wanted, dict):    # per role (unnamed roles: off)
