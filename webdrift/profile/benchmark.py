@@ -91,10 +91,20 @@ def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_acti
     return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
-async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1):
+async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1, lora: str | tuple | None = None):
     from ..runtime.engine import SamplingParams
-    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, n=n)
+    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, n=n, lora=lora)
     return await eng.agenerate(ids, sp)
+
+
+async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None = None) -> float:
+    """Aggregate decode tokens/s of k streams of m tokens after `ids` (lora: one adapter per
+    stream), after an untimed warm-up generation (without it the first k measured held its
+    programs' compile and tuning: 0.68x at k=4 vs 4.2x at k=8, H100 2026-11-23)."""
+    await agenerate_ids(eng, ids, 2, n=k, lora=lora)   # builds (compiles, tunes) the k-row programs
+    rs = await agenerate_ids(eng, ids, m, n=k, lora=lora)
+    dec = rs[0].stats.decode_s
+    return sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
 
 
 async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
@@ -135,17 +145,12 @@ def streams_needed_context(p: int, m: int, k: int) -> int:
 
 async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log) -> dict:
     """Aggregate decode tokens/s of k streams decoded together (for each k of ks), and its ratio
-    to the single stream's decode tokens/s; each k after an untimed warm-up generation (without
-    it the first k measured held its programs' compile and tuning: 0.68x at k=4 vs 4.2x at k=8,
-    H100 2026-11-23). "gemv_cols": the token rows per workgroup of the streams' integer-dot
-    GEMVs (GemvVariant.cols: 8 reads each weight block once for 8 streams; empty without int8
-    activations)."""
+    to the single stream's decode tokens/s (astreams_tps). "gemv_cols": the token rows per
+    workgroup of the streams' integer-dot GEMVs (GemvVariant.cols: 8 reads each weight block once
+    for 8 streams; empty without int8 activations)."""
     out = {}
     for k in ks:
-        await agenerate_ids(eng, ids, 2, n=k)   # builds (compiles, tunes) the k-row programs: not timed
-        rs = await agenerate_ids(eng, ids, m, n=k)
-        dec = rs[0].stats.decode_s
-        total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+        total = await astreams_tps(eng, ids, m, k)
         out[str(k)] = {"decode_tps_total": round(total, 2),
                        "vs_single": round(total / single_tps, 3) if single_tps else None}
         log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")

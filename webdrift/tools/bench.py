@@ -107,10 +107,10 @@ model_spec_label = model_label
 INT8_CHOICES = {"auto": None, "on": True, "off": False}
 
 
-def generate_ids(eng, ids: list[int], new_tokens: int, lora: str | tuple | None = None, n: int = 1):
-    from ..runtime.engine import SamplingParams, _run
-    sp = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, seed=0, stop_at_eos=False, lora=lora, n=n)
-    return _run(eng.agenerate(ids, sp))
+def generate_ids(eng, ids: list[int], new_tokens: int, lora: str | None = None):
+    from ..profile.benchmark import agenerate_ids
+    from ..runtime.engine import _run
+    return _run(agenerate_ids(eng, ids, new_tokens, lora=lora))
 
 
 def random_lora(cfg, rank: int, seed: int):
@@ -138,7 +138,8 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activati
     the LoRA slots built but no adapter applied; the host time of switching adapters; with
     streams, the aggregate decode tok/s of k streams each with its own adapter (generate(n=k,
     lora=[...]): no shared prompt, so the context holds k copies of it)."""
-    from ..runtime.engine import SamplingParams
+    from ..profile.benchmark import astreams_tps
+    from ..runtime.engine import SamplingParams, _run
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
     ks = streams or []
@@ -162,10 +163,7 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activati
             out[f"{p}/{m}"] = {"decode_tps": round(on, 2), "slots_no_adapter_decode_tps": round(off, 2)}
             log(f"  {p}/{m} LoRA rank {rank}: decode {on:.1f} tok/s with the adapter, {off:.1f} without")
             for k in ks:   # k streams, one adapter each
-                generate_ids(eng, ids[:p], 2, lora=names[:k], n=k)     # builds the k-row programs: not timed
-                rs = generate_ids(eng, ids[:p], m, lora=names[:k], n=k)
-                dec = rs[0].stats.decode_s
-                total = sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+                total = _run(astreams_tps(eng, ids[:p], m, k, lora=names[:k]))
                 out[f"{p}/{m}"].setdefault("streams", {})[str(k)] = {"decode_tps_total": round(total, 2)}
                 log(f"    {k} streams, one adapter each: {total:.1f} tok/s together")
         n = 200
