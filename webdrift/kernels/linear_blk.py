@@ -127,6 +127,16 @@ def acc_decl(rows: int, dual: bool, cols: int = 1) -> str:
     return "\n".join(f"  var {v} = 0.0;" for v in names)
 
 
+def _tree_sum(n: int) -> list[str]:
+    """WGSL lines: the workgroup-memory tree sum of n values per invocation (red[r * WG + lid]),
+    for adapters without subgroups."""
+    return ["  workgroupBarrier();",
+            "  for (var k = WG / 2u; k > 0u; k >>= 1u) {",
+            f"    if (lid < k) {{ for (var r = 0u; r < {n}u; r++) {{ red[r * WG + lid] += red[r * WG + lid + k]; }} }}",
+            "    workgroupBarrier();",
+            "  }"]
+
+
 def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1) -> str:
     """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r
     (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1)."""
@@ -145,12 +155,7 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
         L.append("    red[lid * WG] = tot;")
         L.append("  }")
     else:
-        L = [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)]
-        L.append("  workgroupBarrier();")
-        L.append("  for (var k = WG / 2u; k > 0u; k >>= 1u) {")
-        L.append(f"    if (lid < k) {{ for (var r = 0u; r < {len(names)}u; r++) {{ red[r * WG + lid] += red[r * WG + lid + k]; }} }}")
-        L.append("    workgroupBarrier();")
-        L.append("  }")
+        L = [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)] + _tree_sum(len(names))
     L.append("  workgroupBarrier();")
     L.append("  if (lid < ROWS && o0 + lid < w_O) {")
     if rope:
@@ -204,12 +209,7 @@ def _reduce_cols(rows: int, dual: bool, subgroups: bool, rope: bool, cols: int) 
         L.append("    red[j * S] = tot;")
         L.append("  }")
     else:
-        L = ["  let S = WG;"] + [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)]
-        L.append("  workgroupBarrier();")
-        L.append("  for (var k = WG / 2u; k > 0u; k >>= 1u) {")
-        L.append(f"    if (lid < k) {{ for (var r = 0u; r < {len(names)}u; r++) {{ red[r * WG + lid] += red[r * WG + lid + k]; }} }}")
-        L.append("    workgroupBarrier();")
-        L.append("  }")
+        L = ["  let S = WG;"] + [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)] + _tree_sum(len(names))
     L.append("  workgroupBarrier();")
     L.append("  for (var j = lid; j < ROWS * nc; j += WG) {")
     L.append("    let r = j % ROWS;")
