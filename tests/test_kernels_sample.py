@@ -262,3 +262,36 @@ def test_argmax_per_row():
         best = int(np.argmax(vals))                           # first max: spans are in id order
         assert p[t, best, 1] == np.argmax(lg[t])
     assert (p[T:] == 0xDEADBEEF).all()
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_argmax_topk_per_row(k):
+    """topk (tree verification's forecast drafts): every span's k largest logits, best first, ties
+    by lowest id, against numpy's stable sort; a partial last span, a span with fewer entries
+    than k, repeated values inside and across spans, a non-finite logit flagging its span's first
+    entry."""
+    V, span, rows, T = 1027, 256, 5, 4       # spans of 256, 256, 256, 256 and 3 ids
+    rng = np.random.default_rng(20 + k)
+    lg = rng.standard_normal((rows, V)).astype(np.float32)
+    lg[1, [3, 9, 300, 301]] = 7.0                             # ties inside a span and across spans
+    lg[2, :] = np.round(lg[2, :] * 2) / 2                     # many equal values
+    lg[3, 600] = np.inf                                       # span 2 of row 3 is non-finite
+    d = TensorDesc("logits", V, rows)
+    am = ArgmaxKernel(device(), d, V, span=span, per_row=True, topk=k)
+    part = u32_zeros(2 * am.n_parts * k * rows)
+    write_step(T)
+    device().submit([am.dispatch({"step": step_buffer(), "logits": upload(d, lg), "part": part}, am.workgroups(rows))])
+    p = read_u32(part, 2 * am.n_parts * k * rows).reshape(rows, am.n_parts, k, 2)
+    for t in range(T):
+        for s in range(am.n_parts):
+            ids = np.arange(s * span, min(V, (s + 1) * span))
+            seg = lg[t, ids]
+            if not np.isfinite(seg).all():
+                assert p[t, s, 0, 1] == 0xFFFFFFFF
+                continue
+            order = ids[np.argsort(-seg, kind="stable")][:k]   # value descending, then lowest id
+            got = p[t, s, :len(order), 1]
+            assert list(got) == list(order), (t, s)
+            assert np.array_equal(p[t, s, :len(order), 0].view(np.float32), lg[t, order])
+            assert (p[t, s, len(order):, 1] == 0xFFFFFFFE).all()   # past the span's size: no token
+    assert (p[T:] == 0xDEADBEEF).all()

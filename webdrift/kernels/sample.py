@@ -50,21 +50,24 @@ class ArgmaxKernel(Kernel):
     Bindings:
       step    the Step uniform
       logits  (rows, V) activation; row `row` (a WGSL expression) is read; per_row: every row
-      part    (n_parts, 2) u32 (value bits, id) per span; per_row: (rows, n_parts, 2)
+      part    (n_parts, 2) u32 (value bits, id) per span; per_row: (rows, n_parts, 2); topk > 1:
+              (rows, n_parts, topk, 2), each span's topk largest, best first (an entry past the
+              span's size: id NONFINITE_TOKEN - 1)
     Dispatch: (n_parts, 1, 1); per_row: (n_parts, T, 1)."""
     template = "sample_argmax"
 
     def __init__(self, dev: Device, logits: TensorDesc, vocab: int, row: str = "step.last_row", span: int = 4096,
-                 per_row: bool = False):
+                 per_row: bool = False, topk: int = 1):
         """per_row: the spans of every row r < n_tokens at part[r * n_parts ..] (the streams'
         sampler and tree verification read them; `row` is then ignored)."""
         self.n_parts = ceil_div(vocab, span)
         self.per_row = per_row
         b = Bindings()
-        shape = f"({'rows, ' if per_row else ''}{self.n_parts}, 2) (value bits, id) per span"
+        shape = f"({'rows, ' if per_row else ''}{self.n_parts}, {f'{topk}, ' if topk > 1 else ''}2) (value bits, id)"
         d = {"STEP_DECL": b.step(), "L_DECL": b.tensor("logits", logits, var="l"),
              "PART_DECL": b.array("part", "array<u32>", shape, writable=True),
-             "V": vocab, "SPAN": span, "LROW": "r" if per_row else row, "PER_ROW": per_row, "NPART": self.n_parts}
+             "V": vocab, "SPAN": span, "LROW": "r" if per_row else row, "PER_ROW": per_row, "NPART": self.n_parts,
+             "TOPK": topk > 1, "K": topk}
         super().__init__(dev, d, b, "argmax")
 
     def workgroups(self, t: int = 1):

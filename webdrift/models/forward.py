@@ -58,6 +58,7 @@ from ..kernels.linear import GemmVariant, GemvVariant
 from ..kernels.lora import u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
+from ..weights.forecast import MAX_BRANCH as TREE_TOPK
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -75,6 +76,7 @@ class Embed(Op):
     table: GPUWeight             # one row shard of the token embedding (or the whole table)
     sharded: bool                # the table has several shards: write only the ids in this one
     scale: float
+    forecast: bool = False       # ids with the FORECAST_ID bit read a forecast vector (tree verification)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -185,6 +187,7 @@ class Combine(Op):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Argmax(Op):
     per_row: bool = False        # every row's span maxima (the streams, tree verification), not the last row's
+    topk: int = 1                # the k largest logits of each span (tree verification: forecast drafts)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -244,7 +247,7 @@ class ForwardBuilder:
         g = self.g
         for w in self.m.tok_embd_shards:
             g.add(Embed(label="embedding", reads=(), writes=("x",), table=w,
-                        sharded=len(self.m.tok_embd_shards) > 1, scale=self.cfg.embed_scale))
+                        sharded=len(self.m.tok_embd_shards) > 1, scale=self.cfg.embed_scale, forecast=self.tree))
         for i, lw in enumerate(self.m.layers):
             self.layer(i, lw)
         self.lm_head()
@@ -277,8 +280,8 @@ class ForwardBuilder:
         if self.int8["head"]:
             g.tensor("xql", row_words(cfg.dim), rows, layout="linear")
         if not self.all_logits or self.tree:
-            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096), T if self.tree or self.streams else 1,
-                     layout="linear")
+            g.tensor("amax", 2 * ceil_div(cfg.vocab_size, 4096) * (TREE_TOPK if self.tree else 1),
+                     T if self.tree or self.streams else 1, layout="linear")
         if self.lora is not None:
             for i in range(cfg.n_layers):
                 for name, grp in self.lora.groups.items():
@@ -406,7 +409,8 @@ class ForwardBuilder:
                          variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
         if self.tree:
-            g.add(Argmax(label="argmax_rows", reads=("logits",), writes=("amax",), per_row=True, head=True))
+            g.add(Argmax(label="argmax_rows", reads=("logits",), writes=("amax",), per_row=True, head=True,
+                         topk=TREE_TOPK))
         if not self.all_logits:
             per_row = {"per_row": self.streams, **head}
             g.add(Argmax(label="argmax", reads=("logits",), writes=("amax",), **per_row))

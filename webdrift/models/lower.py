@@ -37,6 +37,7 @@ class LowerContext:
     cap_stride: int              # KV cache rows per head
     capacity: int                # tokens per step the program is built for
     tree: Buffer | None = None   # (capacity, ROW_WORDS) u32 tree records (kernels/tree.py), tree programs
+    forecast: Buffer | None = None   # (rows, dim) f32 forecast vectors (DS2D drafts), tree programs
 
     def desc(self, name: str):
         return self.graph.desc(name)
@@ -61,8 +62,10 @@ def lower(op: F.Op, ctx: LowerContext) -> tuple:
 
 
 def _embed(op: F.Embed, c: LowerContext):
-    k = EmbeddingKernel(c.dev, op.table, c.desc("x"), op.scale, shard=op.sharded)
-    return k, {"step": c.step, "ids": c.ids, "w": op.table.buffers, "out": c.arena_range("x")}
+    fc = op.forecast and op.table.row0 == 0
+    k = EmbeddingKernel(c.dev, op.table, c.desc("x"), op.scale, shard=op.sharded, forecast=fc)
+    return k, {"step": c.step, "ids": c.ids, "w": op.table.buffers, "out": c.arena_range("x")} | (
+        {"fc": c.forecast} if fc else {})
 
 
 def _norm(op: F.Norm, c: LowerContext):
@@ -157,7 +160,7 @@ def _combine(op: F.Combine, c: LowerContext):
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
-    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u", per_row=op.per_row)
+    k = ArgmaxKernel(c.dev, c.desc("logits"), c.cfg.vocab_size, row="0u", per_row=op.per_row, topk=op.topk)
     return k, {"step": c.step, "logits": c.arena_range("logits"), "part": c.arena_range("amax")}
 
 

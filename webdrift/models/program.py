@@ -28,14 +28,16 @@ class Program:
 
     def __init__(self, model, stage: str, capacity: int, all_logits: bool, layout: str,
                  step_buf: Buffer, ids_buf: Buffer, out_tokens: Buffer, arena: Buffer | None = None,
-                 fuse: bool = True, streams: bool = False, tree_buf: Buffer | None = None, lora=None):
+                 fuse: bool = True, streams: bool = False, tree_buf: Buffer | None = None, lora=None,
+                 forecast_buf: Buffer | None = None):
         """tree_buf: the per-row tree records (kernels/tree.py) of a tree-verification program
         (models/forward.py's tree option; every row's logits and argmax spans); lora: the engine's
-        LoraPool (LoRA slots in every layer GEMV)."""
+        LoraPool (LoRA slots in every layer GEMV); forecast_buf: a tree program's forecast vectors
+        (kernels/embedding.py)."""
         self.model, self.stage, self.capacity, self.all_logits = model, stage, capacity, all_logits
         self.streams = streams
         self.step_buf, self.ids_buf, self.out_tokens = step_buf, ids_buf, out_tokens
-        self.tree_buf = tree_buf
+        self.tree_buf, self.forecast_buf = tree_buf, forecast_buf
         self.forward = ForwardBuilder(model, stage, capacity, all_logits, layout, fuse, streams=streams,
                                       tree=tree_buf is not None, lora=lora)   # its decisions
         self.graph = self.forward.build()
@@ -63,7 +65,7 @@ class Program:
         if self._kernels is None:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
-                               self.spare, m.cap_stride, self.capacity, self.tree_buf)
+                               self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf)
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)

@@ -28,6 +28,7 @@ from ..errors import (
     shown,
 )
 from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
+from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
 from ..kernels.tree import row_words
@@ -35,17 +36,20 @@ from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
 from ..tokenizer.tokenizer import check_text
+from ..weights.forecast import MAX_FORECAST
 from . import streams
 from .options import EngineOptions
 from .speculative import (
     MAX_TREE,
     BackOff,
     DraftTree,
+    ForecastDrafter,
     TreeVerifier,
     check_mode,
     greedy_walk,
     make_drafter,
     sampled_walk,
+    with_forecast_rows,
 )
 from .streams import FIRST_TOKENS, MAX_STREAMS
 
@@ -594,7 +598,11 @@ class Engine:
             raise InvalidArgumentError("speculative sampling (temperature > 0) reads logits rows in the linear "
                                        "activation layout only: load with layout='linear' or use temperature=0")
         dev, prof, verifier = self.dev, self.profiler, self._tree_verifier()
-        drafter = make_drafter(sp.speculative)
+        drafter = make_drafter(sp.speculative, self.config)
+        # DS2D: m forecast rows under every node of a pass (their vectors in the verifier's buffer)
+        fc = drafter.rows if isinstance(drafter, ForecastDrafter) else 0
+        if fc:
+            verifier.load_forecast(drafter.forecast)
         backoff = BackOff()
         # the prompt, then its first token
         with prof.phase("prefill.submit", tokens=len(ids)):
@@ -610,21 +618,23 @@ class Engine:
         while emitted < budget and not self._stop_requested:
             tree = None
             if backoff.may_draft():
-                # the tree's rows sit at slots pos .. pos + n - 1: all inside the cache
-                tree = drafter.propose(min(MAX_TREE, self.max_context - pos), budget - emitted)
+                # the pass's rows sit at slots pos .. pos + rows - 1: all inside the cache
+                tree = drafter.propose(self._tree_room(pos) // (1 + fc), budget - emitted)
                 if tree is not None:
-                    self._check_tree(tree, last, pos)
+                    self._check_tree(tree, last, pos, 1 + fc)
             if tree is None:
                 n_plain = 0
-                async for tok in self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids)):
+                async for tok in self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids), fc):
                     emitted, n_plain, last = emitted + 1, n_plain + 1, tok
                     drafter.append(tok)
                     yield tok
                 pos += n_plain
                 st.plain_steps += n_plain
                 continue
-            with prof.phase("verify", nodes=len(tree.tokens)):
-                argmax = await verifier.argmax_rows(tree, pos, emitted, sp)
+            nodes = len(tree.tokens)
+            with prof.phase("verify", nodes=nodes):
+                argmax = await verifier.argmax_rows(with_forecast_rows(tree, fc) if fc else tree, pos, emitted, sp,
+                                                    nodes)
             if sp.temperature == 0.0:
                 for t in argmax:
                     self._check_token(t, emitted, len(ids))
@@ -634,17 +644,24 @@ class Engine:
                 toks, path = await sampled_walk(tree, lambda row, at=pos: verifier.row_probs(row, sp, at), rng)
             verifier.compact_path(path, pos)
             st.spec_passes += 1
-            st.drafted_tokens += len(tree.tokens) - 1
+            st.drafted_tokens += nodes - 1
             st.accepted_tokens += len(path) - 1
-            backoff.verified(len(path) - 1)
+            if nodes > 1:    # a DS2D pass of the root alone drafts for the next one: no miss
+                backoff.verified(len(path) - 1)
             pos += len(path)
             for tok in toks[:budget - emitted]:
                 emitted, last = emitted + 1, tok
                 drafter.append(tok)
                 yield tok
+            if fc and emitted < budget:
+                drafter.observe(verifier.forecasts(nodes, path[-1], drafter.forecast.branching))
+
+    def _tree_room(self, pos: int) -> int:
+        """Rows a verification pass may have with its root at cache slot pos."""
+        return min(MAX_TREE, self.max_context - pos)
 
     async def _plain_burst(self, last: int, pos: int, emitted: int, budget: int, sp: SamplingParams, drafter,
-                           backoff: BackOff, prompt_tokens: int):
+                           backoff: BackOff, prompt_tokens: int, fc: int):
         """Plain decode steps from `last` at slot pos (pipelined, IN_FLIGHT ahead) until the budget,
         a stop request, or the drafter has a tree again (the steps in flight then are read and
         yielded: their tokens are valid). Closing it early drains what is in flight."""
@@ -674,7 +691,9 @@ class Engine:
                 yield tok
                 if not want_tree and backoff.may_draft():
                     left = budget - emitted - read
-                    want_tree = left > 0 and drafter.propose(2, left) is not None
+                    # a tree of 2 nodes (the root alone with DS2D rows: its pass drafts) fits?
+                    nodes = self._tree_room(pos + read) // (1 + fc)
+                    want_tree = left > 0 and drafter.propose(min(2, nodes), left) is not None
         finally:
             while read < submitted:
                 k = emitted + read
@@ -686,16 +705,17 @@ class Engine:
             raise self._bad_token(tok, step, prompt_tokens)
         return tok
 
-    def _check_tree(self, tree: DraftTree, last: int, pos: int) -> None:
+    def _check_tree(self, tree: DraftTree, last: int, pos: int, rows_per_node: int = 1) -> None:
         """A drafter's tree must be rooted at the last token and fit the verification pass and the
-        cache (InvalidArgumentError naming the limit)."""
+        cache (InvalidArgumentError naming the limit); rows_per_node: with DS2D's forecast rows."""
         if not isinstance(tree, DraftTree) or tree.tokens[0] != last:
             raise InvalidArgumentError(f"the drafter proposed {shown(tree)}: a DraftTree rooted at the last token "
                                        f"({last}) is needed")
-        room = min(MAX_TREE, self.max_context - pos)
+        room = self._tree_room(pos) // rows_per_node
         if len(tree.tokens) > room:
             raise InvalidArgumentError(f"the drafter proposed a tree of {len(tree.tokens)} nodes; at cache position "
-                                       f"{pos} of {self.max_context} at most {room} fit (MAX_TREE = {MAX_TREE})")
+                                       f"{pos} of {self.max_context} at most {room} fit (MAX_TREE = {MAX_TREE}"
+                                       f"{f', {rows_per_node} rows per node' if rows_per_node > 1 else ''})")
         v = self.config.vocab_size
         bad = [t for t in tree.tokens if not (_is_int(t) and 0 <= t < v)]
         if bad:
@@ -706,15 +726,17 @@ class Engine:
         first use (the arena grows to fit it)."""
         if self._verifier is None:
             self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
+            forecast_buf = self.dev.create_buffer(4 * MAX_FORECAST * 4 * ceil_div(self.config.dim, 4), STORAGE,
+                                                  "forecast")
             # with int8 activations the tree runs the decode kernels (K-column integer-dot GEMVs,
             # the int8 LM head on every row): a float head or the GEMMs round differently from the
             # single-token steps, and near-ties then resolve differently (tokens != plain decoding)
             stage = "decode" if any(self.model.int8_roles.values()) else self._prefill_stage
             program = Program(self.model, stage, MAX_TREE, True, self._layout, self.step_buf,
                               self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
-                              lora=self.lora_pool)
+                              lora=self.lora_pool, forecast_buf=forecast_buf)
             self._fit_arena(program)
-            self._verifier = TreeVerifier(self, program)
+            self._verifier = TreeVerifier(self, program, forecast_buf)
         return self._verifier
 
     def _bad_token(self, tok: int, step: int, prompt_tokens: int) -> Exception:

@@ -3,7 +3,8 @@ the last accepted token, one forward pass verifies the whole tree (kernels/tree.
 the longest path the model itself would have produced is accepted.
 
     Drafter         proposes a DraftTree from the text so far (LookupDrafter: n-gram / prompt
-                    lookup, copying what followed earlier occurrences of the last tokens)
+                    lookup, copying what followed earlier occurrences of the last tokens;
+                    ForecastDrafter: DS2D, the top tokens of the forecast rows of the last pass)
     DraftTree       tokens + parent indices, node 0 the root (the last accepted token)
     TreeVerifier    the GPU side: the verification pass over the tree's rows (every row's argmax),
                     and the in-place KV compaction of the accepted path
@@ -26,13 +27,16 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, NumericalError, shown
 from ..gpu.base import READBACK, STORAGE
 from ..kernels.base import ceil_div
+from ..kernels.embedding import FORECAST_ID
 from ..kernels.kv_compact import KVCompactKernel, moves_bytes, pack_moves
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import pack_step
 from ..kernels.tree import pack_tree
+from ..models.forward import TREE_TOPK
+from ..weights.forecast import ForecastFile, read_forecast
 
 MAX_TREE = 64          # rows of one verification pass: the root + up to 63 draft nodes
-MODES = ("lookup",)    # speculative= values (a Drafter instance is accepted too)
+MODES = ("lookup", "forecast:PATH")    # speculative= values (a Drafter instance is accepted too)
 
 
 @dataclass
@@ -131,12 +135,71 @@ class LookupDrafter(Drafter):
         return DraftTree(tokens, parents) if len(tokens) > 1 else None
 
 
-def make_drafter(mode) -> Drafter:
-    """The Drafter for a speculative= value (checked by SamplingParams.make)."""
+class ForecastDrafter(Drafter):
+    """DS2D (dynamic self-speculative decoding): m learned forecast vectors (weights/forecast.py)
+    ride along every verification pass as a chain of m extra rows under each tree node (the
+    embedding writes the vectors for their ids, FORECAST_ID | i); after the pass the chain under
+    the last accepted node forecasts the m tokens after the model's own next token, and their
+    top branching[i] tokens make the next pass's tree (depth i + 1 under the new root). A pass
+    with no forecast yet (the first, or after plain steps) verifies the root alone, which still
+    yields a token and the forecast. The engine (runtime/engine.py) adds the rows
+    (with_forecast_rows) and hands the forecasts back through observe()."""
+
+    def __init__(self, forecast: ForecastFile):
+        self.forecast = forecast
+        self.rows = forecast.m          # forecast rows under each node of a pass
+        self.last: int | None = None
+        self.next: list[list[int]] | None = None
+
+    def reset(self, context: list[int]) -> None:
+        self.last, self.next = context[-1], None
+
+    def append(self, token: int) -> None:
+        self.last, self.next = token, None    # the forecast was for the text before this token
+
+    def observe(self, forecasts: list[list[int]]) -> None:
+        """The last pass's forecast for the text so far: forecasts[i] = the tokens drafted at depth
+        i + 1 below the last token, best first."""
+        self.next = forecasts
+
+    def propose(self, max_nodes: int, max_depth: int) -> DraftTree | None:
+        if max_nodes < 1:
+            return None
+        tokens, parents, level = [self.last], [-1], [0]
+        for cands in (self.next or ())[:max(0, max_depth)]:
+            new = []
+            for p in level:
+                for t in cands[:max_nodes - len(tokens)]:
+                    new.append(len(tokens))
+                    tokens.append(t)
+                    parents.append(p)
+            level = new
+        return DraftTree(tokens, parents)
+
+
+def with_forecast_rows(tree: DraftTree, m: int) -> DraftTree:
+    """The rows of a DS2D pass: the tree's nodes, then under each node i a chain of m forecast
+    rows (ids FORECAST_ID | j, j = 0 .. m-1) at rows len(tree) + i * m + j: row j of the chain
+    sees the node's path and the chain's rows up to itself (the tree mask of a chain)."""
+    tokens, parents = list(tree.tokens), list(tree.parents)
+    for node in range(len(tree.tokens)):
+        for j in range(m):
+            parents.append(node if j == 0 else len(tokens) - 1)
+            tokens.append(FORECAST_ID | j)
+    return DraftTree(tokens, parents)
+
+
+def make_drafter(mode, cfg) -> Drafter:
+    """The Drafter for a speculative= value (checked by SamplingParams.make) and the model's
+    config (a forecast file must match it)."""
     if isinstance(mode, Drafter):
         return mode
     if mode == "lookup":
         return LookupDrafter()
+    if isinstance(mode, str) and mode.startswith("forecast:"):
+        ff = read_forecast(mode[len("forecast:"):])
+        ff.check(cfg)
+        return ForecastDrafter(ff)
     raise InvalidArgumentError(f"speculative={shown(mode)}: must be None, one of {', '.join(MODES)} "
                                "or a webdrift.runtime.speculative.Drafter")
 
@@ -146,8 +209,9 @@ def check_mode(mode) -> None:
     if mode is None or isinstance(mode, Drafter):
         return
     if isinstance(mode, str) and mode.startswith("forecast:"):
-        raise InvalidArgumentError(f"speculative={shown(mode)}: forecast embeddings (DS2D) are not implemented "
-                                   f"yet; use one of {', '.join(MODES)}")
+        if not mode[len("forecast:"):]:
+            raise InvalidArgumentError(f"speculative={shown(mode)}: forecast:PATH needs the path of a forecast file")
+        return
     if mode not in MODES:
         raise InvalidArgumentError(f"speculative={shown(mode)}: must be None, one of {', '.join(MODES)} "
                                    "or a webdrift.runtime.speculative.Drafter")
@@ -265,46 +329,84 @@ class BackOff:
 
 class TreeVerifier:
     """The GPU side of one engine's speculative decoding: the tree-verification program (built
-    by the engine: runtime/engine.py `_tree_program`), a readback buffer for every row's argmax
-    spans, the move list and one KV-compaction kernel per layer."""
+    by the engine: runtime/engine.py `_tree_program`), a readback buffer for every row's top
+    TREE_TOPK logits per span, the forecast vectors' buffer (DS2D rows), the move list and one
+    KV-compaction kernel per layer."""
 
-    def __init__(self, engine, program):
+    def __init__(self, engine, program, forecast_buf):
         e, m = engine, engine.model
-        self.engine, self.program, self.dev = e, program, e.dev
+        self.engine, self.program, self.dev, self.forecast_buf = e, program, e.dev, forecast_buf
         self.n_parts = ceil_div(e.config.vocab_size, 4096)
+        self.span_words = 2 * TREE_TOPK                                  # (value bits, id) x k per span
         amax = program.graph.tensors["amax"]
         self.amax_offset = amax.offset
         self.logits_offset = program.graph.tensors["logits"].offset    # (MAX_TREE, V) f32, linear
-        self.readback = self.dev.create_buffer(MAX_TREE * self.n_parts * 8, READBACK, "tree_argmax")
+        self.readback = self.dev.create_buffer(MAX_TREE * self.n_parts * self.span_words * 4, READBACK,
+                                               "tree_argmax")
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
+        self.words: tuple = ()       # the last pass's spans, row-major
+        self.forecast: ForecastFile | None = None
         cfg = e.config
         k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE)
         self.compact = [k.dispatch({"moves": self.moves, "kc": lw.k_cache, "vc": lw.v_cache}, k.workgroups(),
                                    f"L{i}.kv_compact") for i, lw in enumerate(m.layers)]
 
-    async def argmax_rows(self, tree: DraftTree, pos0: int, step: int, sp) -> list[int]:
-        """Run the verification pass of `tree` (root at cache slot pos0) and return every row's
-        argmax (the model's next token after that node's path)."""
+    def load_forecast(self, ff: ForecastFile) -> None:
+        """Put a forecast file's vectors where the embedding reads the forecast rows (each row
+        padded to whole vec4 slices)."""
+        if ff is not self.forecast:
+            dim = ff.hidden_size
+            pad = -dim % 4
+            vals = [v for i in range(ff.m) for v in (*ff.vectors[i * dim:(i + 1) * dim], *[0.0] * pad)]
+            self.dev.write_buffer(self.forecast_buf, struct.pack(f"<{len(vals)}f", *vals))
+            self.forecast = ff
+
+    async def argmax_rows(self, tree: DraftTree, pos0: int, step: int, sp, nodes: int | None = None) -> list[int]:
+        """Run the verification pass of `tree` (root at cache slot pos0) and return the argmax of
+        its first `nodes` rows (all: None), the model's next token after each node's path; the
+        pass's spans stay for topk()."""
         e, dev, n = self.engine, self.dev, len(tree.tokens)
         dev.write_buffer(e.ids_buf, struct.pack(f"<{n}I", *tree.tokens))
         dev.write_buffer(e.tree_buf, pack_tree(tree.parents, pos0, MAX_TREE))
         dev.write_buffer(e.step_buf, pack_step(n, pos0, step, sp.seed, sp.temperature, sp.top_k, sp.top_p))
-        size = n * self.n_parts * 8
+        size = n * self.n_parts * self.span_words * 4
         ticket = dev.submit(self.program.dispatches(n), [(e.arena, self.amax_offset, self.readback, 0, size)])
         raw = await dev.map_read(self.readback, size, ticket)
-        words = struct.unpack(f"<{2 * n * self.n_parts}I", raw)
+        self.words = struct.unpack(f"<{size // 4}I", raw)
         out = []
-        for t in range(n):
-            best, best_v = None, None
-            for s in range(self.n_parts):
-                bits, idx = words[2 * (t * self.n_parts + s)], words[2 * (t * self.n_parts + s) + 1]
-                if idx == NONFINITE_TOKEN:
-                    raise NumericalError(f"tree verification at cache position {pos0}: the model's logits hold NaN "
-                                         f"or infinite values")
-                v = _f32(bits)
-                if best is None or v > best_v:     # spans in id order: the first maximum has the lowest id
-                    best, best_v = idx, v
-            out.append(best)
+        for t in range(n if nodes is None else nodes):
+            best = self.topk(t, 1)
+            if not best:
+                raise NumericalError(f"tree verification at cache position {pos0}: the model's logits hold NaN "
+                                     f"or infinite values")
+            out.append(best[0])
+        return out
+
+    def topk(self, row: int, k: int) -> list[int]:
+        """The k tokens of row `row` with the largest logits in the last pass, best first (ties:
+        lowest id); [] if the row's logits hold a non-finite value."""
+        w, kk, v = self.words, TREE_TOPK, self.engine.config.vocab_size
+        cands = []
+        for s in range(self.n_parts):
+            base = (row * self.n_parts + s) * self.span_words
+            if w[base + 1] == NONFINITE_TOKEN:
+                return []
+            for j in range(min(k, kk)):
+                idx = w[base + 2 * j + 1]
+                if idx < v:
+                    cands.append((-_f32(w[base + 2 * j]), idx))
+        return [idx for _, idx in sorted(cands)[:k]]
+
+    def forecasts(self, nodes: int, node: int, branching) -> list[list[int]]:
+        """The drafts of the forecast rows under tree node `node` in the last DS2D pass (rows after
+        the `nodes` tree rows, with_forecast_rows' order): the top branching[j] tokens of row j."""
+        m = len(branching)
+        out = []
+        for j, b in enumerate(branching):
+            top = self.topk(nodes + node * m + j, b)
+            if not top:
+                break
+            out.append(top)
         return out
 
     async def row_probs(self, row: int, sp, pos0: int) -> dict[int, float]:
