@@ -81,13 +81,13 @@ def model_label(src) -> tuple[str, str]:
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
-                 autotune=True, prefill_kernels: str = "auto"):
+                 autotune=True, prefill_kernels: str = "auto", weight_format: str | None = None):
     """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
     assembly path (runtime/loading.py)."""
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
     options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations,
-                            autotune=autotune, prefill_kernels=prefill_kernels)
+                            autotune=autotune, prefill_kernels=prefill_kernels, weight_format=weight_format)
     return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
@@ -178,8 +178,10 @@ def empty_row(base: dict, p: int, m: int, **kw) -> dict:
 async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
                        streams: list[int] | None = None, peak_tflops: float | None = None,
-                       prefill_kernels: str = "auto", int8_peak_tflops: float | None = None) -> list[dict]:
+                       prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
+                       weight_format: str | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    weight_format: the engine option (every matrix in that runtime format; the row's quant).
     progress(phase, done, total): "load", "tune" (queued kernel measurements) and "run".
     streams: also decode k streams together per protocol (row["streams"]);
     peak_tflops: the compute peak the float prefill GEMM's arithmetic runs at (f32), for each row's
@@ -193,8 +195,9 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     log = log or (lambda s: None)
     progress = progress or (lambda phase, done, total: None)
     model, quant = model_label(src)
+    quant = weight_format or quant
     cfg = src.config
-    plans = plan_weights(src)
+    plans = plan_weights(src, weight_format)
     base = {"model": model, "quant": quant, "source": str(src.path),
             "params": sum(_numel(t.shape) for t in src.tensors.values()), "weight_bytes": sum(p.nbytes for p in plans)}
     max_ctx = max(max([p + m] + [streams_needed_context(p, m, k) for k in streams or []]) for p, m in protocols)
@@ -208,7 +211,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     eng = None
     try:
         progress("load", 0, 1)
-        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels)
+        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
+                           weight_format)
         await dev.check_errors()
         queued = tuner.pending(dev)
         if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
@@ -217,7 +221,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             eng = None
             gc.collect()
             before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
-            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels)
+            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
+                               weight_format)
             await dev.check_errors()
         progress("load", 1, 1)
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)

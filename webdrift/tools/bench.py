@@ -35,6 +35,7 @@ import time
 from ..errors import InvalidArgumentError, WebdriftError
 from ..hub import DEFAULT_MODEL
 from ..kernels.base import ceil_div
+from ..models.manifest import WEIGHT_FORMATS as WEIGHT_FORMAT_CHOICES
 from ..profile.benchmark import (  # the protocol and schema, shared with the browser's bench page
     DESKTOP_ROUTE,
     MACHINE_FIELDS,
@@ -194,8 +195,9 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 int8_activations: bool | None = None, llama_bench: str | None = None,
                 streams: list[int] | None = None, peak_tflops: float | None = None,
                 lora_rank: int | None = None, prefill_kernels: str = "auto",
-                int8_peak_tflops: float | None = None) -> list[dict]:
+                int8_peak_tflops: float | None = None, weight_format: str | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    weight_format: load every matrix in that runtime format (the rows' quant).
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
     llama_bench: the llama-bench binary to run on the same GGUF file (a real .gguf source only)."""
@@ -206,7 +208,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     log = log or (lambda s: None)
     rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
                              int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
-                             prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops))
+                             prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops,
+                             weight_format=weight_format))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -306,7 +309,8 @@ def run_bench(args, dev=None, log=None) -> dict:
         for q in quants:
             sources.append(synthetic_source(name, q))
     results, peer_cache = [], {}
-    for src in sources:
+    formats = parse_list(getattr(args, "weight_format", None), "weight format", WEIGHT_FORMAT_CHOICES) or [None]
+    for src, wf in ((s, f) for s in sources for f in formats):
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
@@ -315,7 +319,8 @@ def run_bench(args, dev=None, log=None) -> dict:
                                peak_tflops=roof["compute"]["f32"]["tflops"],
                                lora_rank=getattr(args, "lora_rank", None),
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
-                               int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"))
+                               int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
+                               weight_format=wf)
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -502,6 +507,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"random-weight model shapes, comma list or repeatable: {', '.join(PRESETS)}, or 'all'")
     p.add_argument("--quant", action="append", default=None,
                    help=f"synthetic storage formats, comma list: {', '.join(QUANTS)} (default q4; --quick: all)")
+    p.add_argument("--weight-format", action="append", default=None,
+                   help="load every model with each of these runtime weight formats, comma list: "
+                        f"{', '.join(WEIGHT_FORMAT_CHOICES)} (default: as the file / --quant)")
     p.add_argument("--protocol", default=None,
                    help="PROMPT/NEW pairs (default 1024/256,128/128; --quick: 32/16,16/8)")
     p.add_argument("--repeats", type=int, default=1, help="runs per protocol, the best is reported (default 1)")
