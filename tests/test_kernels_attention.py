@@ -270,3 +270,50 @@ def test_tree_chain_equals_causal():
     got, _ = run_tree_attention(4, 2, 32, 256, 45, tree_parents("chain", 12), 12, False)
     causal, _ = run_attention(4, 2, 32, 256, 45, 12, seed=0)
     np.testing.assert_allclose(got, causal, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
+def test_tree_rows_are_bitwise_decode_steps(grouped):
+    """Each tree node's output is bit for bit the output of a one-token decode step at the node's
+    position over a cache holding the node's path consecutively (what plain decoding would have
+    written): the tree kernel reads its keys in that logical order (kernels/tree.py). Block from
+    slot 250: paths cross the 64-key chunk boundary at 256 at other depths than their slots."""
+    from webdrift.kernels.tree import depths, pack_tree
+    H, KVH, DH, cap, pos0, t_cap = 9, 3, 64, 512, 250, 16
+    group, scale = H // KVH, DH ** -0.5
+    parents = [-1, 0, 0, 1, 2, 2, 4, 3, 6, 6, 8, 10, 11, 7]
+    T, rows_cap = len(parents), t_cap * group
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed=5)
+    q_d, out_d = TensorDesc("q", DH, rows_cap, b=KVH), TensorDesc("out", H * DH, t_cap)
+
+    def attend(qa, kca, vca, t, tree_records=None):
+        att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, grouped=grouped,
+                              tree=tree_records is not None)
+        comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
+        part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
+        binds = {"q": upload(q_d, qa), "kc": f32_buffer(kca), "vc": f32_buffer(vca), "part": part}
+        if tree_records is not None:
+            tb = device().create_buffer(len(tree_records), label="tree")
+            device().write_buffer(tb, tree_records)
+            binds["tree"] = tb
+        pos = pos0 if tree_records is not None else pos0 + t
+        run(att, binds, T if tree_records is not None else 1, pos0=pos)
+        ob = upload(out_d, fill=SENTINEL)
+        run(comb, {"part": part, "out": ob}, T if tree_records is not None else 1, pos0=pos)
+        return download(out_d, ob)
+
+    tree_out = attend(q, kc, vc, 0, pack_tree(parents, pos0, t_cap))
+    dep = depths(parents)
+    for node in range(T):
+        path, a = [], node
+        while a >= 0:
+            path.append(a)
+            a = parents[a]
+        path.reverse()
+        kl, vl = kc.copy(), vc.copy()
+        kl[:, pos0:pos0 + len(path)] = kc[:, [pos0 + r for r in path]]
+        vl[:, :, pos0:pos0 + len(path)] = vc[:, :, [pos0 + r for r in path]]
+        ql = np.zeros_like(q)
+        ql[:, :group] = q[:, node * group:(node + 1) * group]
+        step = attend(ql, kl, vl, dep[node])
+        assert np.array_equal(tree_out[node], step[0]), (node, np.abs(tree_out[node] - step[0]).max())

@@ -107,15 +107,18 @@ def test_gemm_verification_pass(tiny_path):
         check_same(e, ids, seed=k, max_new_tokens=32, stop_at_eos=False)
 
 
-def test_int8_verification_runs_the_decode_kernels(tiny_path):
+@pytest.mark.parametrize("fmt", ["q8", "q4"])
+def test_int8_verification_runs_the_decode_kernels(tiny_path, fmt):
     """With int8 activations (the GPU default for q4 / q8) the tree runs the decode kernels and
-    keeps the int8 LM head on every row, whatever the prefill kernels: a float head there rounded
-    differently from the single-token steps and moved near-ties (lavapipe, q4: the speculative
-    context left the plain greedy output on the first prompt). q8 here: the same tokens."""
+    keeps the int8 LM head on every row, whatever the prefill kernels, and its attention reads
+    keys in path order: a float head there rounded differently from the single-token steps
+    (lavapipe, q4: the speculative context left the plain greedy output on the first prompt),
+    and so did the attention's slot order (q4: 5 of 6 prompts the same before it read keys in
+    path order). Now every prompt gives plain greedy's tokens."""
     from webdrift.models.forward import Linear
-    e = webdrift.load(tiny_path, max_context=256, autotune=False, weight_format="q8", int8_activations=True,
+    e = webdrift.load(tiny_path, max_context=256, autotune=False, weight_format=fmt, int8_activations=True,
                       prefill_kernels="gemm")
-    for k, ids in enumerate(prompts(4, seed=9)):
+    for k, ids in enumerate(prompts(6, seed=9)):
         check_same(e, ids, seed=k, max_new_tokens=24, stop_at_eos=False)
     prog = e._verifier.program
     heads = [op for op in prog.graph.ops if isinstance(op, Linear) and op.head]

@@ -24,7 +24,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.z;
   if (row >= step.n_tokens * GROUP) { return; }
   let t = row / GROUP;
-  let p = row_pos(t);                              // this query's position
+  let p = query_pos(t);                            // this query's position
   let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
   let lo = window_lo(t, p);
   let k0 = split * CHUNK;
@@ -40,7 +40,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let vis = visible(t, p, lo, kp);
   var s = -3.0e38;
   if (vis) {
-    let kb = (kvh * CAP + k) * (DH / 4u);
+    let kb = (kvh * CAP + key_slot(t, k)) * (DH / 4u);
     var acc = 0.0;
     for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
     s = score(acc);
@@ -73,18 +73,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let g = lid / DH;
   var acc = 0.0;
   if (g < NJ) {
-    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
     let j0 = g * JL / 4u;
     let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
     var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
     var j = j0;
     for (; j + 4u <= j1; j += 4u) {
-      acc += dot(sc[j], vc[vb + j]);
-      a1 += dot(sc[j + 1u], vc[vb + j + 1u]);
-      a2 += dot(sc[j + 2u], vc[vb + j + 2u]);
-      a3 += dot(sc[j + 3u], vc[vb + j + 3u]);
+      acc += dot(sc[j], v_keys(kvh, d, t, k0 + 4u * j));
+      a1 += dot(sc[j + 1u], v_keys(kvh, d, t, k0 + 4u * j + 4u));
+      a2 += dot(sc[j + 2u], v_keys(kvh, d, t, k0 + 4u * j + 8u));
+      a3 += dot(sc[j + 3u], v_keys(kvh, d, t, k0 + 4u * j + 12u));
     }
-    for (; j < j1; j++) { acc += dot(sc[j], vc[vb + j]); }
+    for (; j < j1; j++) { acc += dot(sc[j], v_keys(kvh, d, t, k0 + 4u * j)); }
     acc += (a1 + a2) + a3;
   }
   red[lid] = acc;

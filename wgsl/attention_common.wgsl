@@ -27,29 +27,54 @@ fn score(a: f32) -> f32 {
   return s;
 }
 
-// Whether query row t (cache slot p, window start lo) sees key k: causal by slot, and with
-// TREE the row's record in `tree` (kernels/tree.py: a shared prefix, an own segment, ancestor
-// bits over the step's block).
-fn visible(t: u32, p: u32, lo: u32, k: u32) -> bool {
-  if (k > p || k < lo) { return false; }
+// The position row t queries at: its cache slot, or with TREE its RoPE position (the record's
+// pos: keys are then read in the logical order of the row's path, key_slot).
+fn query_pos(t: u32) -> u32 {
 #if TREE
-  let r = t * TREE_ROW;
-  if (k < tree[r + 1u] || (k >= tree[r + 2u] && k < tree[r + 3u])) { return true; }
-  let j = k - step.pos0;                           // block row (wraps to a huge value below pos0)
-  return j < 32u * TREE_TW && (tree[r + 4u + j / 32u] & (1u << (j % 32u))) != 0u;
+  return tree[t * TREE_ROW];
 #else
-  return true;
+  return row_pos(t);
 #endif
 }
 
-// The first key a sliding window lets row t (slot p) see; with TREE it ends at the row's RoPE
-// position (the cache below the block holds position == slot).
-fn window_lo(t: u32, p: u32) -> u32 {
+// The cache slot holding key position k for row t: k itself, or with TREE for k past the
+// record's prefix (and up to the row's pos) the slot of the row's ancestor at that depth
+// (kernels/tree.py: the path bytes), so every key sits in the chunk and lane it would in a
+// decode step at the row's position.
+fn key_slot(t: u32, k: u32) -> u32 {
 #if TREE
-  let pos = tree[t * TREE_ROW];
+  let r = t * TREE_ROW;
+  let pre = tree[r + 1u];
+  if (k < pre || k > tree[r]) { return k; }
+  let j = k - pre;
+  return step.pos0 + ((tree[r + 4u + TREE_TW + j / 4u] >> (8u * (j % 4u))) & 0xffu);
 #else
-  let pos = p;
+  return k;
 #endif
-  if (WINDOW > 0u && pos + 1u > WINDOW) { return pos + 1u - WINDOW; }
+}
+
+// V[d][keys k .. k + 3] of KV head kvh for row t (k a multiple of 4): one vec4 load, or with TREE
+// where the keys reach the block, four loads from the keys' slots
+fn v_keys(kvh: u32, d: u32, t: u32, k: u32) -> vec4<f32> {
+  let b = (kvh * DH + d) * CAP;
+#if TREE
+  if (k + 3u >= tree[t * TREE_ROW + 1u]) {
+    var v: vec4<f32>;
+    for (var i = 0u; i < 4u; i++) { let s = b + key_slot(t, k + i); v[i] = vc[s / 4u][s % 4u]; }
+    return v;
+  }
+#endif
+  return vc[(b + k) / 4u];
+}
+
+// Whether query row t (position p, window start lo) sees key position k: causal (with TREE in
+// the logical order of its path: every position up to its own).
+fn visible(t: u32, p: u32, lo: u32, k: u32) -> bool {
+  return k <= p && k >= lo;
+}
+
+// The first key a sliding window lets a query at position p see.
+fn window_lo(t: u32, p: u32) -> u32 {
+  if (WINDOW > 0u && p + 1u > WINDOW) { return p + 1u - WINDOW; }
   return 0u;
 }

@@ -35,7 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = wid.y;
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
-  let p = row_pos(t);                              // this token's position
+  let p = query_pos(t);                            // this token's position
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
   let lo = window_lo(t, p);
@@ -52,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let vis = visible(t, p, lo, kp);
 {{S_DECL}}
   if (vis) {
-    let kb = (kvh * CAP + k) * DH4;
+    let kb = (kvh * CAP + key_slot(t, k)) * DH4;
 {{A_DECL}}
     for (var d = 0u; d < DH4; d++) {
       let kv = kc[kb + d];
@@ -71,10 +71,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let g = lid / DH;
 {{O_DECL}}
   if (g < NJ) {
-    let vb = ((kvh * DH + d) * CAP + k0) / 4u;
     let j1 = (min((g + 1u) * JL, nvis) + 3u) / 4u;
     for (var j = g * JL / 4u; j < j1; j++) {
-      let v = vc[vb + j];
+      let v = v_keys(kvh, d, t, k0 + 4u * j);
 {{O_ACC}}
     }
   }

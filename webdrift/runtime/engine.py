@@ -728,11 +728,12 @@ class Engine:
             self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
             forecast_buf = self.dev.create_buffer(4 * MAX_FORECAST * 4 * ceil_div(self.config.dim, 4), STORAGE,
                                                   "forecast")
-            # with int8 activations the tree runs the decode kernels (K-column integer-dot GEMVs,
-            # the int8 LM head on every row): a float head or the GEMMs round differently from the
-            # single-token steps, and near-ties then resolve differently (tokens != plain decoding)
-            stage = "decode" if any(self.model.int8_roles.values()) else self._prefill_stage
-            program = Program(self.model, stage, MAX_TREE, True, self._layout, self.step_buf,
+            # the tree runs the decode kernels (each row's sums as a decode step's: the one-row
+            # float GEMVs, the K-column integer-dot GEMVs, the int8 LM head on every row) and its
+            # attention reads keys in path order (kernels/tree.py), so a node's logits are bit for
+            # bit a decode step's: the prefill GEMMs round differently, and near-ties then resolve
+            # differently (tokens != plain decoding)
+            program = Program(self.model, "decode", MAX_TREE, True, self._layout, self.step_buf,
                               self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
                               lora=self.lora_pool, forecast_buf=forecast_buf)
             self._fit_arena(program)
