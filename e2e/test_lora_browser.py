@@ -1,6 +1,8 @@
 """LoRA in the browser: a tiny model served as the default model, a GGUF LoRA adapter loaded with
 engine.loadLora(name, url), and generate(prompt, {lora, loraScale}) giving the desktop engine's
-greedy tokens (with the adapter, at half scale, and without it again)."""
+greedy tokens (with the adapter, at half scale, and without it again); DS2D speculative decoding
+from a served forecast file ({speculative: "forecast:URL"}), with and without the adapter, gives
+the same greedy tokens."""
 
 from __future__ import annotations
 
@@ -24,13 +26,29 @@ N_NEW = 6
 @pytest.fixture(scope="module")
 def lora_files(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora_e2e")
-    return {"model": write_tiny_gguf(d / "tiny.gguf"), "lora": write_tiny_lora(d / "tiny_lora.gguf", rank=4)}
+    model = write_tiny_gguf(d / "tiny.gguf")
+    return {"model": model, "lora": write_tiny_lora(d / "tiny_lora.gguf", rank=4),
+            "forecast": write_tiny_forecast(model, d / "tiny_forecast.safetensors")}
+
+
+def write_tiny_forecast(model: str, path) -> str:
+    """Seeded random forecast vectors (branching 3, 2) for the tiny model: drafts that are rarely
+    right, so passes verify trees, accept some and reject most."""
+    import random
+
+    from webdrift.runtime.loading import open_source
+    from webdrift.weights.forecast import model_meta, write_forecast
+    cfg = open_source(model).config
+    rng = random.Random(4)
+    write_forecast(path, [rng.gauss(0.0, 1.0) for _ in range(2 * cfg.dim)], (3, 2), model_meta(cfg), "tiny")
+    return str(path)
 
 
 @pytest.fixture(scope="module")
 def lora_server(bundle, lora_files):
     from webdrift.tools.serve import ServedModel, WebdriftHandler, make_server, serve_in_thread
     lora_bytes = Path(lora_files["lora"]).read_bytes()
+    forecast_bytes = Path(lora_files["forecast"]).read_bytes()
 
     class Handler(WebdriftHandler):
         def _route(self) -> bool:
@@ -39,6 +57,8 @@ def lora_server(bundle, lora_files):
                 self._send_bytes(HTTPStatus.OK, b"<!doctype html><html><body></body></html>", "text/html; charset=utf-8")
             elif path == "/lora/tiny_lora.gguf":
                 self._send_bytes(HTTPStatus.OK, lora_bytes, "application/octet-stream")
+            elif path == "/lora/tiny_forecast.safetensors":
+                self._send_bytes(HTTPStatus.OK, forecast_bytes, "application/octet-stream")
             else:
                 return super()._route()
             return True
@@ -84,6 +104,11 @@ def test_load_lora_and_generate_match_desktop(chromium, lora_server, lora_files)
             half: (await eng.generate(prompt, { ...opts, lora: "x", loraScale: 0.5 })).tokenIds,
             base: (await eng.generate(prompt, opts)).tokenIds,
         };
+        const fc = { ...opts, speculative: "forecast:../lora/tiny_forecast.safetensors" };   // relative to the page
+        const spec = await eng.generate(prompt, fc);
+        out.forecast = spec.tokenIds;
+        out.passes = spec.stats.specPasses;
+        out.forecastLora = (await eng.generate(prompt, { ...fc, lora: "x" })).tokenIds;
         out.left = await eng.removeLora("x");
         await eng.dispose();
         return out;
@@ -91,3 +116,5 @@ def test_load_lora_and_generate_match_desktop(chromium, lora_server, lora_files)
     assert got["names"] == ["x"] and got["left"] == []
     assert got["missing"] and got["missing"].startswith("InvalidArgumentError") and "nope" in got["missing"]
     assert {k: got[k] for k in want} == want
+    assert got["forecast"] == want["base"] and got["passes"] > 0
+    assert got["forecastLora"] == want["lora"]

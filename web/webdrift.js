@@ -41,6 +41,13 @@ function pageBase() {
   return MODULE_URL;
 }
 
+// {speculative: "forecast:URL"} with the URL made absolute (relative to the page), as loadLora's
+function withForecastUrl(options) {
+  const s = options.speculative;
+  if (typeof s !== "string" || !s.startsWith("forecast:") || s.length === "forecast:".length) return options;
+  return { ...options, speculative: "forecast:" + new URL(s.slice("forecast:".length), pageBase()).href };
+}
+
 // {url (absolute), sha256?, size?, name, cache} for createEngine's `model` option
 async function resolveModel(options) {
   const cache = options.cache !== false;
@@ -170,7 +177,8 @@ export class Engine {
   /**
    * Generate a continuation of `prompt` (a string, or an array of token ids).
    * options: maxNewTokens (64), temperature (0 = greedy), topK, topP, seed, stopAtEos (true),
-   * speculative ("lookup": prompt-lookup drafts verified as a tree; the same tokens, fewer passes),
+   * speculative ("lookup": prompt-lookup drafts verified as a tree; the same tokens, fewer passes;
+   * "forecast:URL": DS2D drafts from a forecast file, docs/FORECAST.md),
    * lora (a name given to loadLora; with numResponses K, an array of K names or nulls gives each
    * response its own adapter), loraScale (1),
    * onToken(piece), signal (AbortSignal: rejects with an AbortError carrying `.partial`),
@@ -180,7 +188,7 @@ export class Engine {
    * ends it early with stats.finishReason "stopped".
    */
   generate(prompt, options = {}) {
-    const { onToken, signal, ...opts } = options || {};
+    const { onToken, signal, ...opts } = withForecastUrl(options || {});
     if (typeof prompt !== "string" && !Array.isArray(prompt)) {
       return Promise.reject(new WebdriftError("generate(prompt): prompt must be a string or an array of token ids", "InvalidArgumentError"));
     }
@@ -189,7 +197,7 @@ export class Engine {
 
   /** The assistant's reply to `messages` ([{role, content}]), using the model's chat template. */
   chat(messages, options = {}) {
-    const { onToken, signal, ...opts } = options || {};
+    const { onToken, signal, ...opts } = withForecastUrl(options || {});
     if (!Array.isArray(messages)) {
       return Promise.reject(new WebdriftError("chat(messages): messages must be an array of {role, content}", "InvalidArgumentError"));
     }

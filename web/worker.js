@@ -45,6 +45,23 @@ async function fetchBytes(url, what) {
   return new Uint8Array(await r.arrayBuffer());
 }
 
+// {speculative: "forecast:URL"}: the forecast file (docs/FORECAST.md) is fetched once per URL into
+// Pyodide's file system, and Python is given "forecast:PATH" (runtime/speculative.py reads it)
+const forecastFiles = new Map();   // URL -> path in Pyodide's file system
+async function withForecastFile(opts) {
+  const s = opts.speculative;
+  if (typeof s !== "string" || !s.startsWith("forecast:") || s.length === "forecast:".length) return opts;
+  const url = s.slice("forecast:".length);
+  let path = forecastFiles.get(url);
+  if (!path) {
+    const bytes = await fetchBytes(url, "loading the forecast file");
+    path = `/tmp/webdrift_forecast_${forecastFiles.size}.safetensors`;
+    py.FS.writeFile(path, bytes);
+    forecastFiles.set(url, path);
+  }
+  return { ...opts, speculative: "forecast:" + path };
+}
+
 // -- Python ---------------------------------------------------------------------------------------
 
 const NO_WEBGPU = "Use Chrome or Edge 113+ (on Linux start it with --enable-unsafe-webgpu), Safari 26+ or " +
@@ -361,11 +378,13 @@ const handlers = {
   },
   async generate(m) {
     const onToken = (piece, stream) => post({ type: "token", id: m.id, piece, stream });
-    return (await callApi("api_generate", JSON.stringify(m.prompt), JSON.stringify(m.opts || {}), onToken)).result;
+    const opts = JSON.stringify(await withForecastFile(m.opts || {}));
+    return (await callApi("api_generate", JSON.stringify(m.prompt), opts, onToken)).result;
   },
   async chat(m) {
     const onToken = (piece, stream) => post({ type: "token", id: m.id, piece, stream });
-    return (await callApi("api_chat", JSON.stringify(m.messages), JSON.stringify(m.opts || {}), onToken)).result;
+    const opts = JSON.stringify(await withForecastFile(m.opts || {}));
+    return (await callApi("api_chat", JSON.stringify(m.messages), opts, onToken)).result;
   },
   async bench(m) {
     return await runBench(m.id, m.opts);
