@@ -5,6 +5,8 @@ Tasks (chat template, greedy, EOS ends a run like a user's request would):
   rewrite   a ~500-token passage with typos and "rewrite it with the typos fixed": most of the
             answer is already in the prompt (target: >= 1.6x decode tokens/s with "lookup")
   chat      a free-form request with nothing to copy (target: >= 0.95x: the engine backs off)
+  story, explain   two more free-form requests (the fixed prompt set for "forecast:PATH", whose
+            drafts come from the model's own forecast rather than from the prompt)
 Per task: decode tokens/s without and with speculation, their ratio, draft tokens per
 verification pass and accepted per pass, plain steps, and whether the two outputs are the same
 tokens (they must be). Each run is repeated `repeats` times, the best kept.
@@ -41,6 +43,8 @@ TASKS = {
                  "exactly, with the spelling mistakes corrected. Change nothing else."}],
     "chat": [{"role": "user", "content": "Give me three ideas for a weekend trip with children, with one "
               "sentence about each."}],
+    "story": [{"role": "user", "content": "Write a short story about a robot who learns to paint."}],
+    "explain": [{"role": "user", "content": "Explain how a refrigerator keeps food cold, in simple words."}],
 }
 
 

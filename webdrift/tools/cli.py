@@ -447,8 +447,9 @@ def _add_sampling_args(p, max_new_tokens: int):
     p.add_argument("--no-stop-at-eos", dest="stop_at_eos", action="store_false",
                    help="keep generating after the model's end-of-sequence token")
     p.add_argument("--speculative", default=None, metavar="MODE",
-                   help="speculative decoding: 'lookup' drafts tokens from earlier text (prompt lookup) and "
-                        "verifies them as a tree in one pass; the same output (default: off)")
+                   help="speculative decoding: 'lookup' drafts tokens from earlier text (prompt lookup), "
+                        "'forecast:FILE' from DS2D forecast embeddings (webdrift train-forecast); the drafts are "
+                        "verified as a tree in one pass; the same output (default: off)")
     p.add_argument("--lora", action="append", default=None, metavar="PATH",
                    help="apply a LoRA adapter: a PEFT folder (adapter_config.json + adapter_model.safetensors) "
                         "or a llama.cpp GGUF LoRA file; with -n K, give it K times for one adapter per response")
