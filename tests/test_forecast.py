@@ -139,7 +139,7 @@ def test_widest_tree_fills_the_pass(tiny):
 def test_sampling_reproducible_and_valid(tiny):
     d, eng, _ = tiny
     path = forecast_file(d, eng.config)
-    kw = dict(max_new_tokens=30, stop_at_eos=False, temperature=0.9, top_k=20, seed=7, speculative=f"forecast:{path}")
+    kw = {"max_new_tokens": 30, "stop_at_eos": False, "temperature": 0.9, "top_k": 20, "seed": 7, "speculative": f"forecast:{path}"}
     a, b = eng.generate(PROMPTS[0], **kw), eng.generate(PROMPTS[0], **kw)
     assert a.token_ids == b.token_ids and len(a.token_ids) == 30
     assert all(0 <= t < eng.config.vocab_size for t in a.token_ids)
@@ -157,7 +157,7 @@ def test_end_of_context(tiny):
 
 
 def test_bad_forecast_files(tiny, tmp_path):
-    d, eng, _ = tiny
+    _d, eng, _ = tiny
     cfg = eng.config
     with pytest.raises(InvalidArgumentError, match="no such file"):
         eng.generate([5, 6], speculative=f"forecast:{tmp_path / 'missing.safetensors'}")

@@ -622,12 +622,14 @@ class Engine:
                 tree = drafter.propose(self._tree_room(pos) // (1 + fc), budget - emitted)
                 if tree is not None:
                     self._check_tree(tree, last, pos, 1 + fc)
+            t0 = time.perf_counter()
             if tree is None:
                 n_plain = 0
                 async for tok in self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids), fc):
                     emitted, n_plain, last = emitted + 1, n_plain + 1, tok
                     drafter.append(tok)
                     yield tok
+                backoff.plain_burst(n_plain, time.perf_counter() - t0)
                 pos += n_plain
                 st.plain_steps += n_plain
                 continue
@@ -646,8 +648,8 @@ class Engine:
             st.spec_passes += 1
             st.drafted_tokens += nodes - 1
             st.accepted_tokens += len(path) - 1
-            if nodes > 1:    # a DS2D pass of the root alone drafts for the next one: no miss
-                backoff.verified(len(path) - 1)
+            # (a DS2D pass of the root alone drafts for the next one: it is timed, but no miss)
+            backoff.verified(len(path) - 1, len(toks), time.perf_counter() - t0, decide=nodes > 1)
             pos += len(path)
             for tok in toks[:budget - emitted]:
                 emitted, last = emitted + 1, tok

@@ -306,12 +306,19 @@ async def sampled_walk(tree: DraftTree, probs_of, rng) -> tuple[list[int], list[
 
 
 class BackOff:
-    """Drafting pauses after verification passes that accept nothing: 1, 2, 4, ... up to `cap`
-    plain decode steps after consecutive misses; an accepted draft token resets it. Keeps chat
-    with few matches close to plain decode speed."""
+    """Drafting pauses after verification passes that do not pay: 1, 2, 4, ... up to `cap` plain
+    decode steps after consecutive misses; a paying pass resets it. A pass misses when it accepts
+    nothing, or, once plain steps have been timed, when the passes' recent throughput (tokens per
+    second, an average over passes) is below the plain steps' (a pass of many rows costs more
+    than a step: accepting a little is still a loss). Keeps text with few matches, and drafts of
+    low quality, close to plain decode speed."""
 
-    def __init__(self, cap: int = 32):
+    EMA = 0.3          # weight of the newest pass / burst in the throughput averages
+
+    def __init__(self, cap: int = 64):
         self.cap, self.misses, self.wait = cap, 0, 0
+        self.plain_rate: float | None = None     # tokens / s of plain bursts
+        self.pass_rate: float | None = None      # tokens / s of verification passes
 
     def may_draft(self) -> bool:
         return self.wait == 0
@@ -319,12 +326,27 @@ class BackOff:
     def plain_step(self) -> None:
         self.wait = max(0, self.wait - 1)
 
-    def verified(self, accepted: int) -> None:
-        if accepted:
+    def plain_burst(self, tokens: int, seconds: float) -> None:
+        if tokens and seconds > 0:
+            self.plain_rate = _ema(self.plain_rate, tokens / seconds, self.EMA)
+
+    def verified(self, accepted: int, tokens: int = 0, seconds: float = 0.0, decide: bool = True) -> None:
+        """After a pass that emitted `tokens` (accepted + the model's own) in `seconds`; decide:
+        whether the pass drafted anything (a pass of the root alone only feeds the average)."""
+        if tokens and seconds > 0:
+            self.pass_rate = _ema(self.pass_rate, tokens / seconds, self.EMA)
+        if not decide:
+            return
+        losing = self.plain_rate is not None and self.pass_rate is not None and self.pass_rate < self.plain_rate
+        if accepted and not losing:
             self.misses = 0
         else:
             self.misses += 1
             self.wait = min(self.cap, 1 << (self.misses - 1))
+
+
+def _ema(old: float | None, new: float, w: float) -> float:
+    return new if old is None else (1.0 - w) * old + w * new
 
 
 class TreeVerifier:

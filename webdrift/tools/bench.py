@@ -645,7 +645,8 @@ def cmd_bench_speculative(args) -> int:
               "sampling": "greedy (temperature 0), chat template, EOS ends a run", "results": []}
     for model in args.model or [DEFAULT_MODEL]:
         log(f"{model}: speculative={args.speculative} vs plain ...")
-        for r in run_speculative_bench(model, args.speculative, new_tokens, args.repeats, log):
+        for r in run_speculative_bench(model, args.speculative, new_tokens, args.repeats, log,
+                                       INT8_CHOICES[getattr(args, "int8_activations", "auto")]):
             report["results"].append(dict(r, model=model))
     print(format_rows(report["results"]))
     if args.json:

@@ -48,10 +48,12 @@ TASKS = {
 }
 
 
-def run_speculative_bench(model: str, mode: str, new_tokens: int, repeats: int, log) -> list[dict]:
-    """One row per task: plain vs `mode` on the same prompt (greedy)."""
+def run_speculative_bench(model: str, mode: str, new_tokens: int, repeats: int, log,
+                          int8_activations: bool | None = None) -> list[dict]:
+    """One row per task: plain vs `mode` on the same prompt (greedy); int8_activations: the
+    engine option (None: auto)."""
     import webdrift
-    eng = webdrift.load(model)
+    eng = webdrift.load(model, int8_activations=int8_activations)
     rows = []
     for task, messages in TASKS.items():
         ids = eng.chat_prompt(messages)
