@@ -359,8 +359,8 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
     """Fit forecast vectors for `model` (known name, .gguf path or HF folder) and write them to
     `out` (webdrift.weights.forecast format). prompts: a list of strings (default PROMPTS);
     progress(phase, done, total, loss) with phase "generate" | "train". Returns the report (the
-    CLI's --json): the loss before and after, held-out agreement of the initial and the trained
-    vectors, seconds per phase."""
+    CLI's --json): the training loss (first step, last 10), the held-out loss and agreement of
+    the initial and the trained vectors, seconds per phase ("train" includes the evaluations)."""
     from ..weights.forecast import model_meta, read_forecast, write_forecast
     branching = _check_args(branching, sequences, length, steps, lr, seed)
     if prompts is not None and (isinstance(prompts, str) or not prompts
@@ -371,6 +371,7 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     tm, tok, cfg, name = load_model(model)
+    t_load = time.perf_counter()
     if tm.config.get_text_config().hidden_size != cfg.dim:
         raise UnsupportedModelError(f"train-forecast: transformers reads hidden size "
                                     f"{tm.config.get_text_config().hidden_size}, webdrift {cfg.dim}")
@@ -392,7 +393,7 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
 
     vectors = torch.nn.Parameter(init.clone())
     opt = torch.optim.Adam([vectors], lr=lr)
-    losses, first_loss = [], None
+    losses = []
     g = torch.Generator().manual_seed(seed + 1)
     for step in range(steps):
         if step % len(train) == 0:     # a new pass over the training sequences, in a new order
@@ -407,7 +408,6 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-        first_loss = losses[0] if first_loss is None else first_loss
         if progress:
             progress("train", step + 1, steps, sum(losses[-10:]) / len(losses[-10:]))
     t_train = time.perf_counter()
@@ -420,10 +420,10 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
         "model": name, "out": os.fspath(out), "branching": list(branching),
         "sequences": {"train": len(train), "held_out": len(held), "tokens": sum(len(i) for i, _ in data)},
         "length": length, "steps": steps, "lr": lr, "seed": seed, "temperature": TEMPERATURE,
-        "loss_first": round(max(first_loss, 0.0), 4),
+        "loss_first": round(max(losses[0], 0.0), 4),
         "loss_final": round(max(sum(losses[-10:]) / len(losses[-10:]), 0.0), 4),
         "held_out_initial": before, "held_out": after,
-        "seconds": {"generate": round(t_gen - t0, 1), "train": round(t_train - t_gen, 1),
+        "seconds": {"load": round(t_load - t0, 1), "generate": round(t_gen - t_load, 1), "train": round(t_train - t_gen, 1),
                     "total": round(t_end - t0, 1)},
     }
 
