@@ -493,6 +493,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_arguments(sub.add_parser("profile", help="time host phases and GPU kernels; Chrome trace"))
     from .perplexity import add_arguments as add_perplexity_arguments
     add_perplexity_arguments(sub.add_parser("perplexity", help="perplexity over a text, as llama-perplexity does"))
+    from .forecast import add_arguments as add_forecast_arguments
+    add_forecast_arguments(sub.add_parser("train-forecast", help="fit DS2D forecast embeddings for speculative "
+                                                                 "decoding (PyTorch on CPU)"))
     return ap
 
 
