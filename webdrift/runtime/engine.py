@@ -648,8 +648,8 @@ class Engine:
             st.spec_passes += 1
             st.drafted_tokens += nodes - 1
             st.accepted_tokens += len(path) - 1
-            # (a DS2D pass of the root alone drafts for the next one: it is timed, but no miss)
-            backoff.verified(len(path) - 1, len(toks), time.perf_counter() - t0, decide=nodes > 1)
+            if nodes > 1:    # (a DS2D pass of the root alone drafts for the next one: no miss)
+                backoff.verified(len(path) - 1, len(toks), time.perf_counter() - t0)
             pos += len(path)
             for tok in toks[:budget - emitted]:
                 emitted, last = emitted + 1, tok

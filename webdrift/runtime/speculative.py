@@ -308,17 +308,15 @@ async def sampled_walk(tree: DraftTree, probs_of, rng) -> tuple[list[int], list[
 class BackOff:
     """Drafting pauses after verification passes that do not pay: 1, 2, 4, ... up to `cap` plain
     decode steps after consecutive misses; a paying pass resets it. A pass misses when it accepts
-    nothing, or, once plain steps have been timed, when the passes' recent throughput (tokens per
-    second, an average over passes) is below the plain steps' (a pass of many rows costs more
-    than a step: accepting a little is still a loss). Keeps text with few matches, and drafts of
-    low quality, close to plain decode speed."""
+    nothing, or, once plain steps have been timed, when its tokens per second are below the plain
+    steps' (a pass of many rows costs more than a step: accepting a little can still lose). Keeps
+    text with few matches, and drafts of low quality, close to plain decode speed."""
 
-    EMA = 0.3          # weight of the newest pass / burst in the throughput averages
+    EMA = 0.3          # weight of the newest burst in the plain steps' average throughput
 
     def __init__(self, cap: int = 64):
         self.cap, self.misses, self.wait = cap, 0, 0
-        self.plain_rate: float | None = None     # tokens / s of plain bursts
-        self.pass_rate: float | None = None      # tokens / s of verification passes
+        self.plain_rate: float | None = None     # tokens / s of plain bursts (an average)
 
     def may_draft(self) -> bool:
         return self.wait == 0
@@ -328,25 +326,18 @@ class BackOff:
 
     def plain_burst(self, tokens: int, seconds: float) -> None:
         if tokens and seconds > 0:
-            self.plain_rate = _ema(self.plain_rate, tokens / seconds, self.EMA)
+            new = tokens / seconds
+            self.plain_rate = new if self.plain_rate is None else (1 - self.EMA) * self.plain_rate + self.EMA * new
 
-    def verified(self, accepted: int, tokens: int = 0, seconds: float = 0.0, decide: bool = True) -> None:
-        """After a pass that emitted `tokens` (accepted + the model's own) in `seconds`; decide:
-        whether the pass drafted anything (a pass of the root alone only feeds the average)."""
-        if tokens and seconds > 0:
-            self.pass_rate = _ema(self.pass_rate, tokens / seconds, self.EMA)
-        if not decide:
-            return
-        losing = self.plain_rate is not None and self.pass_rate is not None and self.pass_rate < self.plain_rate
+    def verified(self, accepted: int, tokens: int = 0, seconds: float = 0.0) -> None:
+        """After a pass that drafted, accepted `accepted` of its drafts and emitted `tokens`
+        (with the model's own) in `seconds`."""
+        losing = self.plain_rate is not None and seconds > 0 and tokens / seconds < self.plain_rate
         if accepted and not losing:
             self.misses = 0
         else:
             self.misses += 1
             self.wait = min(self.cap, 1 << (self.misses - 1))
-
-
-def _ema(old: float | None, new: float, w: float) -> float:
-    return new if old is None else (1.0 - w) * old + w * new
 
 
 class TreeVerifier:
