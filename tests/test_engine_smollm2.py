@@ -15,12 +15,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def ref_model(smollm2_gguf_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    p = smollm2_gguf_path
-    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return model, tok
+def ref_model(smollm2_hf):
+    return smollm2_hf      # (transformers model, tokenizer): tests/conftest.py, loaded once per session
 
 
 @pytest.fixture(scope="module")
