@@ -42,13 +42,29 @@ def _transformers_from_gguf(path: pathlib.Path):
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf(smollm2_gguf_path):
+def smollm2_hf_tokenizer(smollm2_gguf_path):
+    """SmolLM2's tokenizer as transformers converts it from the GGUF (10-20 s on 2 cores: done once
+    per session)."""
+    from transformers import AutoTokenizer
+    p = smollm2_gguf_path
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(tmp_path_factory, smollm2_hf_tokenizer):
+    """SmolLM2's tokenizer as an HF tokenizer.json (converted by transformers from the GGUF), the
+    tokenizer of the random HF models (tests/test_engine_hf.py's make_model)."""
+    d = tmp_path_factory.mktemp("tok")
+    smollm2_hf_tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf_path, smollm2_hf_tokenizer):
     """The reference for SmolLM2: transformers (the GGUF dequantized, fp32, CPU) and its GGUF
     tokenizer, loaded once per session (each load dequantizes the file in Python: tens of seconds
     on 2 cores). Shared read-only: a test that changes the model (peft) works on a deep copy."""
-    from transformers import AutoTokenizer
-    p = smollm2_gguf_path
-    return _transformers_from_gguf(p), AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return _transformers_from_gguf(smollm2_gguf_path), smollm2_hf_tokenizer
 
 
 @pytest.fixture(scope="session")

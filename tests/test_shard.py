@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import webdrift
-from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import VOCAB, make_model, torch_greedy
 
 
 def _cos_top1(got, want):
@@ -42,7 +42,7 @@ SHARD_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(SHARD_CASES))
-def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir):  # noqa: F811
+def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir):
     cap, rows, opts = SHARD_CASES[case]
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=192, prefill_chunk=64, max_binding_bytes=cap, **opts)
@@ -66,7 +66,7 @@ def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir)
     assert out.token_ids == torch_greedy(ref, prompt, 12), case
 
 
-def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):  # noqa: F811
+def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):
     """Sliced (HSWBC4) activations: each LM head shard writes its columns of the logits through
     a column view whose slices start at the shard's row0 / 4."""
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
