@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import webdrift
-from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import VOCAB, make_model, torch_greedy
 from tests.test_kernels_formats import quantize_ref
 
 ROLE_8_4_4 = {"attn": "q8pc", "ffn": "q4pc", "embd": "q4pc"}
@@ -39,7 +39,7 @@ def quantized_reference(ref, weight_format: str):
 
 @pytest.mark.parametrize("weight_format", ["q8pc", "q4g128", "q4pc", "e0m4", "8/4/4"])
 @pytest.mark.parametrize("case", ["llama_gqa_f32", "llama_mqa_hd40_bf16"])
-def test_formats_match_transformers_on_the_same_values(tmp_path, hf_tokenizer_dir, case, weight_format):  # noqa: F811
+def test_formats_match_transformers_on_the_same_values(tmp_path, hf_tokenizer_dir, case, weight_format):
     """llama_mqa_hd40_bf16: inputs of 160 (head_dim 40 x 4, and the MLP), so q4g128 rows end in a
     group of 32; untied LM head. llama_gqa_f32: tied embedding, 128-wide rows."""
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)

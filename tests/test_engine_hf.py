@@ -69,17 +69,6 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="session")
-def hf_tokenizer_dir(tmp_path_factory, smollm2_gguf_path):
-    """SmolLM2's tokenizer as an HF tokenizer.json (converted by transformers from the GGUF)."""
-    from transformers import AutoTokenizer
-
-    d = tmp_path_factory.mktemp("tok")
-    tok = AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name)
-    tok.save_pretrained(d)
-    return d
-
-
 def make_model(case: str, root, tok_dir):
     spec = dict(CASES[case])
     arch, dtype = spec.pop("arch"), spec.pop("dtype")

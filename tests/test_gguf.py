@@ -588,19 +588,19 @@ def _reference_logits(src, ids):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("fixture", "n_tokens"), [("smollm2_gguf_path", 24), ("gemma3_gguf_path", 600)])
-def test_config_reproduces_transformers_logits(request, fixture, n_tokens):
+@pytest.mark.parametrize(("model", "n_tokens"), [("smollm2", 24), ("gemma3", 600)])
+def test_config_reproduces_transformers_logits(request, model, n_tokens):
     """transformers loads the same GGUF (un-permuting llama Q/K, subtracting 1 from Gemma norms);
     our ModelConfig read literally must give the same logits. 600 tokens cross Gemma's 512 window."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    path = request.getfixturevalue(fixture)
+    path = request.getfixturevalue(f"{model}_gguf_path")
+    ref_model = request.getfixturevalue(f"{model}_hf")        # tests/conftest.py: loaded once per session
+    ref_model = ref_model[0] if model == "smollm2" else ref_model
     src = open_model_source(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     ids = [src.config.bos_token_id] + list(np.random.default_rng(0).integers(10, 5000, size=n_tokens))
     with torch.no_grad():
-        ref = model(torch.tensor([ids])).logits[0].numpy()
+        ref = ref_model(torch.tensor([ids])).logits[0].numpy()
     ours = _reference_logits(src, np.array(ids))
     assert np.abs(ours - ref).max() < 2e-3 * np.abs(ref).max()
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() > 0.99

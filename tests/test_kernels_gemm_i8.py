@@ -345,23 +345,20 @@ def test_gemm_lora_epilogue(int8):
 
 
 @pytest.mark.parametrize("kernels", ["gemm_int8", "gemm_float"])
-def test_smollm2_prefill_gemm_teacher_forced(smollm2_gguf_path, kernels):
+def test_smollm2_prefill_gemm_teacher_forced(smollm2_gguf_path, smollm2_hf, kernels):
     """SmolLM2-135M (Q4_1 / Q8_0) with every layer's prefill GEMM forced (the scoring pass runs the
     prefill program) vs transformers fp32 on the same GGUF, with test_engine_smollm2.py's
     thresholds: int8 rows those of the int8-activation decode path (mean cosine >= 0.993, min >=
     0.9, top-1 >= 92% over 128 positions; measured on lavapipe: 0.9975, 0.959, 96.9%), the float
     GEMM those of the float path (min cosine >= 0.999, top-1 >= 98%; measured: 1.0000, 100%)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import webdrift
     from tests.test_engine_smollm2 import PROMPTS
-    p = smollm2_gguf_path
-    eng = webdrift.load(str(p), max_context=160, prefill_chunk=64, prefill_kernels=kernels, autotune=False,
-                        int8_activations=False)
+    eng = webdrift.load(str(smollm2_gguf_path), max_context=160, prefill_chunk=64, prefill_kernels=kernels,
+                        autotune=False, int8_activations=False)
     assert eng.model.prefill_int8 == (kernels == "gemm_int8") and eng.prefill.stage == "prefill"
-    model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    model, tok = smollm2_hf
     ids = tok.encode(" ".join(PROMPTS) * 8)[:128]
     got = eng.logits(ids)
     with torch.no_grad():

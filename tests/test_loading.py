@@ -94,20 +94,25 @@ def test_js_generate_options_take_one_adapter_per_response():
 
 
 @pytest.fixture(scope="module")
-def worker_api(smollm2_gguf_path):
+def worker_api(tmp_path_factory):
     """webdrift.browser_api's worker functions, with a desktop device in place of the page's (its
     own: api_dispose destroys the engine's device, which must not be the process-wide one the
-    tests after this module use)."""
+    tests after this module use). The model is the tiny GGUF (tests/tiny_model.py: 2 layers, byte
+    tokenizer, a ChatML template), which loads in seconds: what is checked here, that the worker
+    API answers exactly what the same Engine's generate / chat give, does not depend on the model
+    (the e2e tests drive these functions in Chromium with SmolLM2)."""
+    from tests.tiny_model import LAYERS, write_tiny_gguf
     from webdrift import browser_api
     from webdrift.gpu.native import NativeDevice
+    gguf = Path(write_tiny_gguf(tmp_path_factory.mktemp("worker_api") / "tiny.gguf"))
 
     async def on_desktop(model, options=None, **kw):
         return await load_browser(model, options, device=NativeDevice(), **kw)
     mp = pytest.MonkeyPatch()
     mp.setattr(browser_api, "load_browser", on_desktop)
     run = asyncio.run
-    opened = json.loads(run(browser_api.api_open(smollm2_gguf_path.read_bytes(), "smol.gguf")))
-    assert opened["ok"] and opened["tensors"] > 0 and opened["model"]["layers"] == 30
+    opened = json.loads(run(browser_api.api_open(gguf.read_bytes(), "tiny.gguf")))
+    assert opened["ok"] and opened["tensors"] > 0 and opened["model"]["layers"] == LAYERS
     ticks = []
     loaded = json.loads(run(browser_api.api_load(json.dumps({"maxContext": 96, "model": {"url": "x"}}),
                                                  lambda done, total, name: ticks.append(done))))

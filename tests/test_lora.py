@@ -33,11 +33,8 @@ ADAPTERS = {"a": {"r": 8, "lora_alpha": 16, "use_rslora": False, "seed": 1},
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory, smollm2_gguf_path):
-    from transformers import AutoTokenizer
-    d = tmp_path_factory.mktemp("tok")
-    AutoTokenizer.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name).save_pretrained(d)
-    return d
+def tok_dir(hf_tokenizer_dir):
+    return hf_tokenizer_dir       # SmolLM2's tokenizer.json, converted once per session (tests/conftest.py)
 
 
 def make_base(root, tok_dir, shape=SHAPE, seed=0):

@@ -3,6 +3,7 @@ it) with a random PEFT adapter made by `peft` in the test (all seven targets, r 
 webdrift's teacher-forced logits with the adapter vs transformers + peft. The GGUF base holds
 Q / K rows in llama.cpp's RoPE order; PEFT's B rows are in HF's, which webdrift's pool permutes."""
 
+import copy
 import math
 
 import numpy as np
@@ -16,11 +17,10 @@ SEVEN = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 
 @pytest.fixture(scope="module")
-def models(smollm2_gguf_path, tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def models(smollm2_gguf_path, smollm2_hf, tmp_path_factory):
     p = smollm2_gguf_path
-    base = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    shared, tok = smollm2_hf
+    base = copy.deepcopy(shared)     # peft changes the model it wraps; the session's reference stays as it is
     pm = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, use_rslora=True, target_modules=SEVEN,
                                          lora_dropout=0.0, init_lora_weights=False))
     g = torch.Generator().manual_seed(0)

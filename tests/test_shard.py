@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import webdrift
-from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import VOCAB, make_model, torch_greedy
 
 
 def _cos_top1(got, want):
@@ -42,7 +42,7 @@ SHARD_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(SHARD_CASES))
-def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir):  # noqa: F811
+def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir):
     cap, rows, opts = SHARD_CASES[case]
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=192, prefill_chunk=64, max_binding_bytes=cap, **opts)
@@ -66,7 +66,7 @@ def test_sharded_hf_model_matches_transformers(case, tmp_path, hf_tokenizer_dir)
     assert out.token_ids == torch_greedy(ref, prompt, 12), case
 
 
-def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):  # noqa: F811
+def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):
     """Sliced (HSWBC4) activations: each LM head shard writes its columns of the logits through
     a column view whose slices start at the shard's row0 / 4."""
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
@@ -77,14 +77,7 @@ def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):
     assert out.token_ids == torch_greedy(ref, prompt, 10)
 
 
-@pytest.fixture(scope="module")
-def smollm2_ref(smollm2_gguf_path):
-    from transformers import AutoModelForCausalLM
-    p = smollm2_gguf_path
-    return AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
-
-
-def test_sharded_q8_embedding_smollm2_matches_transformers(smollm2_gguf_path, smollm2_ref):
+def test_sharded_q8_embedding_smollm2_matches_transformers(smollm2_gguf_path, smollm2_hf):
     """SmolLM2's tied Q8_0 embedding (49152 x 576: 27 MiB of int8 + 3.4 MiB of scales) in 12 MiB
     bindings: q8 shards of 21824 + 21824 + 5504 rows (data and scale buffers split alike)."""
     eng = webdrift.load(str(smollm2_gguf_path), max_context=96, prefill_chunk=64, max_binding_bytes=12 << 20)
@@ -92,6 +85,7 @@ def test_sharded_q8_embedding_smollm2_matches_transformers(smollm2_gguf_path, sm
     assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8", 0, 21824), ("q8", 21824, 21824), ("q8", 43648, 5504)]
     assert [b.size for b in shards[2].buffers] == [5504 * 576, 5504 * 18 * 4]
     assert _count(eng.decode, "lm_head") == 3 and _count(eng.decode, "embedding") == 3
+    smollm2_ref = smollm2_hf[0]
     rng = np.random.default_rng(5)
     ids = [1] + rng.integers(10, 49152, 30).tolist() + [21823, 21824, 43647, 43648, 49151]
     got = eng.logits(ids)
@@ -151,7 +145,7 @@ GEMMA_IDS = [2, 818, 5279, 529, 7001, 563, 231000, 9079, 236764, 532, 506, 25800
 
 
 @pytest.mark.slow
-def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path):
+def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path, gemma3_hf):
     """Gemma 3 270M (Q4_K_M GGUF) with bindings capped at 128 MiB (lavapipe's own limit, and
     some browsers'): its tied 262144 x 640 Q8_0 embedding / LM head (160 MiB of q8) is held as
     two q8 shards (209664 + 52480 rows), and webdrift's logits match transformers' on the same
@@ -160,10 +154,10 @@ def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path
     to f32. Measured (lavapipe, 2026-11-21): cosine >= 0.99996 at every position (it was
     0.9999999 with the layers dequantized to f32 on the host), top-1 16/16, max |diff| 0.16 of
     logits up to 22.4; the 5 greedy tokens (" Berlin", ".", "\n\n", "The", " capital") are
-    transformers' top tokens. ~90 s on 2 cores (transformers' GGUF load is most of it).
+    transformers' top tokens. transformers' GGUF load (most of the time) is shared with
+    test_gguf.py's Gemma test (the session fixture gemma3_hf).
     Thresholds: cosine 0.999, top-1 0.9; a greedy token that differs must be within 2% of the
     logit range of transformers' top token."""
-    from transformers import AutoModelForCausalLM
     p = gemma3_gguf_path
     eng = webdrift.load(str(p), max_context=48, prefill_chunk=32, max_binding_bytes=128 << 20)
     shards = eng.model.output_shards
@@ -175,7 +169,7 @@ def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path
     prompt = GEMMA_IDS[:6] + GEMMA_IDS[7:11] + GEMMA_IDS[12:]
     out = eng.generate(prompt, max_new_tokens=5, temperature=0.0, stop_at_eos=False).token_ids
     del eng
-    ref = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32).eval()
+    ref = gemma3_hf
     with torch.no_grad():
         want = ref(torch.tensor([GEMMA_IDS])).logits[0].numpy()
         path = ref(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].numpy()   # along our tokens

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import webdrift
-from tests.test_engine_hf import VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import VOCAB, make_model, torch_greedy
 from tests.tiny_model import write_tiny_gguf
 from webdrift.errors import ContextLengthError, InvalidArgumentError
 
@@ -55,7 +55,7 @@ def test_streams_equal_single_runs(tiny, n, plen):
         assert r.text == tiny.tokenizer.decode(r.token_ids)
 
 
-def test_streams_match_transformers(tmp_path, hf_tokenizer_dir):  # noqa: F811
+def test_streams_match_transformers(tmp_path, hf_tokenizer_dir):
     """A random Llama with GQA read by transformers: the first tokens are the top 3 of its
     logits after the prompt, each stream continues as its greedy decoding does."""
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import webdrift
-from tests.test_engine_hf import CASES, VOCAB, hf_tokenizer_dir, make_model, torch_greedy  # noqa: F401 (fixture)
+from tests.test_engine_hf import CASES, VOCAB, make_model, torch_greedy
 from tests.test_lora import tok_dir  # noqa: F401 (fixture)
 from tests.test_streams import prompt_of, top_k_ids
 from tests.tiny_model import write_tiny_gguf
@@ -61,7 +61,7 @@ def test_int8_streams_equal_single_runs(tiny_int8, n, plen):
         assert r.token_ids[1:] == eng.generate(prompt + [r.token_ids[0]], max_new_tokens=5).token_ids
 
 
-def test_int8_chain_streams(tmp_path, hf_tokenizer_dir, monkeypatch):  # noqa: F811
+def test_int8_chain_streams(tmp_path, hf_tokenizer_dir, monkeypatch):
     """The int8 chain (each layer GEMV writes the next one's int8 row, per column): streams equal
     single runs, and transformers' greedy tokens (q8 weights, int8 activations: the random
     model's top tokens are far apart, as test_engine_smollm2's int8 greedy test relies on)."""

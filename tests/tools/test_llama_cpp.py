@@ -13,6 +13,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from tests.tiny_model import write_tiny_gguf
 from webdrift.tools import llama_cpp
 from webdrift.tools.bench import add_arguments, cmd_bench, format_table
 
@@ -104,7 +105,9 @@ def _args(tmp_path, *extra):
 def test_bench_reports_llama_cpp_beside_webdrift(tmp_path, smollm2_gguf_path, capsys):
     """The real SmolLM2 GGUF through webdrift and the stand-in llama-bench: the row carries both and the
     ratio in the JSON, the table and the markdown; a missing binary is an error naming it, with the
-    report still written (exit status 1)."""
+    report still written (exit status 1). The second run only checks that error path, which does
+    not depend on the model, so it benches the tiny GGUF (tests/tiny_model.py; seconds) instead
+    of loading SmolLM2 a second time."""
     args = _args(tmp_path, "--model", str(smollm2_gguf_path), "--llama-bench", _script(tmp_path, STAND_IN))
     assert cmd_bench(args) == 0
     rep = json.loads((tmp_path / "r.json").read_text())
@@ -116,7 +119,8 @@ def test_bench_reports_llama_cpp_beside_webdrift(tmp_path, smollm2_gguf_path, ca
     assert cell in format_table(rep) and cell in (tmp_path / "b.md").read_text()
     missing = str(tmp_path / "missing" / "llama-bench")
     os.remove(tmp_path / "r.json")
-    args = _args(tmp_path, "--model", str(smollm2_gguf_path), "--llama-bench", missing)
+    tiny = write_tiny_gguf(tmp_path / "tiny.gguf")
+    args = _args(tmp_path, "--model", tiny, "--llama-bench", missing)
     assert cmd_bench(args) == 1
     assert f"webdrift: error: --llama-bench {missing!r}: no such executable file" in capsys.readouterr().err
     rep = json.loads((tmp_path / "r.json").read_text())
