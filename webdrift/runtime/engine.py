@@ -121,7 +121,7 @@ class SamplingParams:
     stop_at_eos: bool = True
     n: int = 1                        # streams decoded together (runtime/streams.py)
     first_tokens: str = "distinct"    # how the streams' first tokens differ: "distinct" or "sampled"
-    speculative: object = None        # None, "lookup", or a runtime.speculative.Drafter
+    speculative: object = None        # None, "lookup", "forecast:PATH" or a runtime.speculative.Drafter
     lora: str | tuple | None = None   # the resident LoRA adapter applied (Engine.add_lora), or none;
                                       # a tuple: one per stream (n > 1; None: that stream has none)
     lora_scale: float = 1.0           # its strength (0: the base model)
@@ -351,7 +351,8 @@ class Engine:
         n > 1: n continuations decoded together from one prefill (runtime/streams.py), returned as
         a list; first_tokens: "distinct" (the n most likely first tokens) or "sampled".
         speculative="lookup": draft tokens by prompt lookup and verify them as a tree in one pass
-        (the same tokens as without it; README "Speculative decoding").
+        (the same tokens as without it; README "Speculative decoding"); "forecast:PATH": drafts
+        from DS2D forecast vectors (docs/FORECAST.md).
         lora: a resident adapter's name (add_lora), applied at lora_scale (to every stream)."""
         sp = SamplingParams.make(max_new_tokens, temperature, top_k, top_p, seed, stop_at_eos, n, first_tokens,
                                  speculative, lora, lora_scale)
