@@ -26,7 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = row / GROUP;
   let p = query_pos(t);                            // this query's position
   let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
-  let lo = window_lo(t, p);
+  let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // the chunk's keys: positions kp0 .. kp0 + CHUNK - 1
   if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
@@ -37,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let k = k0 + lid;
   let kp = kp0 + lid;
-  let vis = visible(t, p, lo, kp);
+  let vis = visible(p, lo, kp);
   var s = -3.0e38;
   if (vis) {
     let kb = (kvh * CAP + key_slot(t, k)) * (DH / 4u);

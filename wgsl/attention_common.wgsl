@@ -47,7 +47,7 @@ fn key_slot(t: u32, k: u32) -> u32 {
   let pre = tree[r + 1u];
   if (k < pre || k > tree[r]) { return k; }
   let j = k - pre;
-  return step.pos0 + ((tree[r + 4u + TREE_TW + j / 4u] >> (8u * (j % 4u))) & 0xffu);
+  return step.pos0 + ((tree[r + 2u + j / 4u] >> (8u * (j % 4u))) & 0xffu);
 #else
   return k;
 #endif
@@ -67,14 +67,14 @@ fn v_keys(kvh: u32, d: u32, t: u32, k: u32) -> vec4<f32> {
   return vc[(b + k) / 4u];
 }
 
-// Whether query row t (position p, window start lo) sees key position k: causal (with TREE in
-// the logical order of its path: every position up to its own).
-fn visible(t: u32, p: u32, lo: u32, k: u32) -> bool {
+// Whether a query at position p (window start lo) sees key position k: causal (with TREE in the
+// logical order of its path: every position up to its own).
+fn visible(p: u32, lo: u32, k: u32) -> bool {
   return k <= p && k >= lo;
 }
 
 // The first key a sliding window lets a query at position p see.
-fn window_lo(t: u32, p: u32) -> u32 {
+fn window_lo(p: u32) -> u32 {
   if (WINDOW > 0u && p + 1u > WINDOW) { return p + 1u - WINDOW; }
   return 0u;
 }

@@ -38,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let p = query_pos(t);                            // this token's position
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
-  let lo = window_lo(t, p);
+  let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
   if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
@@ -49,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   let k = k0 + lid;
   let kp = kp0 + lid;
-  let vis = visible(t, p, lo, kp);
+  let vis = visible(p, lo, kp);
 {{S_DECL}}
   if (vis) {
     let kb = (kvh * CAP + key_slot(t, k)) * DH4;

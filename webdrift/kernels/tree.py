@@ -3,14 +3,11 @@
 
 The host uploads one record of u32 per query row t (the row sits at cache slot pos0 + t):
 
-    tree[t] = (pos, prefix, seg_lo, seg_hi, bits[0 .. TW), path[0 .. PW))
-                                                  ROW_WORDS = 4 + TW + PW
+    tree[t] = (pos, prefix, path[0 .. PW))       ROW_WORDS = 2 + PW
 
     pos           the row's RoPE position (a tree node: pos0 of the block's root + its depth)
-    prefix        keys [0, prefix) are visible (the prompt and the accepted tokens; = pos0)
-    seg_lo/hi     keys [seg_lo, seg_hi) are visible too (a stream's own segment; empty for a tree)
-    bits          key pos0 + j is visible iff bit j of bits is set (the row's ancestors in the
-                  step's block, itself included)
+    prefix        keys [0, prefix) are the cache before the block (the prompt and the accepted
+                  tokens; = pos0)
     path          one byte per depth, four per word: the block row of the row's ancestor at
                   that depth (the root's 0 first, the row itself last)
 
@@ -18,11 +15,10 @@ The attention reads a tree row's keys in *logical* order, as the single sequence
 would be: positions 0 .. pos, position k < prefix at slot k, position k >= prefix at slot
 pos0 + path[k - prefix]. So each key lands in the same chunk and the same lane as in a decode
 step at position pos, and a node's attention sums are bit for bit that step's (greedy
-speculative decoding then emits exactly the plain decode's tokens). The bits say the same
-visibility in slot terms (every visible key lies at or below the row's own slot pos0 + t: a
-block is in topological order). A sliding window is measured from `pos`. RopeQKVKernel rotates
-by `pos` and still writes K/V at the slot pos0 + t; after acceptance the host moves the accepted
-rows to consecutive slots (kernels/kv_compact.py).
+speculative decoding then emits exactly the plain decode's tokens). Every key a row reads lies
+at or below its own slot pos0 + t (a block is in topological order). A sliding window is
+measured from `pos`. RopeQKVKernel rotates by `pos` and still writes K/V at the slot pos0 + t;
+after acceptance the host moves the accepted rows to consecutive slots (kernels/kv_compact.py).
 Must not: import numpy or wgpu.
 """
 
@@ -32,12 +28,7 @@ import struct
 
 from .base import ceil_div
 
-HEADER_WORDS = 4
-
-
-def tree_words(rows_cap: int) -> int:
-    """TW: ancestor-bit words per row for a block of up to rows_cap rows."""
-    return ceil_div(rows_cap, 32)
+HEADER_WORDS = 2
 
 
 def path_words(rows_cap: int) -> int:
@@ -46,15 +37,14 @@ def path_words(rows_cap: int) -> int:
 
 
 def row_words(rows_cap: int) -> int:
-    return HEADER_WORDS + tree_words(rows_cap) + path_words(rows_cap)
+    return HEADER_WORDS + path_words(rows_cap)
 
 
 def declare_tree(b, rows_cap: int) -> str:
     """The "tree" binding (read-only u32 records) and its constants, for a template's TREE_DECL."""
-    tw = tree_words(rows_cap)
     return (b.array("tree", "array<u32>", f"({rows_cap}, {row_words(rows_cap)}) per query row: "
-                    "(pos, prefix, seg_lo, seg_hi, ancestor bits, path bytes)")
-            + f"const TREE_TW: u32 = {tw}u;\nconst TREE_ROW: u32 = {row_words(rows_cap)}u;\n")
+                    "(pos, prefix, path bytes)")
+            + f"const TREE_ROW: u32 = {row_words(rows_cap)}u;\n")
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -69,18 +59,12 @@ def depths(parents: list[int]) -> list[int]:
 def pack_tree(parents: list[int], pos0: int, rows_cap: int) -> bytes:
     """The records of a token tree whose root (the last accepted token) sits at slot pos0 and
     whose node i sits at slot pos0 + i: each row sees the cache before pos0 and its ancestors."""
-    tw, pw = tree_words(rows_cap), path_words(rows_cap)
+    pw = path_words(rows_cap)
     if not 0 < len(parents) <= rows_cap or rows_cap > 256:
         raise ValueError(f"a tree of {len(parents)} rows does not fit {rows_cap} (at most 256)")
-    dep = depths(parents)
     out = bytearray()
-    anc: list[int] = []
     paths: list[list[int]] = []
     for i, p in enumerate(parents):
-        a = (anc[p] if i else 0) | (1 << i)
-        anc.append(a)
         paths.append((paths[p] if i else []) + [i])
-        words = [(a >> (32 * w)) & 0xFFFFFFFF for w in range(tw)]
-        out += struct.pack(f"<{HEADER_WORDS + tw}I", pos0 + dep[i], pos0, 0, 0, *words)
-        out += bytes(paths[i]).ljust(4 * pw, b"\0")
+        out += struct.pack("<2I", pos0 + len(paths[i]) - 1, pos0) + bytes(paths[i]).ljust(4 * pw, b"\0")
     return bytes(out)
