@@ -601,7 +601,7 @@ class Engine:
         dev, prof, verifier = self.dev, self.profiler, self._tree_verifier()
         drafter = make_drafter(sp.speculative, self.config)
         # DS2D: m forecast rows under every node of a pass (their vectors in the verifier's buffer)
-        fc = drafter.rows if isinstance(drafter, ForecastDrafter) else 0
+        fc = drafter.forecast.m if isinstance(drafter, ForecastDrafter) else 0
         if fc:
             verifier.load_forecast(drafter.forecast)
         backoff = BackOff()

@@ -147,7 +147,6 @@ class ForecastDrafter(Drafter):
 
     def __init__(self, forecast: ForecastFile):
         self.forecast = forecast
-        self.rows = forecast.m          # forecast rows under each node of a pass
         self.last: int | None = None
         self.next: list[list[int]] | None = None
 
@@ -358,7 +357,6 @@ class TreeVerifier:
                                                "tree_argmax")
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
         self.words: tuple = ()       # the last pass's spans, row-major
-        self.forecast: ForecastFile | None = None
         cfg = e.config
         k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE)
         self.compact = [k.dispatch({"moves": self.moves, "kc": lw.k_cache, "vc": lw.v_cache}, k.workgroups(),
@@ -367,12 +365,10 @@ class TreeVerifier:
     def load_forecast(self, ff: ForecastFile) -> None:
         """Put a forecast file's vectors where the embedding reads the forecast rows (each row
         padded to whole vec4 slices)."""
-        if ff is not self.forecast:
-            dim = ff.hidden_size
-            pad = -dim % 4
-            vals = [v for i in range(ff.m) for v in (*ff.vectors[i * dim:(i + 1) * dim], *[0.0] * pad)]
-            self.dev.write_buffer(self.forecast_buf, struct.pack(f"<{len(vals)}f", *vals))
-            self.forecast = ff
+        dim = ff.hidden_size
+        pad = -dim % 4
+        vals = [v for i in range(ff.m) for v in (*ff.vectors[i * dim:(i + 1) * dim], *[0.0] * pad)]
+        self.dev.write_buffer(self.forecast_buf, struct.pack(f"<{len(vals)}f", *vals))
 
     async def argmax_rows(self, tree: DraftTree, pos0: int, step: int, sp, nodes: int | None = None) -> list[int]:
         """Run the verification pass of `tree` (root at cache slot pos0) and return the argmax of
