@@ -273,7 +273,7 @@ def test_cols_refused_where_they_do_not_apply():
     gw, _ = make_weight(_weights(32, 64), "q8")
     gf, _ = make_weight(_weights(32, 64), "f16")
     qd, yd = xq_desc("xq", 64, 4), TensorDesc("y", 32, 4)
-    for kw in ({"w": gf, "x": TensorDesc("x", 64, 4), "variant": GemvVariant("subgroup", rows=8, wg=256, cols=4)},
+    for kw in ({"w": gf, "x": TensorDesc("x", 64, 4), "variant": GemvVariant("split", rows=4, wg=64, cols=4)},
                {"w": gw, "x": qd, "variant": GemvVariant("blk", cols=4), "x_last_row": True},
                {"w": gw, "x": qd, "variant": GemvVariant("blk", cols=17)}):
         with pytest.raises(ValueError, match="token rows per workgroup"):

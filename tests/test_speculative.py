@@ -125,6 +125,27 @@ def test_int8_verification_runs_the_decode_kernels(tiny_path, fmt):
     assert prog.stage == "decode" and heads and all(op.int8_input and op.variant.cols > 1 for op in heads)
 
 
+@pytest.mark.parametrize("fmt,variant", [("f16", "subgroup"), ("q4", "wide")])
+def test_float_cols_verification_identical(tiny_path, monkeypatch, fmt, variant):
+    """The GPU's float GEMVs (subgroup, wide) in the tree program read each weight slice once for
+    up to 8 rows (NCOL columns, autotune.gemv_cols); every column sums as the one-row kernel of
+    the decode steps, so speculative greedy is still plain greedy token for token."""
+    from webdrift.kernels import autotune
+    from webdrift.kernels.linear import GemvVariant
+    from webdrift.models.forward import Linear
+    chosen = {"subgroup": GemvVariant("subgroup", rows=8, wg=128, unroll=4),
+              "wide": GemvVariant("wide", rows=16, wg=128, mrows=2)}[variant]
+    real = autotune.static_choice
+    monkeypatch.setattr(autotune, "static_choice", lambda dev, int8=False: real(dev, int8) if int8 else chosen)
+    e = webdrift.load(tiny_path, max_context=256, autotune=False, weight_format=fmt, int8_activations=False,
+                      prefill_kernels="gemm")
+    for k, ids in enumerate(prompts(5, seed=11)):
+        check_same(e, ids, seed=k, max_new_tokens=24, stop_at_eos=False)
+    lin = [op for op in e._verifier.program.graph.ops if isinstance(op, Linear)]
+    assert lin and all(op.variant.variant == variant and op.variant.cols > 1 for op in lin)
+    assert all(op.variant.cols == 1 for op in e.decode.graph.ops if isinstance(op, Linear))
+
+
 def test_lookup_mode_identical(eng):
     """speculative="lookup" on prompts that repeat themselves: the same tokens as plain decoding."""
     for k, ids in enumerate(prompts(5, seed=5)):

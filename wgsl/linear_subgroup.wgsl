@@ -13,7 +13,11 @@ diagnostic(off, subgroup_uniformity);
 //     (rope_epilogue.wgsl's rperm) and applies RoPE + the Q relayout + the KV append instead of
 //     writing y (the unfused path's rope_qkv dispatch); PAIR: a second row per subgroup (DUAL's
 //     up projection or ROPE's partner).
-// Dispatch: (ceil(O / ROWS), tokens).
+//   NCOL > 1 (several token rows: tree verification, the streams): the workgroup computes its
+//     rows for NCOL token rows ("columns" tbase .. tbase + NCOL - 1, those < n_tokens) at once, each
+//     weight slice loaded once for all of them; every column runs the one-row kernel's
+//     statements (#repeat copies of the same text), so its outputs are that kernel's bit for bit.
+// Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
 {{STEP_DECL}}
 {{X_DECL}}
 {{Y_DECL}}
@@ -31,14 +35,18 @@ fn w2_read4(o: u32, s: u32) -> vec4<f32> { return w_read4(o, s); }
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
-  let t = wid.y;
-  if (t >= {{NT}}) { return; }
+  let tbase = wid.y * NCOL;
+  if (tbase >= {{NT}}) { return; }
   let nsg = WG / sg;
   let sgi = lid / sg;
-  var inv = 1.0;
+#repeat NCOL
+  let t{{#}} = min(tbase + {{#}}u, {{NT}} - 1u);   // column {{#}}'s token row (past the last: not written)
+  var inv{{#}} = 1.0;
 #if PRE_NORM
-  inv = sg_row_inv({{XROW}}, lid, lane, sg);
+  if ({{#}}u > 0u) { workgroupBarrier(); }   // the previous column's sums are read from red
+  inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
 #endif
+#endrepeat
 #if ROPE
   // pairs of outputs (i0, i0 + 1) = weight rows (o, o2), rotation partners, in one subgroup
   for (var r = 2u * sgi; r < ROWS; r += 2u * nsg) {
@@ -52,56 +60,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
     let o2 = o;
 #endif
-    var acc = 0.0;
-    var acc2 = 0.0;
+#repeat NCOL
+    var acc{{#}} = 0.0;
+    var acc2_{{#}} = 0.0;
+#endrepeat
     var s = lane;
 #if UNROLL4
     // four independent chains: four loads in flight per lane (memory-level parallelism)
-    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+#repeat NCOL
+    var a1_{{#}} = 0.0; var a2_{{#}} = 0.0; var a3_{{#}} = 0.0;
 #if PAIR
-    var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
+    var b1_{{#}} = 0.0; var b2_{{#}} = 0.0; var b3_{{#}} = 0.0;
 #endif
+#endrepeat
     for (; s + 3u * sg < w_SI; s += 4u * sg) {
-      let x0 = load_x({{XROW}}, s, inv);
-      let x1 = load_x({{XROW}}, s + sg, inv);
-      let x2 = load_x({{XROW}}, s + 2u * sg, inv);
-      let x3 = load_x({{XROW}}, s + 3u * sg, inv);
-      acc += dot(x0, w_read4(o, s));
-      a1 += dot(x1, w_read4(o, s + sg));
-      a2 += dot(x2, w_read4(o, s + 2u * sg));
-      a3 += dot(x3, w_read4(o, s + 3u * sg));
+#repeat NCOL
+      let x0_{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
+      let x1_{{#}} = load_x(x_row(t{{#}}), s + sg, inv{{#}});
+      let x2_{{#}} = load_x(x_row(t{{#}}), s + 2u * sg, inv{{#}});
+      let x3_{{#}} = load_x(x_row(t{{#}}), s + 3u * sg, inv{{#}});
+      acc{{#}} += dot(x0_{{#}}, w_read4(o, s));
+      a1_{{#}} += dot(x1_{{#}}, w_read4(o, s + sg));
+      a2_{{#}} += dot(x2_{{#}}, w_read4(o, s + 2u * sg));
+      a3_{{#}} += dot(x3_{{#}}, w_read4(o, s + 3u * sg));
 #if PAIR
-      acc2 += dot(x0, w2_read4(o2, s));
-      b1 += dot(x1, w2_read4(o2, s + sg));
-      b2 += dot(x2, w2_read4(o2, s + 2u * sg));
-      b3 += dot(x3, w2_read4(o2, s + 3u * sg));
+      acc2_{{#}} += dot(x0_{{#}}, w2_read4(o2, s));
+      b1_{{#}} += dot(x1_{{#}}, w2_read4(o2, s + sg));
+      b2_{{#}} += dot(x2_{{#}}, w2_read4(o2, s + 2u * sg));
+      b3_{{#}} += dot(x3_{{#}}, w2_read4(o2, s + 3u * sg));
 #endif
+#endrepeat
     }
-    acc += a1 + a2 + a3;
+#repeat NCOL
+    acc{{#}} += a1_{{#}} + a2_{{#}} + a3_{{#}};
 #if PAIR
-    acc2 += b1 + b2 + b3;
+    acc2_{{#}} += b1_{{#}} + b2_{{#}} + b3_{{#}};
 #endif
+#endrepeat
 #endif
     for (; s < w_SI; s += sg) {
-      let xv = load_x({{XROW}}, s, inv);
-      acc += dot(xv, w_read4(o, s));
+#repeat NCOL
+      let xv{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
+      acc{{#}} += dot(xv{{#}}, w_read4(o, s));
 #if PAIR
-      acc2 += dot(xv, w2_read4(o2, s));
+      acc2_{{#}} += dot(xv{{#}}, w2_read4(o2, s));
 #endif
+#endrepeat
     }
-    acc = subgroupAdd(acc);
+#repeat NCOL
+    acc{{#}} = subgroupAdd(acc{{#}});
 #if PAIR
-    acc2 = subgroupAdd(acc2);
+    acc2_{{#}} = subgroupAdd(acc2_{{#}});
 #endif
+#endrepeat
 #if ROPE
     if (lane == 0u) {
-      let va = epilogue_value(t, o, acc, 0.0);
-      let vb = epilogue_value(t, o2, acc2, 0.0);
-      rope_out(t, i0, va, vb);
-      rope_out(t, i0 + 1u, vb, va);
+      let va = epilogue_value(t0, o, acc0, 0.0);
+      let vb = epilogue_value(t0, o2, acc2_0, 0.0);
+      rope_out(t0, i0, va, vb);
+      rope_out(t0, i0 + 1u, vb, va);
     }
 #else
-    if (lane == 0u) { epilogue(t, o, acc, acc2); }
+#repeat NCOL
+    if (lane == 0u && tbase + {{#}}u < {{NT}}) { epilogue(t{{#}}, o, acc{{#}}, acc2_{{#}}); }
+#endrepeat
 #endif
   }
 }

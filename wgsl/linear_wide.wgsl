@@ -11,7 +11,9 @@ diagnostic(off, subgroup_uniformity);
 // the block's input slices are loaded once (`x_blk`) and shared by a pair's two weights.
 // UNROLL4: four blocks in flight per lane. MROWS: that many consecutive rows per subgroup at a
 // time (not with ROPE). Same maths, fusions and ROPE epilogue as linear_subgroup.wgsl.
-// Dispatch: (ceil(O / ROWS), tokens).
+// NCOL > 1: NCOL token rows per workgroup as in linear_subgroup.wgsl (each block's weights
+// loaded once for every column, each column the one-row kernel's statements).
+// Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
 {{STEP_DECL}}
 {{X_DECL}}
 {{Y_DECL}}
@@ -30,14 +32,18 @@ fn w2_dot(o: u32, b: u32, x: XB) -> f32 { return w_dot(o, b, x); }
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
-  let t = wid.y;
-  if (t >= {{NT}}) { return; }
+  let tbase = wid.y * NCOL;
+  if (tbase >= {{NT}}) { return; }
   let nsg = WG / sg;
   let sgi = lid / sg;
-  var inv = 1.0;
+#repeat NCOL
+  let t{{#}} = min(tbase + {{#}}u, {{NT}} - 1u);   // column {{#}}'s token row (past the last: not written)
+  var inv{{#}} = 1.0;
 #if PRE_NORM
-  inv = sg_row_inv({{XROW}}, lid, lane, sg);
+  if ({{#}}u > 0u) { workgroupBarrier(); }   // the previous column's sums are read from red
+  inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
 #endif
+#endrepeat
 #if MROWS
   // MROWS consecutive rows per subgroup at a time: each block's input slices are loaded once
   // for all of them, and MROWS (x2 with PAIR) weight blocks are in flight per lane
@@ -46,7 +52,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
 {{MR_DECL}}
     for (var b = lane; b < w_NB; b += sg) {
-      let xb = x_blk({{XROW}}, b, inv);
+#repeat NCOL
+      let xb{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
+#endrepeat
 {{MR_ACC}}
     }
 {{MR_RED}}
@@ -68,56 +76,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
     let o2 = o;
 #endif
-    var acc = 0.0;
-    var acc2 = 0.0;
+#repeat NCOL
+    var acc{{#}} = 0.0;
+    var acc2_{{#}} = 0.0;
+#endrepeat
     var b = lane;
 #if UNROLL4
     // four blocks in flight per lane (16-32 bytes each), in four independent chains
-    var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
+#repeat NCOL
+    var a1_{{#}} = 0.0; var a2_{{#}} = 0.0; var a3_{{#}} = 0.0;
 #if PAIR
-    var b1 = 0.0; var b2 = 0.0; var b3 = 0.0;
+    var b1_{{#}} = 0.0; var b2_{{#}} = 0.0; var b3_{{#}} = 0.0;
 #endif
+#endrepeat
     for (; b + 3u * sg < w_NB; b += 4u * sg) {
-      let x0 = x_blk({{XROW}}, b, inv);
-      let x1 = x_blk({{XROW}}, b + sg, inv);
-      let x2 = x_blk({{XROW}}, b + 2u * sg, inv);
-      let x3 = x_blk({{XROW}}, b + 3u * sg, inv);
-      acc += w_dot(o, b, x0);
-      a1 += w_dot(o, b + sg, x1);
-      a2 += w_dot(o, b + 2u * sg, x2);
-      a3 += w_dot(o, b + 3u * sg, x3);
+#repeat NCOL
+      let x0_{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
+      let x1_{{#}} = x_blk(x_row(t{{#}}), b + sg, inv{{#}});
+      let x2_{{#}} = x_blk(x_row(t{{#}}), b + 2u * sg, inv{{#}});
+      let x3_{{#}} = x_blk(x_row(t{{#}}), b + 3u * sg, inv{{#}});
+      acc{{#}} += w_dot(o, b, x0_{{#}});
+      a1_{{#}} += w_dot(o, b + sg, x1_{{#}});
+      a2_{{#}} += w_dot(o, b + 2u * sg, x2_{{#}});
+      a3_{{#}} += w_dot(o, b + 3u * sg, x3_{{#}});
 #if PAIR
-      acc2 += w2_dot(o2, b, x0);
-      b1 += w2_dot(o2, b + sg, x1);
-      b2 += w2_dot(o2, b + 2u * sg, x2);
-      b3 += w2_dot(o2, b + 3u * sg, x3);
+      acc2_{{#}} += w2_dot(o2, b, x0_{{#}});
+      b1_{{#}} += w2_dot(o2, b + sg, x1_{{#}});
+      b2_{{#}} += w2_dot(o2, b + 2u * sg, x2_{{#}});
+      b3_{{#}} += w2_dot(o2, b + 3u * sg, x3_{{#}});
 #endif
+#endrepeat
     }
-    acc += a1 + a2 + a3;
+#repeat NCOL
+    acc{{#}} += a1_{{#}} + a2_{{#}} + a3_{{#}};
 #if PAIR
-    acc2 += b1 + b2 + b3;
+    acc2_{{#}} += b1_{{#}} + b2_{{#}} + b3_{{#}};
 #endif
+#endrepeat
 #endif
     for (; b < w_NB; b += sg) {
-      let xb = x_blk({{XROW}}, b, inv);
-      acc += w_dot(o, b, xb);
+#repeat NCOL
+      let xb{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
+      acc{{#}} += w_dot(o, b, xb{{#}});
 #if PAIR
-      acc2 += w2_dot(o2, b, xb);
+      acc2_{{#}} += w2_dot(o2, b, xb{{#}});
 #endif
+#endrepeat
     }
-    acc = subgroupAdd(acc);
+#repeat NCOL
+    acc{{#}} = subgroupAdd(acc{{#}});
 #if PAIR
-    acc2 = subgroupAdd(acc2);
+    acc2_{{#}} = subgroupAdd(acc2_{{#}});
 #endif
+#endrepeat
 #if ROPE
     if (lane == 0u) {
-      let va = epilogue_value(t, o, acc, 0.0);
-      let vb = epilogue_value(t, o2, acc2, 0.0);
-      rope_out(t, i0, va, vb);
-      rope_out(t, i0 + 1u, vb, va);
+      let va = epilogue_value(t0, o, acc0, 0.0);
+      let vb = epilogue_value(t0, o2, acc2_0, 0.0);
+      rope_out(t0, i0, va, vb);
+      rope_out(t0, i0 + 1u, vb, va);
     }
 #else
-    if (lane == 0u) { epilogue(t, o, acc, acc2); }
+#repeat NCOL
+    if (lane == 0u && tbase + {{#}}u < {{NT}}) { epilogue(t{{#}}, o, acc{{#}}, acc2_{{#}}); }
+#endrepeat
 #endif
   }
 #endif

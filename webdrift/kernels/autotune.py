@@ -35,7 +35,7 @@ from .flush import L2FlushKernel
 from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
 from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
-from .weights import wide_supported
+from .weights import wide_slices, wide_supported
 
 CANDIDATES = (
     GemvVariant("split", rows=4, wg=64),
@@ -543,6 +543,30 @@ def blk_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgro
     return replace(v, rows=rows, cols=cols)
 
 
+COLS_FLOATS = 160     # float GEMVs: accumulators + live input floats per lane, all columns, at most
+
+
+def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgroups: bool = True,
+              rope: bool = False, fmt: str = "f16") -> GemvVariant:
+    """The decode GEMV variant v for a program of `tokens` rows per step: blk_cols for the
+    integer-dot variant; the subgroup and wide float variants (not with RoPE in the epilogue)
+    take NCOL = tokens rounded up to a power of two, at most COLS_MAX, halved until the lane's
+    accumulators (unroll 4 and mrows count, gate/up doubles) fit COLS_ACC and its accumulators plus
+    live input floats (a wide block of fmt per chain) fit COLS_FLOATS. A column's sums are the
+    one-row kernel's whatever NCOL; split / row and one-row programs: v unchanged."""
+    if v.variant == "blk":
+        return blk_cols(v, tokens, dual, qout, subgroups)
+    if v.variant not in ("subgroup", "wide") or rope or tokens <= 1:
+        return v
+    chains = 4 if v.unroll == 4 else 1
+    acc = chains * v.mrows * (2 if dual else 1)
+    xf = chains * 4 * (wide_slices(fmt) if v.variant == "wide" else 1)
+    cols = min(COLS_MAX, 1 << (tokens - 1).bit_length())
+    while cols > 1 and (cols * acc > COLS_ACC or cols * (acc + xf) > COLS_FLOATS):
+        cols //= 2
+    return replace(v, cols=cols)
+
+
 def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
     """The fastest quantizing-epilogue configuration (variant "blk", 32 rows, its wg and rps)
     for weight w, timed like choose_gemv."""
@@ -585,17 +609,19 @@ def _search_qout(dev: Device, w, w2):
     return _as_dict(best or QOUT_STATIC)
 
 
-def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True) -> GemvVariant:
-    """The integer-dot variant v (the one-row choice) for a program of `tokens` rows per step:
-    blk_cols's static rule, or, where the adapter is tuned, the fastest of the one-row kernel and
+def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True,
+                rope: bool = False) -> GemvVariant:
+    """The decode GEMV variant v (the one-row choice) for a program of `tokens` rows per step:
+    gemv_cols's static rule, or, where the adapter is tuned, the fastest of the one-row kernel and
     the K-column forms for 4 and for `tokens` rows, timed over min(tokens, 2 COLS_MAX) rows
     (cached per shape, variant and row count). Every candidate sums a row in the same order, so
-    the choice changes the speed only, never a stream's tokens."""
+    the choice changes the speed only, never a stream's tokens. rope: the float GEMV carries
+    the RoPE epilogue (one column)."""
     dual, sub = w2 is not None, dev.has_subgroups
-    static = blk_cols(v, tokens, dual, qout, sub)
+    static = gemv_cols(v, tokens, dual, qout, sub, rope, w.fmt)
     if static == v:
         return v
-    cands = list(dict.fromkeys([static, blk_cols(v, min(tokens, 4), dual, qout, sub), v]))
+    cands = list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, sub, rope, w.fmt), v]))
     key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
            + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
     return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
@@ -603,7 +629,9 @@ def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = Fa
 
 
 def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
-    x, y, q = xq_desc("x", w.i, t), TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
+    i8 = cands[0].variant == "blk"
+    x = xq_desc("x", w.i, t) if i8 else TensorDesc("x", w.i, t)
+    y, q = TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
     bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
     sb = _step_buffer(dev, tokens=t)
     binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}

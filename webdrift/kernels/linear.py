@@ -32,7 +32,8 @@ from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
 from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
 
-MAX_COLS = 16   # token rows per workgroup of the integer-dot GEMV (GemvVariant.cols)
+MAX_COLS = 16   # token rows per workgroup of the decode GEMVs that take several (GemvVariant.cols)
+COLS_VARIANTS = ("blk", "subgroup", "wide")
 DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "linear_subgroup",
                     "wide": "linear_wide", "blk": "linear_blk"}
 
@@ -46,8 +47,9 @@ class GemvVariant:
     unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
     mrows: int = 1           # wide: consecutive rows per subgroup at a time (input loaded once for them)
-    cols: int = 1            # blk: token rows per workgroup, each weight block read once for all
-                             # (the streams; autotune.blk_cols); 1: the one-row kernel
+    cols: int = 1            # blk / subgroup / wide: token rows per workgroup, each weight block
+                             # read once for all (tree verification, the streams; autotune
+                             # gemv_cols); 1: the one-row kernel
 
 
 @dataclass(frozen=True)
@@ -107,17 +109,21 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
     return red
 
 
-def _mrows_code(m: int, pair: bool) -> dict:
+def _mrows_code(m: int, pair: bool, cols: int = 1, nt: str = "step.n_tokens") -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
-    weight's last read its last row, and are not written)."""
+    weight's last read its last row, and are not written) and the NCOL columns (c: token row
+    t{c}, input block xb{c}; each column the one-column statements)."""
     if m <= 1:
         return {"MROWS": False}
-    js = range(m)
+    js, cs = range(m), range(cols)
     row = [f"min(o + {j}u, w_O - 1u)" for j in js]
-    decl = [f"    var m{j} = 0.0;" + (f" var n{j} = 0.0;" if pair else "") for j in js]
-    acc = [f"      m{j} += w_dot({row[j]}, b, xb);" + (f" n{j} += w2_dot({row[j]}, b, xb);" if pair else "") for j in js]
-    red = [f"    m{j} = subgroupAdd(m{j});" + (f" n{j} = subgroupAdd(n{j});" if pair else "") for j in js]
-    epi = [f"      if (o + {j}u < w_O) {{ epilogue(t, o + {j}u, m{j}, {f'n{j}' if pair else f'm{j}'}); }}" for j in js]
+    decl = [f"    var m{j}_{c} = 0.0;" + (f" var n{j}_{c} = 0.0;" if pair else "") for c in cs for j in js]
+    acc = [f"      m{j}_{c} += w_dot({row[j]}, b, xb{c});" + (f" n{j}_{c} += w2_dot({row[j]}, b, xb{c});" if pair else "")
+           for c in cs for j in js]
+    red = [f"    m{j}_{c} = subgroupAdd(m{j}_{c});" + (f" n{j}_{c} = subgroupAdd(n{j}_{c});" if pair else "")
+           for c in cs for j in js]
+    epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
+           f"{f'n{j}_{c}' if pair else f'm{j}_{c}'}); }}" for c in cs for j in js]
     return {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
             "MR_EPI": "\n".join(epi)}
 
@@ -183,11 +189,13 @@ class LinearKernel(Kernel):
                 if not dev.has_subgroups or w.o % 32 or qout.row.c != row_words(w.o):
                     raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
                                      f"{row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
-        if gemm is None and variant.cols != 1 and (v != "blk" or x_last_row or not 1 <= variant.cols <= MAX_COLS
-                                  or (qout is not None and variant.wg % 32)):
-            raise ValueError(f"{variant.cols} token rows per workgroup: the integer-dot decode GEMV takes 1 to "
-                             f"{MAX_COLS} (with a quantizing epilogue, a workgroup of whole 32s), not on the LM "
-                             f"head's last row only; {w.name} is {v}")
+        if gemm is None and variant.cols != 1 and (v not in COLS_VARIANTS or x_last_row
+                                                   or not 1 <= variant.cols <= MAX_COLS
+                                                   or (qout is not None and variant.wg % 32)
+                                                   or (v != "blk" and rope is not None)):
+            raise ValueError(f"{variant.cols} token rows per workgroup: the integer-dot, subgroup and wide decode "
+                             f"GEMVs take 1 to {MAX_COLS} (with a quantizing epilogue, a workgroup of whole 32s; "
+                             f"the float ones without RoPE), not on the LM head's last row only; {w.name} is {v}")
         rows, wg = (variant.rows, variant.wg) if gemm is None else (0, gemm.wg)
         if rope is not None and (rows % 2 or qout is not None or w2 is not None or rope.head_dim % 2
                                  or v not in ("blk", "subgroup", "wide")
@@ -225,12 +233,14 @@ class LinearKernel(Kernel):
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
                      QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")
                                if qout.norm_offset is not None else ""))
-        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None))
+        nt = "1u" if x_last_row else "step.n_tokens"
+        ncol = variant.cols if gemm is None else 1
+        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt))
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
                  ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev),
-                 NT="1u" if x_last_row else "step.n_tokens", XROW="step.last_row" if x_last_row else "t",
+                 NCOL=ncol, NT=nt, XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not i8)
         if pre_norm is not None and not i8:
             d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)

@@ -5,6 +5,10 @@ Template syntax (deliberately tiny, no jinja2 so kernels need nothing beyond the
   #if NAME / #elif NAME / #else / #endif   on their own lines; NAME is truthy in defines
   (`#if !NAME` negates). Nesting is allowed.
   #include NAME               on its own line: the text of wgsl/NAME.wgsl (shared pieces)
+  #repeat NAME / #endrepeat    the lines between, int(defines[NAME]) times, `{{#}}` in them
+                               replaced by the copy's index (0, 1, ...); not nested. Unrolled
+                               per-column statements with named variables (arrays indexed in
+                               loops can end up in local memory)
 Must not: import numpy or wgpu.
 """
 
@@ -41,7 +45,35 @@ def _truthy(cond: str, defines: dict) -> bool:
     return bool(defines.get(cond))
 
 
+def _expand_repeats(text: str, defines: dict) -> str:
+    out: list[str] = []
+    body: list[str] | None = None
+    n = 0
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("#repeat "):
+            if body is not None:
+                raise GPUError("#repeat blocks do not nest in kernel templates")
+            name = s[8:].strip()
+            if name not in defines:
+                raise GPUError(f"kernel template repeats {name} times but it was not defined")
+            body, n = [], int(defines[name])
+        elif s == "#endrepeat":
+            if body is None:
+                raise GPUError("#endrepeat without #repeat in kernel template")
+            out += [b.replace("{{#}}", str(i)) for i in range(n) for b in body]
+            body = None
+        elif body is not None:
+            body.append(line)
+        else:
+            out.append(line)
+    if body is not None:
+        raise GPUError("unclosed #repeat in kernel template")
+    return "\n".join(out)
+
+
 def render(text: str, defines: dict) -> str:
+    text = _expand_repeats(text, defines)
     out: list[str] = []
     stack: list[list[bool]] = []  # [this branch active, some branch taken, parent active]
     active = True

@@ -309,7 +309,7 @@ class ForwardBuilder:
             variant = self._variant(lw.wqkv, int8=int8)
             if not int8:   # the float GEMV's subgroups compute pairs of rows: twice the chosen rows,
                 # or half its subgroups idle (and one rotation pair per subgroup: no mrows)
-                variant = replace(variant, rows=2 * variant.rows, mrows=1)
+                variant = replace(variant, rows=2 * variant.rows, mrows=1, cols=1)   # one column with RoPE
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
@@ -498,9 +498,10 @@ class ForwardBuilder:
         return self._cols(choose_qout(m.dev, w, w2, enabled=m.autotune), w, w2, qout=True)
 
     def _cols(self, v: GemvVariant, w: GPUWeight, w2: GPUWeight | None, qout: bool = False) -> GemvVariant:
-        """A program of several rows per step (the streams, a prefill over decode kernels): the
-        integer-dot GEMV reads each weight block once for several rows (autotune.choose_cols:
-        blk_cols's static rule, or measured); a one-row program keeps the one-row kernel."""
+        """A program of several rows per step (tree verification, the streams, a prefill over
+        decode kernels): the integer-dot, subgroup and wide GEMVs read each weight block once for
+        several rows (autotune.choose_cols: gemv_cols's static rule, or measured); a one-row
+        program keeps the one-row kernel."""
         m = self.m
         return choose_cols(m.dev, w, w2, v, self.capacity, qout=qout, enabled=m.autotune)
 
