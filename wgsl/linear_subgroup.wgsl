@@ -37,6 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
   let tbase = wid.y * NCOL;
   if (tbase >= {{NT}}) { return; }
+  let nc = min(NCOL, {{NT}} - tbase);   // columns with a token row (workgroup-uniform)
   let nsg = WG / sg;
   let sgi = lid / sg;
 #repeat NCOL
@@ -75,6 +76,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endrepeat
     for (; s + 3u * sg < w_SI; s += 4u * sg) {
 #repeat NCOL
+#if COLS
+      if (nc > {{#}}u) {
+#endif
       let x0_{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
       let x1_{{#}} = load_x(x_row(t{{#}}), s + sg, inv{{#}});
       let x2_{{#}} = load_x(x_row(t{{#}}), s + 2u * sg, inv{{#}});
@@ -89,6 +93,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       b2_{{#}} += dot(x2_{{#}}, w2_read4(o2, s + 2u * sg));
       b3_{{#}} += dot(x3_{{#}}, w2_read4(o2, s + 3u * sg));
 #endif
+#if COLS
+      }
+#endif
 #endrepeat
     }
 #repeat NCOL
@@ -100,10 +107,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     for (; s < w_SI; s += sg) {
 #repeat NCOL
+#if COLS
+      if (nc > {{#}}u) {
+#endif
       let xv{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
       acc{{#}} += dot(xv{{#}}, w_read4(o, s));
 #if PAIR
       acc2_{{#}} += dot(xv{{#}}, w2_read4(o2, s));
+#endif
+#if COLS
+      }
 #endif
 #endrepeat
     }

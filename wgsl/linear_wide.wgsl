@@ -34,6 +34,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
   let tbase = wid.y * NCOL;
   if (tbase >= {{NT}}) { return; }
+  let nc = min(NCOL, {{NT}} - tbase);   // columns with a token row (workgroup-uniform)
   let nsg = WG / sg;
   let sgi = lid / sg;
 #repeat NCOL
@@ -52,9 +53,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (o >= w_O) { break; }
 {{MR_DECL}}
     for (var b = lane; b < w_NB; b += sg) {
-#repeat NCOL
-      let xb{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
-#endrepeat
 {{MR_ACC}}
     }
 {{MR_RED}}
@@ -91,6 +89,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endrepeat
     for (; b + 3u * sg < w_NB; b += 4u * sg) {
 #repeat NCOL
+#if COLS
+      if (nc > {{#}}u) {
+#endif
       let x0_{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
       let x1_{{#}} = x_blk(x_row(t{{#}}), b + sg, inv{{#}});
       let x2_{{#}} = x_blk(x_row(t{{#}}), b + 2u * sg, inv{{#}});
@@ -105,6 +106,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       b2_{{#}} += w2_dot(o2, b + 2u * sg, x2_{{#}});
       b3_{{#}} += w2_dot(o2, b + 3u * sg, x3_{{#}});
 #endif
+#if COLS
+      }
+#endif
 #endrepeat
     }
 #repeat NCOL
@@ -116,10 +120,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     for (; b < w_NB; b += sg) {
 #repeat NCOL
+#if COLS
+      if (nc > {{#}}u) {
+#endif
       let xb{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
       acc{{#}} += w_dot(o, b, xb{{#}});
 #if PAIR
       acc2_{{#}} += w2_dot(o2, b, xb{{#}});
+#endif
+#if COLS
+      }
 #endif
 #endrepeat
     }

@@ -118,8 +118,13 @@ def _mrows_code(m: int, pair: bool, cols: int = 1, nt: str = "step.n_tokens") ->
     js, cs = range(m), range(cols)
     row = [f"min(o + {j}u, w_O - 1u)" for j in js]
     decl = [f"    var m{j}_{c} = 0.0;" + (f" var n{j}_{c} = 0.0;" if pair else "") for c in cs for j in js]
-    acc = [f"      m{j}_{c} += w_dot({row[j]}, b, xb{c});" + (f" n{j}_{c} += w2_dot({row[j]}, b, xb{c});" if pair else "")
-           for c in cs for j in js]
+    acc = []
+    for c in cs:   # column c: its input block, then its rows' sums (only where it has a token row)
+        acc += [f"      if (nc > {c}u) {{"] if cols > 1 else []
+        acc.append(f"      let xb{c} = x_blk(x_row(t{c}), b, inv{c});")
+        acc += [f"      m{j}_{c} += w_dot({row[j]}, b, xb{c});" + (f" n{j}_{c} += w2_dot({row[j]}, b, xb{c});" if pair else "")
+                for j in js]
+        acc += ["      }"] if cols > 1 else []
     red = [f"    m{j}_{c} = subgroupAdd(m{j}_{c});" + (f" n{j}_{c} = subgroupAdd(n{j}_{c});" if pair else "")
            for c in cs for j in js]
     epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
@@ -240,7 +245,7 @@ class LinearKernel(Kernel):
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
                  ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev),
-                 NCOL=ncol, NT=nt, XROW="step.last_row" if x_last_row else "t",
+                 NCOL=ncol, COLS=ncol > 1, NT=nt, XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not i8)
         if pre_norm is not None and not i8:
             d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
