@@ -120,6 +120,8 @@ def test_widest_tree_fills_the_pass(tiny):
     d, eng, _ = tiny
 
     class Sizes(ForecastDrafter):
+        sized = False          # the whole room every time (the built-in one shrinks with acceptance)
+
         def propose(self, max_nodes, max_depth):
             t = super().propose(max_nodes, max_depth)
             if self.next and max_depth >= 2:

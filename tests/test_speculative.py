@@ -235,3 +235,32 @@ def test_backoff_by_throughput():
     b.wait = 0
     b.verified(9, 10, 0.002)                               # 5000 tok/s: pays
     assert b.misses == 0 and b.wait == 0
+
+
+def test_node_budget_follows_acceptance():
+    """A sized drafter's trees: the whole room until a pass is verified, then 2 x the average
+    accepted drafts per pass (weight 0.3 for the newest) + 4, at least 4, at most the room."""
+    b = BackOff()
+    assert b.node_budget(64) == 64 and b.node_budget(7) == 7
+    b.verified(10, 11, 0.01)
+    assert b.node_budget(64) == 24 and b.node_budget(20) == 20
+    for _ in range(20):
+        b.verified(0, 1, 0.01)
+    assert b.node_budget(64) == 4 and b.node_budget(3) == 3
+    b.accepted = 3.45                                       # the chat task's average on the H100
+    assert b.node_budget(64) == 10
+    assert LookupDrafter.sized and not Drafter.sized        # a custom drafter gets the room
+
+
+def test_lookup_trees_shrink_when_little_is_accepted(eng):
+    """Text where lookup drafts but the model rarely follows: after the first passes the trees
+    stay near the floor (drafted per pass well under the lookup's 12-deep, 3-branch trees), and
+    the output is still plain greedy's."""
+    ids = [7, 8, 9, 10] * 12
+    plain = eng.generate(ids, max_new_tokens=64, stop_at_eos=False)
+    spec = eng.generate(ids, max_new_tokens=64, stop_at_eos=False, speculative="lookup")
+    assert spec.token_ids == plain.token_ids
+    s = spec.stats
+    assert s.spec_passes > 0
+    if s.accepted_tokens < s.spec_passes:           # little accepted: small trees after the first
+        assert s.drafted_tokens <= 12 * 3 + 6 * (s.spec_passes - 1)

@@ -620,7 +620,8 @@ class Engine:
             tree = None
             if backoff.may_draft():
                 # the pass's rows sit at slots pos .. pos + rows - 1: all inside the cache
-                tree = drafter.propose(self._tree_room(pos) // (1 + fc), budget - emitted)
+                room = self._tree_room(pos) // (1 + fc)
+                tree = drafter.propose(backoff.node_budget(room) if drafter.sized else room, budget - emitted)
                 if tree is not None:
                     self._check_tree(tree, last, pos, 1 + fc)
             t0 = time.perf_counter()

@@ -57,7 +57,10 @@ class Drafter:
     first generated token), append(token) for every token generated after it, and
     propose(max_nodes, max_depth) when it may verify a tree: a DraftTree rooted at the last
     token with at most max_nodes nodes (root included) and max_depth levels below the root, or
-    None when it has nothing worth verifying."""
+    None when it has nothing worth verifying. sized: max_nodes follows the acceptance so far
+    (BackOff.node_budget; the built-in drafters); False: the whole room of a pass."""
+
+    sized = False
 
     def reset(self, context: list[int]) -> None:
         raise NotImplementedError
@@ -76,6 +79,8 @@ class LookupDrafter(Drafter):
     into a tree (a chain when they agree); a continuation that reaches the end of the text goes
     on repeating its period. An index of every n-gram's end positions is kept up to
     date as tokens arrive, so a proposal costs a few dict look-ups."""
+
+    sized = True
 
     def __init__(self, min_ngram: int = 2, max_ngram: int = 4, depth: int = 12, branches: int = 3):
         self.min_ngram, self.max_ngram, self.depth, self.branches = min_ngram, max_ngram, depth, branches
@@ -144,6 +149,8 @@ class ForecastDrafter(Drafter):
     with no forecast yet (the first, or after plain steps) verifies the root alone, which still
     yields a token and the forecast. The engine (runtime/engine.py) adds the rows
     (with_forecast_rows) and hands the forecasts back through observe()."""
+
+    sized = True
 
     def __init__(self, forecast: ForecastFile):
         self.forecast = forecast
@@ -309,13 +316,26 @@ class BackOff:
     decode steps after consecutive misses; a paying pass resets it. A pass misses when it accepts
     nothing, or, once plain steps have been timed, when its tokens per second are below the plain
     steps' (a pass of many rows costs more than a step: accepting a little can still lose). Keeps
-    text with few matches, and drafts of low quality, close to plain decode speed."""
+    text with few matches, and drafts of low quality, close to plain decode speed.
+    node_budget: the nodes a sized drafter may propose, from the drafts accepted per pass so far
+    (a pass's cost grows with its rows: measured on an H100, a SmolLM2 pass of 4 rows costs about
+    a decode step's GPU time, 16 rows twice that, docs/BENCHMARKS.md)."""
 
-    EMA = 0.3          # weight of the newest burst in the plain steps' average throughput
+    EMA = 0.3          # weight of the newest burst / pass in the averages
+    MIN_NODES = 4      # node_budget's floor
 
     def __init__(self, cap: int = 64):
         self.cap, self.misses, self.wait = cap, 0, 0
         self.plain_rate: float | None = None     # tokens / s of plain bursts (an average)
+        self.accepted: float | None = None       # drafts accepted per drafting pass (an average)
+
+    def node_budget(self, room: int) -> int:
+        """Nodes for the next tree (root included), at most `room`: the whole room until a pass
+        has been verified, then twice the average accepted drafts + 4 (room to grow when every
+        draft is accepted), at least MIN_NODES."""
+        if self.accepted is None:
+            return room
+        return min(room, max(self.MIN_NODES, int(2 * self.accepted) + 4))
 
     def may_draft(self) -> bool:
         return self.wait == 0
@@ -331,6 +351,8 @@ class BackOff:
     def verified(self, accepted: int, tokens: int = 0, seconds: float = 0.0) -> None:
         """After a pass that drafted, accepted `accepted` of its drafts and emitted `tokens`
         (with the model's own) in `seconds`."""
+        a = self.EMA
+        self.accepted = accepted if self.accepted is None else (1 - a) * self.accepted + a * accepted
         losing = self.plain_rate is not None and seconds > 0 and tokens / seconds < self.plain_rate
         if accepted and not losing:
             self.misses = 0
