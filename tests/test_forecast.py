@@ -138,6 +138,27 @@ def test_widest_tree_fills_the_pass(tiny):
         assert len(dr.full) >= 3 and set(dr.full) == {21}, dr.full
 
 
+def test_trees_shrink_when_little_is_accepted(tiny):
+    """ForecastDrafter is sized (BackOff.node_budget): random vectors accept little, so after the
+    first verified pass its trees get the floor of 4 nodes (root + 3 at depth 1 of a (3, 2)
+    tree), not the 10 of the full tree; the output stays plain greedy's."""
+    d, eng, _ = tiny
+
+    class Budgets(ForecastDrafter):
+        def propose(self, max_nodes, max_depth):
+            if self.next and max_depth >= 2:
+                self.budgets.append(max_nodes)
+            return super().propose(max_nodes, max_depth)
+
+    dr = Budgets(read_forecast(forecast_file(d, eng.config)))
+    dr.budgets = []
+    plain = eng.generate(PROMPTS[2], max_new_tokens=48, stop_at_eos=False)
+    spec = eng.generate(PROMPTS[2], max_new_tokens=48, stop_at_eos=False, speculative=dr)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted_tokens < spec.stats.spec_passes     # little accepted
+    assert len(dr.budgets) >= 3 and dr.budgets[0] >= 10 and min(dr.budgets[1:]) <= 5, dr.budgets
+
+
 def test_sampling_reproducible_and_valid(tiny):
     d, eng, _ = tiny
     path = forecast_file(d, eng.config)

@@ -627,10 +627,14 @@ class Engine:
             t0 = time.perf_counter()
             if tree is None:
                 n_plain = 0
-                async for tok in self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids), fc):
-                    emitted, n_plain, last = emitted + 1, n_plain + 1, tok
-                    drafter.append(tok)
-                    yield tok
+                burst = self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids), fc)
+                try:
+                    async for tok in burst:
+                        emitted, n_plain, last = emitted + 1, n_plain + 1, tok
+                        drafter.append(tok)
+                        yield tok
+                finally:   # closed here (drains the steps in flight) when the caller stops at a token
+                    await burst.aclose()
                 backoff.plain_burst(n_plain, time.perf_counter() - t0)
                 pos += n_plain
                 st.plain_steps += n_plain

@@ -78,9 +78,9 @@ class LookupDrafter(Drafter):
     of up to `branches` distinct matches (most recent first), up to `depth` tokens each, merged
     into a tree (a chain when they agree); a continuation that reaches the end of the text goes
     on repeating its period. An index of every n-gram's end positions is kept up to
-    date as tokens arrive, so a proposal costs a few dict look-ups."""
-
-    sized = True
+    date as tokens arrive, so a proposal costs a few dict look-ups. Not sized: its acceptance
+    is all or nothing (a copied run accepts a whole branch), and trees cut to the average lost
+    more than the cheaper passes won (SmolLM2 on an H100: chat 1.00x -> 0.93x, docs/BENCHMARKS.md)."""
 
     def __init__(self, min_ngram: int = 2, max_ngram: int = 4, depth: int = 12, branches: int = 3):
         self.min_ngram, self.max_ngram, self.depth, self.branches = min_ngram, max_ngram, depth, branches
