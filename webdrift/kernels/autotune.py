@@ -31,6 +31,7 @@ from ..errors import GPUError, UnsupportedModelError
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .attention import AttentionKernel
+from .base import ceil_div
 from .flush import L2FlushKernel
 from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
 from .quantize import QuantizeKernel, xq_desc
@@ -707,8 +708,10 @@ def _search_timed(dev: Device, w, w2, int8: bool):
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
     sb = _step_buffer(dev)
     wide_ok = wide_supported(w.fmt, w.i, w.layout) and (w2 is None or wide_supported(w2.fmt, w2.i, w2.layout))
+    # (and those whose workgroup count the adapter refuses: few rows per workgroup of an LM head)
     cands = [c for c in (BLK_CANDIDATES if int8 else CANDIDATES)
-             if (c.variant not in ("subgroup", "wide") or dev.has_subgroups) and (c.variant != "wide" or wide_ok)]
+             if (c.variant not in ("subgroup", "wide") or dev.has_subgroups) and (c.variant != "wide" or wide_ok)
+             and ceil_div(w.o, c.wg if c.variant == "row" else c.rows) <= dev.max_workgroups]
     try:
         best, best_ns = yield from _fastest(dev, cands, lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c),
                                             {"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, 1,
