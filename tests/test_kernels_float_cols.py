@@ -104,7 +104,7 @@ def test_float_cols_refused_where_they_do_not_apply():
 def test_static_float_cols_rule():
     """gemv_cols for the float variants: NCOL = the rows rounded up to a power of two, at most 8,
     with at most 32 accumulators per lane (unroll 4 and mrows count; gate/up doubles): NCOL halved
-    to fit; RoPE, one-row programs and split / row: unchanged."""
+    to fit; one-row programs and split / row: unchanged."""
     sg = GemvVariant("subgroup", rows=8, wg=256)
     assert gemv_cols(sg, 1, dual=False) == sg
     assert gemv_cols(sg, 3, dual=False) == GemvVariant("subgroup", rows=8, wg=256, cols=4)
@@ -113,4 +113,3 @@ def test_static_float_cols_rule():
     assert gemv_cols(GemvVariant("wide", rows=16, wg=128, mrows=4), 64, dual=True).cols == 4
     assert gemv_cols(GemvVariant("wide", rows=16, wg=128, mrows=4), 64, dual=False).cols == 8
     assert gemv_cols(GemvVariant("split", rows=4, wg=64), 16, dual=False).cols == 1
-    assert gemv_cols(sg, 16, dual=False, rope=True) == sg

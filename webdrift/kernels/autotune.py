@@ -548,16 +548,16 @@ COLS_FLOATS = 160     # float GEMVs: accumulators + live input floats per lane, 
 
 
 def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgroups: bool = True,
-              rope: bool = False, fmt: str = "f16") -> GemvVariant:
+              fmt: str = "f16") -> GemvVariant:
     """The decode GEMV variant v for a program of `tokens` rows per step: blk_cols for the
-    integer-dot variant; the subgroup and wide float variants (not with RoPE in the epilogue)
-    take NCOL = tokens rounded up to a power of two, at most COLS_MAX, halved until the lane's
+    integer-dot variant; the subgroup and wide float variants (forward.py keeps one column where
+    one carries the RoPE epilogue) take NCOL = tokens rounded up to a power of two, at most COLS_MAX, halved until the lane's
     accumulators (unroll 4 and mrows count, gate/up doubles) fit COLS_ACC and its accumulators plus
     live input floats (a wide block of fmt per chain) fit COLS_FLOATS. A column's sums are the
     one-row kernel's whatever NCOL; split / row and one-row programs: v unchanged."""
     if v.variant == "blk":
         return blk_cols(v, tokens, dual, qout, subgroups)
-    if v.variant not in ("subgroup", "wide") or rope or tokens <= 1:
+    if v.variant not in ("subgroup", "wide") or tokens <= 1:
         return v
     chains = 4 if v.unroll == 4 else 1
     acc = chains * v.mrows * (2 if dual else 1)
@@ -610,19 +610,17 @@ def _search_qout(dev: Device, w, w2):
     return _as_dict(best or QOUT_STATIC)
 
 
-def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True,
-                rope: bool = False) -> GemvVariant:
+def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = False, enabled=True) -> GemvVariant:
     """The decode GEMV variant v (the one-row choice) for a program of `tokens` rows per step:
     gemv_cols's static rule, or, where the adapter is tuned, the fastest of the one-row kernel and
     the K-column forms for 4 and for `tokens` rows, timed over min(tokens, 2 COLS_MAX) rows
     (cached per shape, variant and row count). Every candidate sums a row in the same order, so
-    the choice changes the speed only, never a stream's tokens. rope: the float GEMV carries
-    the RoPE epilogue (one column)."""
+    the choice changes the speed only, never a stream's tokens."""
     dual, sub = w2 is not None, dev.has_subgroups
-    static = gemv_cols(v, tokens, dual, qout, sub, rope, w.fmt)
+    static = gemv_cols(v, tokens, dual, qout, sub, w.fmt)
     if static == v:
         return v
-    cands = list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, sub, rope, w.fmt), v]))
+    cands = list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, sub, w.fmt), v]))
     key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
            + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
     return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),

@@ -58,7 +58,7 @@ class Drafter:
     propose(max_nodes, max_depth) when it may verify a tree: a DraftTree rooted at the last
     token with at most max_nodes nodes (root included) and max_depth levels below the root, or
     None when it has nothing worth verifying. sized: max_nodes follows the acceptance so far
-    (BackOff.node_budget; the built-in drafters); False: the whole room of a pass."""
+    (BackOff.node_budget; the DS2D drafter); False: the whole room of a pass."""
 
     sized = False
 
@@ -318,8 +318,8 @@ class BackOff:
     steps' (a pass of many rows costs more than a step: accepting a little can still lose). Keeps
     text with few matches, and drafts of low quality, close to plain decode speed.
     node_budget: the nodes a sized drafter may propose, from the drafts accepted per pass so far
-    (a pass's cost grows with its rows: measured on an H100, a SmolLM2 pass of 4 rows costs about
-    a decode step's GPU time, 16 rows twice that, docs/BENCHMARKS.md)."""
+    (a pass's cost grows with its rows: on an H100 a SmolLM2 pass of 4 rows cost 1.25 synchronous
+    decode steps, 16 rows 2.5, 64 rows 5.7; docs/BENCHMARKS.md, session 8)."""
 
     EMA = 0.3          # weight of the newest burst / pass in the averages
     MIN_NODES = 4      # node_budget's floor
