@@ -501,8 +501,13 @@ class ForwardBuilder:
         """A program of several rows per step (tree verification, the streams, a prefill over
         decode kernels): the integer-dot, subgroup and wide GEMVs read each weight block once for
         several rows (autotune.choose_cols: gemv_cols's static rule, or measured); a one-row
-        program keeps the one-row kernel."""
+        program keeps the one-row kernel, and a prefill over decode kernels (software adapters)
+        keeps the float variants' one-row form (the K-column float GEMVs are measured for tree
+        verification and the streams only; each new float choice there would be one more key
+        for the browser's tuner to chase over reloads)."""
         m = self.m
+        if v.variant != "blk" and not (self.tree or self.streams):
+            return v
         return choose_cols(m.dev, w, w2, v, self.capacity, qout=qout, enabled=m.autotune)
 
     def _chained(self, produced_by_gemv: bool) -> int | None:
