@@ -62,9 +62,10 @@ def pack_tree(parents: list[int], pos0: int, rows_cap: int) -> bytes:
     pw = path_words(rows_cap)
     if not 0 < len(parents) <= rows_cap or rows_cap > 256:
         raise ValueError(f"a tree of {len(parents)} rows does not fit {rows_cap} (at most 256)")
+    dep = depths(parents)
     out = bytearray()
     paths: list[list[int]] = []
     for i, p in enumerate(parents):
         paths.append((paths[p] if i else []) + [i])
-        out += struct.pack("<2I", pos0 + len(paths[i]) - 1, pos0) + bytes(paths[i]).ljust(4 * pw, b"\0")
+        out += struct.pack("<2I", pos0 + dep[i], pos0) + bytes(paths[i]).ljust(4 * pw, b"\0")
     return bytes(out)
