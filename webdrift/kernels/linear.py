@@ -109,10 +109,10 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
     return red
 
 
-def _mrows_code(m: int, pair: bool, cols: int = 1, nt: str = "step.n_tokens") -> dict:
+def _mrows_code(m: int, pair: bool, cols: int, nt: str) -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
     weight's last read its last row, and are not written) and the NCOL columns (c: token row
-    t{c}, input block xb{c}; each column the one-column statements)."""
+    t{c}, input block xb{c}; each column the one-column statements); nt: the token count."""
     if m <= 1:
         return {"MROWS": False}
     js, cs = range(m), range(cols)
