@@ -210,10 +210,13 @@ json.dumps(out)
 
 
 def test_browser_int8_kernels(chromium, server, record):
-    """QuantizeKernel (norm fused) + the integer-dot GEMV, plain and with its quantizing epilogue,
-    and the int8 prefill GEMM (single and double-buffered tiles), compiled by Tint and run on
+    """QuantizeKernel (norm fused) + the integer-dot GEMV (q8, q4, q6k weights), plain and with its
+    quantizing epilogue, and the int8 prefill GEMM (single and double-buffered tiles), compiled by Tint and run on
     SwiftShader, against the numpy emulation of the desktop tests; with both rows as the columns of
     one workgroup (cols=2), bit-identical to the one-row kernel."""
+    from gguf import GGMLQuantizationType, quants
+
+    from tests.gpu_util import random_kquant_blocks
     from tests.test_kernels_linear_blk import quant_x
     rng = np.random.default_rng(9)
     T, O, I, CAP, eps = 2, 64, 256, 4, 1e-5
@@ -223,12 +226,14 @@ def test_browser_int8_kernels(chromium, server, record):
     w = (rng.standard_normal((O, I)) * 0.2).astype(np.float32)
     q8_raw, w_q8 = _q8_0(w)
     q4_raw, w_q4 = _q4_1(w)
+    q6_blocks = random_kquant_blocks("Q6_K", O, I, seed=3)     # q6k: Q6_K's bits, read natively
+    w_q6 = quants.dequantize(q6_blocks, GGMLQuantizationType.Q6_K).astype(np.float32)
     enc = lambda b: base64.b64encode(b).decode()
     xp = np.zeros((CAP, I), np.float32)
     xp[:T] = x
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "eps": eps, "x": enc(xp.tobytes()), "nw": enc(nw.tobytes()),
-            "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw),
-            "formats": [("Q8_0", "q8"), ("Q4_1", "q4")]}
+            "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw), "w_Q6_K": enc(q6_blocks.tobytes()),
+            "formats": [("Q8_0", "q8"), ("Q4_1", "q4"), ("Q6_K", "q6k")]}
     res = run_in_worker(chromium, server, INT8_CODE, args)
     assert res["dp4a"] and res["subgroups"], res            # Chromium's WGSL offers both
     errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
@@ -239,7 +244,7 @@ def test_browser_int8_kernels(chromium, server, record):
     inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
     uq = quant_x(u)
     nb = O // 32
-    for fmt, wref in (("q8", w_q8), ("q4", w_q4)):
+    for fmt, wref in (("q8", w_q8), ("q4", w_q4), ("q6k", w_q6)):
         y = np.array(res[fmt + "/blk"]).reshape(T, O)
         want = uq @ wref.T.astype(np.float64)
         if fmt == "q4":
@@ -472,22 +477,22 @@ def test_browser_new_weight_formats(chromium, server, record):
     """Conversion from F32 bytes into each format equals the numpy reference scheme (codes within
     one in at most 0.2% of the elements, stored scales equal up to the GPU's division), and the decode GEMV variants and
     the prefill GEMM match numpy on the converted weights. I = 768: q4g128's rows are 6 groups. The K-quant formats (q4k, q5k: Q4_K / Q5_K super-blocks read natively; q8g16:
-    Q6_K's integers and scales) from random blocks, against gguf-py's dequantization."""
+    Q6_K's integers and scales; q6k: Q6_K's bits repacked) from random blocks, against gguf-py's dequantization."""
     from gguf import GGMLQuantizationType, quants
 
     from tests.gpu_util import random_kquant_blocks
     from tests.test_kernels_formats import NEW, assert_params, decode_ref, quantize_ref
-    kq = {"Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q8g16"}
+    kq = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k")]
 
     rng = np.random.default_rng(9)
     T, O, I, CAP = 3, 40, 768, 8
     w = (rng.standard_normal((O, I)) * 0.2).astype(np.float32)
-    blocks = {src: random_kquant_blocks(src, O, I, seed=k) for k, src in enumerate(kq)}
+    blocks = {src: random_kquant_blocks(src, O, I, seed=k) for k, src in enumerate(dict(kq))}
     x = np.zeros((CAP, I), np.float32)
     x[:T] = rng.standard_normal((T, I))
     enc = lambda b: base64.b64encode(b).decode()
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "variants": VARIANTS, "x": enc(x.tobytes()),
-            "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq.items()],
+            "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq],
             "raw": {"F32": enc(w.tobytes()), **{s: enc(b.tobytes()) for s, b in blocks.items()}}}
     res = run_in_worker(chromium, server, FORMATS_CODE, args)
     errors = {k: v for k, v in res.items() if isinstance(v, str)}
@@ -501,7 +506,7 @@ def test_browser_new_weight_formats(chromium, server, record):
         ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
         for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
             np.testing.assert_allclose(np.array(res[name]).reshape(T, O), ref, rtol=1e-4, atol=1e-4, err_msg=name)
-    for src, fmt in kq.items():
+    for src, fmt in kq:
         val = quants.dequantize(blocks[src], getattr(GGMLQuantizationType, src))
         ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
         for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:

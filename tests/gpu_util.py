@@ -156,7 +156,7 @@ def random_kquant_blocks(src_type: str, rows: int, cols: int, seed: int = 0) -> 
     return b.reshape(rows, -1)
 
 
-SOURCE_FOR = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q4": "Q4_1"}
+SOURCE_FOR = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q6k": "Q6_K"}   # q6k: random Q6_K blocks
 
 
 def make_weight(w: np.ndarray, fmt: str, layout: str = "OI", src_type: str | None = None,

@@ -74,12 +74,11 @@ def gemv(dev, variant, qd, qb, yd, y0, gw, gw2, norm, ep: Epilogue, T, extra=Non
 CASES = [("plain", 3), ("dual", 5), ("bias_residual", 11), ("pre_norm", 5)]
 
 
-@pytest.mark.parametrize("cols", [2, 4, 8])
 @pytest.mark.parametrize("case,T", CASES)
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("fmt,cols", [(f, c) for f in ("q8", "q4") for c in (2, 4, 8)] + [("q6k", 4)])
 def test_cols_vs_numpy_and_one_row(fmt, case, T, cols):
     dev = device()
-    O, I = 45, 576
+    O, I = 45, 512 if fmt == "q6k" else 576
     rng = np.random.default_rng(cols * 100 + T)
     x = rng.standard_normal((T, I)).astype(np.float32)
     W = _weights(O, I, seed=13) * 3

@@ -45,7 +45,7 @@ def decode_rows(words: np.ndarray, i: int, fmt: str):
     nb = i // 32
     nbp = (nb + 3) // 4 * 4
     q = words[:, :8 * nb].copy().view(np.int8).reshape(len(words), nb * 8, 4).astype(np.int64)
-    if fmt == "q4":
+    if fmt in ("q4", "q6k"):
         pairs = q.reshape(len(words), nb * 4, 2, 4)            # (T, word pair, even|odd, 4)
         q = np.stack([pairs[:, :, 0], pairs[:, :, 1]], -1).reshape(len(words), nb * 8, 4)
     vals = q.reshape(len(words), i)
@@ -100,7 +100,7 @@ def close(got, want, rtol=1e-5):
 
 @pytest.mark.parametrize("variant", I8_VARIANTS)
 @pytest.mark.parametrize("fmt,T,O,I", [("q8", 70, 45, 160), ("q4", 70, 45, 160), ("q4", 130, 130, 96),
-                                       ("q8", 3, 200, 576)])
+                                       ("q8", 3, 200, 576), ("q6k", 70, 45, 512)])
 def test_int8_gemm_exact_block_sums(variant, fmt, T, O, I):
     rows, wref, _, y = run_i8(T, _weights(O, I), fmt, variant)
     close(y[:T], int8_reference(rows, wref, fmt, I))
@@ -108,9 +108,9 @@ def test_int8_gemm_exact_block_sums(variant, fmt, T, O, I):
 
 
 @pytest.mark.parametrize("fusion", ["pre_norm", "dual_silu", "dual_gelu", "bias_residual", "softcap"])
-@pytest.mark.parametrize("fmt", ["q8", "q4"])
+@pytest.mark.parametrize("fmt", ["q8", "q4", "q6k"])
 def test_int8_gemm_fusions(fusion, fmt):
-    T, O, I = 67, 45, 160
+    T, O, I = 67, 45, 512 if fmt == "q6k" else 160
     rng = np.random.default_rng(12)
     kw = {}
     if fusion == "pre_norm":
@@ -128,7 +128,10 @@ def test_int8_gemm_fusions(fusion, fmt):
             "bias_residual": lambda: lin + kw["bias"] + kw["y0"],
             "dual_silu": lambda: silu(lin) * int8_reference(rows, w2ref, fmt, I),
             "dual_gelu": lambda: gelu_tanh(lin) * int8_reference(rows, w2ref, fmt, I)}[fusion]()
-    close(y[:T], want, rtol=2e-5)
+    # softcap's slope is at most 1: its error is the product's, whose scale is |lin| (q6k's random
+    # blocks make |lin| large, where f32 sums near zero differ from float64 by more than 2e-5 x 2)
+    scale = np.abs(lin).max() if fusion == "softcap" else np.abs(want).max()
+    np.testing.assert_allclose(y[:T], want, rtol=2e-5, atol=2e-5 * float(scale))
     assert (y[T:] == SENTINEL).all()
 
 

@@ -21,7 +21,7 @@ from webdrift.models.manifest import runtime_format
 from webdrift.runtime.options import EngineOptions
 from webdrift.tensor import TensorDesc
 
-EXACT = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16")]
+EXACT = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k")]
 
 
 def kquant_weight(src: str, fmt: str, O: int, I: int, seed: int = 0, name: str = "w"):
@@ -49,7 +49,7 @@ def test_values_bit_exact_with_gguf(src, fmt, O, I):
     w, ref = kquant_weight(src, fmt, O, I, seed=O)
     got = read_rows(w, O, I)
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
-    per_row = {"q4k": I // 256 * 144, "q5k": I // 256 * 176, "q8g16": I + I // 16 * 4}[fmt]
+    per_row = {"q4k": I // 256 * 144, "q5k": I // 256 * 176, "q8g16": I + I // 16 * 4, "q6k": I // 256 * 212}[fmt]
     assert sum(b.size for b in w.buffers) >= O * per_row
 
 
@@ -88,7 +88,7 @@ def test_rows_at_an_offset(src, fmt):
 def test_exact_policy():
     """weight_format="exact": each stored type in a format holding it bit for bit."""
     assert runtime_format(["Q4_K"], "exact") == "q4k" and runtime_format(["Q5_K"], "exact") == "q5k"
-    assert runtime_format(["Q6_K"], "exact") == "q8g16"
+    assert runtime_format(["Q6_K"], "exact") == "q6k"
     assert runtime_format(["Q5_0", "Q5_0", "Q8_0"], "exact") == "q8"      # Gemma 3's Q|K|V
     assert runtime_format(["Q4_1"], "exact") == "q4" and runtime_format(["BF16"], "exact") == "f32"
     assert runtime_format(["Q3_K"], "exact") == "f32" and runtime_format(["Q4_K", "Q6_K"], "exact") == "f32"
@@ -96,7 +96,7 @@ def test_exact_policy():
 
 
 def test_kquant_bad_input():
-    with pytest.raises(UnsupportedModelError, match="q4k holds Q4_K super-blocks as stored; this tensor is Q4_0"):
+    with pytest.raises(UnsupportedModelError, match="q4k holds Q4_K super-blocks; this tensor is Q4_0"):
         w = allocate_weight(device(), "w", "q4k", 2, 256)
         upload_rows(device(), w, "Q4_0", b"\0" * (2 * 8 * 18), 2)
     with pytest.raises(UnsupportedModelError, match="q5k weights hold 256-input super-blocks; the input size 640"):
@@ -104,8 +104,16 @@ def test_kquant_bad_input():
     with pytest.raises(UnsupportedModelError, match="do not fit q4k rows"):
         w = allocate_weight(device(), "w", "q4k", 2, 256)
         upload_rows(device(), w, "Q4_K", b"\0" * (3 * 144), 3)
-    with pytest.raises(InvalidArgumentError, match="weight_format='q6k'"):
-        EngineOptions(weight_format="q6k")
+    with pytest.raises(UnsupportedModelError, match="q6k holds Q6_K super-blocks; this tensor is Q8_0"):
+        w = allocate_weight(device(), "w", "q6k", 2, 256)
+        upload_rows(device(), w, "Q8_0", b"\0" * (2 * 8 * 34), 2)
+    with pytest.raises(UnsupportedModelError, match="2 rows of 209 bytes do not fit q6k rows"):
+        w = allocate_weight(device(), "w", "q6k", 2, 256)
+        upload_rows(device(), w, "Q6_K", b"\0" * (2 * 209), 2)
+    with pytest.raises(UnsupportedModelError, match="q6k weights hold 256-input super-blocks; the input size 576"):
+        allocate_weight(device(), "w", "q6k", 2, 576)
+    with pytest.raises(InvalidArgumentError, match="weight_format='q3k'"):
+        EngineOptions(weight_format="q3k")
 
 
 # -- a whole model of K-quant layers vs transformers (which dequantizes GGUF with gguf-py) ----------
@@ -170,9 +178,9 @@ def _kquant_gguf(path) -> str:
 
 
 def test_kquant_model_exact_vs_transformers(tmp_path):
-    """weight_format="exact" (q4k, q5k, q8g16) gives transformers' fp32 logits on the GGUF's own
-    values within 1e-4 of the largest; the default formats (Q4_K -> q4 with f16 scales, Q5_K /
-    Q6_K re-quantized to q8) are two orders of magnitude further off."""
+    """weight_format="exact" (q4k, q5k, q6k) gives transformers' fp32 logits on the GGUF's own
+    values within 1e-4 of the largest; the default formats (Q4_K -> q4 with f16 scales, Q5_K
+    re-quantized to q8; Q6_K -> q6k as in exact) are two orders of magnitude further off."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -185,15 +193,18 @@ def test_kquant_model_exact_vs_transformers(tmp_path):
     exact = webdrift.load(path, max_context=64, weight_format="exact", autotune=False)
     lw = exact.model.layers[0]
     assert (lw.wqkv.fmt, lw.wo.fmt, lw.w_gate.fmt, lw.w_down.fmt, exact.model.output.fmt) == \
-        ("q4k", "q5k", "q4k", "q8g16", "q8g16")
+        ("q4k", "q5k", "q4k", "q6k", "q6k")
     err = np.abs(exact.logits(ids) - want).max()
     assert err < 1e-4 * np.abs(want).max(), err
     default = webdrift.load(path, max_context=64, autotune=False)
+    dl = default.model.layers[0]
+    assert (dl.wqkv.fmt, dl.wo.fmt, dl.w_down.fmt, default.model.output.fmt) == ("q4", "q8", "q6k", "q6k")
     derr = np.abs(default.logits(ids) - want).max()
     assert derr > 100 * err          # on lavapipe: 5e-5 vs 1.17 (largest logit 78)
 
 
-@pytest.mark.parametrize("fmt,needle", [("q4k", "token_embd: q4k holds Q4_K super-blocks as stored; its tensors are F32"),
+@pytest.mark.parametrize("fmt,needle", [("q4k", "token_embd: q4k holds Q4_K super-blocks; its tensors are F32"),
+                                        ("q6k", "token_embd: q6k holds Q6_K super-blocks; its tensors are F32"),
                                         ("q4g128", None)])
 def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
     """A format a model's tensors cannot take is refused before any allocation, naming the matrix

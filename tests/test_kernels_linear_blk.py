@@ -101,7 +101,8 @@ WREF = object()   # stands for the layer's own weight in fn
 
 
 @pytest.mark.parametrize("tuning", TUNINGS)
-@pytest.mark.parametrize("fmt,O,I", [("q8", 45, 576), ("q4", 45, 576), ("q4", 301, 1536), ("q8", 7, 32)])
+@pytest.mark.parametrize("fmt,O,I", [("q8", 45, 576), ("q4", 45, 576), ("q4", 301, 1536), ("q8", 7, 32),
+                                     ("q6k", 45, 512), ("q6k", 37, 1536)])
 def test_blk_formats(tuning, fmt, O, I):
     T = 3
     x, wref, _, y = run_linear("decode", T, _weights(O, I), fmt, tuning=tuning)
@@ -203,6 +204,7 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
 
 
 ROPE_CASES = [("blk", "q4", True, False, 4, 1), ("blk", "q4", False, True, 2, 1), ("blk", "q8", True, True, 8, 1),
+              ("blk", "q6k", False, True, 4, 1),
               ("subgroup", "f16", True, True, 8, 4), ("subgroup", "q8", False, False, 2, 1),
               ("wide", "q4", True, False, 8, 1), ("wide", "f16", False, True, 16, 4)]
 

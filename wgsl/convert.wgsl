@@ -262,4 +262,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #endif
 #endif
+#if DST_Q6K
+  // runtime q6k (kernels/weights.py): 32-block u of the row's Q6_K codes as 4 words of low nibbles
+  // (q4 order) and 2 of high bit pairs; block 2m also writes scale word m of its super-block,
+  // block 0 the super-block's d
+  let blk = (r * (COLS / 256u) + u / 8u) * 210u;
+  let j0 = (u % 8u) * 32u;
+  let wb = ((ROW0 + r) * UNITS + u) * 6u;
+  var hw = vec2<u32>(0u);
+  for (var k = 0u; k < 4u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 8u; n++) {
+      let q = u32(q6k_code(blk, j0 + 8u * k + n) + 32);
+      w = w | ((q & 15u) << (4u * n));
+      let sp = 2u * k + n % 2u;   // the pair s = 2k + p: word s / 4, byte lane n / 2, bits 2 (s % 4)
+      hw[sp / 4u] = hw[sp / 4u] | ((q >> 4u) << (8u * (n / 2u) + 2u * (sp % 4u)));
+    }
+    dst_data[wb + k] = w;
+  }
+  dst_data[wb + 4u] = hw.x;
+  dst_data[wb + 5u] = hw.y;
+  let sw = ((ROW0 + r) * (COLS / 256u) + u / 8u) * 5u;
+  if (u % 2u == 0u) {
+    let g = (u % 8u) * 2u;   // scales g .. g + 3 (this block's two and the next block's)
+    dst_sc[sw + g / 4u] = byte_at(blk + 192u + g) | (byte_at(blk + 193u + g) << 8u) | (byte_at(blk + 194u + g) << 16u)
+                        | (byte_at(blk + 195u + g) << 24u);
+  }
+  if (u % 8u == 0u) { dst_sc[sw + 4u] = bitcast<u32>(f16_at(blk + 208u)); }
+#endif
 }

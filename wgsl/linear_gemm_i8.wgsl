@@ -4,6 +4,7 @@
 // order for q4 weights); XNORM: those rows were x * norm weight and 1/rms of each row comes from
 // the partial sums of x^2 the quantizer left in it. Per 32-block b of a (token t, output o):
 //   q8: d_w d_x sum(q_w q_x)                 q4: d_w d_x sum(q_w q_x) + m_w s_x
+//   q6k: d_x (s0 sum_lo(q_w q_x) + s1 sum_hi(q_w q_x))   (s0, s1: d x the 16-input halves' scales)
 // (q4 stores w = d q + m with q in 0..15; s_x = the block's f32 sum), accumulated in f32.
 // A workgroup of WG = NTY * NTX invocations computes a BM-token x BN-output tile; invocation
 // (ty, tx) the TM x TN register block of tokens ty + i NTY and outputs tx + j NTX
@@ -94,6 +95,28 @@ fn w2_block(o: u32, b: u32) -> Block {
   let M = 0x0F0F0F0Fu;
   return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
                vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), unpack2x16float(w2_sm[o * NB + b]));
+}
+#endif
+#elif Q6K
+// q6k: the block's codes as int8 in the quantizer's q4 order, sc = d x the two halves' scales
+fn w_block(o: u32, b: u32) -> Block {
+  let i = 3u * (o * NB + b);
+  let A = w_data[i];
+  let B = w_data[i + 1u];
+  let H = w_data[i + 2u];
+  return Block(vec4<u32>(w_q6(A.x, 0u, H.x, 0u), w_q6(A.x, 4u, H.x, 2u), w_q6(A.y, 0u, H.x, 4u), w_q6(A.y, 4u, H.x, 6u)),
+               vec4<u32>(w_q6(B.x, 0u, H.y, 0u), w_q6(B.x, 4u, H.y, 2u), w_q6(B.y, 0u, H.y, 4u), w_q6(B.y, 4u, H.y, 6u)),
+               w_q6s(o * NB + b));
+}
+#if DUAL
+fn w2_block(o: u32, b: u32) -> Block {
+  let i = 3u * (o * NB + b);
+  let A = w2_data[i];
+  let B = w2_data[i + 1u];
+  let H = w2_data[i + 2u];
+  return Block(vec4<u32>(w2_q6(A.x, 0u, H.x, 0u), w2_q6(A.x, 4u, H.x, 2u), w2_q6(A.y, 0u, H.x, 4u), w2_q6(A.y, 4u, H.x, 6u)),
+               vec4<u32>(w2_q6(B.x, 0u, H.y, 0u), w2_q6(B.x, 4u, H.y, 2u), w2_q6(B.y, 0u, H.y, 4u), w2_q6(B.y, 4u, H.y, 6u)),
+               w2_q6s(o * NB + b));
 }
 #endif
 #else

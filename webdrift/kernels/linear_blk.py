@@ -8,6 +8,9 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
   q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
       8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
+  q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
+      even / odd byte lanes (kernels/weights.py), made int8 (q - 32) -> x packed even / odd; the
+      two 16-input halves of a block (x's lo and hi words) have their own scales.
 Several columns (cols > 1: NCOL token rows per workgroup): each weight block is loaded once and
 dotted with every column's x block, accumulators a{r}_{c}; a column's sum is the same expression,
 in the same order, as the one-row kernel's (cols == 1 writes exactly the one-row text).
@@ -18,10 +21,11 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, ceil4, n_partials, row_words
+from .weights import q6k_block_wgsl, q6k_decl
 
 
 def supported(fmt: str, i: int) -> bool:
-    return fmt in FORMATS and i % 32 == 0
+    return fmt in FORMATS and i % (256 if fmt == "q6k" else 32) == 0
 
 
 def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
@@ -34,11 +38,42 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     if fmt == "q4":
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
+    if fmt == "q6k":
+        return head + q6k_decl(n, binding, "read", o, i, word="vec2<u32>") + q6k_block_wgsl(n)
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
+
+
+def _q6k_load(n: str, r: int) -> list[str]:
+    """Block b of row rw{r} of a q6k weight: its 8 int8 words (k, p) in x's even / odd order as
+    {n}v{r}_{2k+p}, and its two half scales d sc as {n}s{r} (vec2)."""
+    o = f"rw{r}"
+    L = [f"    let {n}i{r} = 3u * ({o} * NB + b);",
+         f"    let {n}A{r} = {n}_data[{n}i{r}];", f"    let {n}B{r} = {n}_data[{n}i{r} + 1u];",
+         f"    let {n}H{r} = {n}_data[{n}i{r} + 2u];",
+         f"    let {n}s{r} = {n}_q6s({o} * NB + b);"]
+    words = (f"{n}A{r}.x", f"{n}A{r}.y", f"{n}B{r}.x", f"{n}B{r}.y")
+    for k in range(4):
+        for p in range(2):
+            s = 2 * k + p
+            L.append(f"    let {n}v{r}_{s} = {n}_q6({words[k]}, {4 * p}u, {n}H{r}.{'xy'[s // 4]}, {2 * (s % 4)}u);")
+    return L
+
+
+def _q6k_terms(n: str, r: int, xk: str, half: int) -> str:
+    """Half `half` (x's lo / hi words: inputs 0..15 / 16..31) of a q6k block's integer dot."""
+    src = f"{xk}.{'lo' if half == 0 else 'hi'}"
+    return " + ".join(f"dot4I8Packed({n}v{r}_{4 * half + j}, {src}.{c})" for j, c in enumerate("xyzw"))
+
+
+def _q6k_acc(n: str, acc: str, r: int, xk: str) -> str:
+    return (f"{acc} += {xk}.d * ({n}s{r}.x * f32({_q6k_terms(n, r, xk, 0)})\n"
+            f"        + {n}s{r}.y * f32({_q6k_terms(n, r, xk, 1)}));")
 
 
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
+    if fmt == "q6k":
+        return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q8":
         terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
@@ -72,6 +107,8 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
 def _load(n: str, r: int, fmt: str) -> list[str]:
     """Weight block b of row rw{r}, loaded once for every column (q4: its even / odd nibbles)."""
     o = f"rw{r}"
+    if fmt == "q6k":
+        return _q6k_load(n, r)
     if fmt == "q8":
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
@@ -85,6 +122,8 @@ def _load(n: str, r: int, fmt: str) -> list[str]:
 def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     """acc{r}_{c} += column c's block product: _row's expression, term for term."""
     xk = f"xk{c}"
+    if fmt == "q6k":
+        return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q8":
         terms = ([f"dot4I8Packed({n}a{r}.{e}, {xk}.lo.{e})" for e in "xyzw"]
                  + [f"dot4I8Packed({n}b{r}.{e}, {xk}.hi.{e})" for e in "xyzw"])

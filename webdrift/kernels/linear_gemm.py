@@ -151,16 +151,18 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
 
 
 def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
-    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8" or "q4"; the scale products per block:
-    q8 d_w d_x isum, q4 d_w d_x isum + m_w s_x)."""
+    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q4" or "q6k"; the scale products per block:
+    q8 d_w d_x isum, q4 d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
     v.check()
     body = []
-    q4 = fmt == "q4"
+    q4, q6 = fmt == "q4", fmt == "q6k"
+    halves = ("_0", "_1") if q6 else ("", "")   # q6k: an integer sum per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
         (("b", "ws", "n", "wsc", "wd", "c"),)
     for kb in range(v.kstep):
         body.append(f"    {{   // block {kb} of the step")
-        body += [f"    var {isum}{i}_{j} = 0;" for _, _, isum, *_ in parts for i in range(v.tm) for j in range(v.tn)]
+        body += [f"    var {isum}{i}_{j}{hs} = 0;" for _, _, isum, *_ in parts for i in range(v.tm) for j in range(v.tn)
+                 for hs in sorted(set(halves))]
         for h in range(2):
             body.append("    {")
             body += [f"      let a{i} = xs[xb + {2 * kb + h}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
@@ -169,7 +171,7 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
                 for i in range(v.tm):
                     for j in range(v.tn):
                         terms = " + ".join(f"dot4I8Packed(a{i}.{c}, {name}{j}.{c})" for c in "xyzw")
-                        body.append(f"      {isum}{i}_{j} += {terms};")
+                        body.append(f"      {isum}{i}_{j}{halves[h]} += {terms};")
             body.append("    }")
         body.append("    {")
         body += [f"      let xd{i} = xsc[xb2 + {kb}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
@@ -177,12 +179,16 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
             body += [f"      let {sn}{j} = {sarr}[wb2 + {kb}u * BN + tx + {j}u * NTX];" for j in range(v.tn)]
             for i in range(v.tm):
                 for j in range(v.tn):
+                    if q6:
+                        body.append(f"      {acc}{i}_{j} += xd{i}.x * ({sn}{j}.x * f32({isum}{i}_{j}_0) "
+                                    f"+ {sn}{j}.y * f32({isum}{i}_{j}_1));")
+                        continue
                     line = f"      {acc}{i}_{j} += f32({isum}{i}_{j}) * (xd{i}.x * {sn}{j}.x)"
                     body.append(line + (f" + {sn}{j}.y * xd{i}.y;" if q4 else ";"))
         body.append("    }")
         body.append("    }")
     nbuf = 2 if v.double else 1
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
-            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4,
+            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4, "Q6K": q6,
             **_bases(("xb", "wb", "xb2", "wb2"), ("2u * KS * BM", "2u * KS * BN", "KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}

@@ -18,6 +18,15 @@ in one of these formats (fused dequantization happens in the accessor):
        scale in f32, exactly (d * sc has at most 19 significant bits)
   q4k, q5k: GGUF Q4_K / Q5_K super-blocks as stored (144 / 176 bytes per 256 inputs, one binding),
        read natively: x = d sc q - dmin m with the 6-bit sub-block (sc, m), bit for bit gguf-py's
+  q6k: GGUF Q6_K's codes, scales and d, every bit kept (212 bytes per 256 inputs: 6.625 bits per
+       weight against the stored 6.5625), repacked at load into word-aligned 32-blocks for the
+       integer-dot kernels: x = (d sc) (q - 32), sc the int8 scale of its 16 inputs
+       data array<u32> (O, I/32, 6): words 0..3 the codes' low 4 bits in q4's order (nibble n of
+              word k: input 8k + n), words 4, 5 their high 2 bits: bits 2(s % 4), 2(s % 4) + 1 of
+              byte j of word 4 + s / 4 hold input 8k + 2j + p for s = 2k + p (so a shift and a mask
+              give word k's even (p = 0) or odd (p = 1) inputs' high bits in the byte lanes that
+              `w >> 4p & 0x0F0F0F0F` gives their low bits)
+       sc   array<u32> (O, I/256, 5): words 0..3 the 16 int8 scales, word 4 d (the f16 as f32)
 (G, the group: inputs sharing one scale, FORMAT_GROUP; 0 = the whole row. A row holds ceil(I / G)
 groups, the last one holding the remainder where G does not divide I: SmolLM2's 576 inputs in
 q4g128 are 4 groups of 128 and one of 64.)
@@ -36,13 +45,15 @@ from ..errors import UnsupportedModelError
 from ..tensor import slices
 from ..tensor.weight_layout import WeightLayout
 
-FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", "q4k", "q5k")
+FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", "q4k", "q5k", "q6k")
 # quantized formats: the storage kind (q8: int8 + f32 scale; q4: uint4 + f16x2 pair) and the group
 # G of inputs sharing a scale (0: per channel, the whole row)
 FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
 FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
 # K-quant super-blocks kept as stored: the GGUF type each holds and its bytes per 256 inputs
 KQUANT_FORMATS = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176)}
+# formats that hold one GGUF type's values natively and nothing else: the type each needs
+NATIVE_SOURCE = {"q4k": "Q4_K", "q5k": "Q5_K", "q6k": "Q6_K"}
 
 
 def group_size(fmt: str, i: int) -> int:
@@ -56,7 +67,7 @@ def check_format(fmt: str, i: int) -> None:
         raise UnsupportedModelError(f"weight format {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt in FORMAT_KIND and i % 32:
         raise UnsupportedModelError(f"{fmt} weights need the input size to be a multiple of 32, got {i}")
-    if fmt in KQUANT_FORMATS and i % 256:
+    if fmt in NATIVE_SOURCE and i % 256:
         raise UnsupportedModelError(f"{fmt} weights hold 256-input super-blocks; the input size {i} is not a multiple of 256")
 
 
@@ -102,6 +113,8 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
     check_format(fmt, i)
     if fmt in KQUANT_FORMATS:
         return [o * (i // 256) * KQUANT_FORMATS[fmt][1]]
+    if fmt == "q6k":
+        return [o * (i // 32) * 24, o * (i // 256) * 20]
     groups = o * n_groups(fmt, i)
     if FORMAT_KIND[fmt] == "q8":
         return [o * i, groups * 4]
@@ -131,6 +144,8 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
     check_format(fmt, i)
     if fmt in KQUANT_FORMATS:
         return head + _kquant_accessor(n, binding, mode, fmt, o, i)
+    if fmt == "q6k":
+        return head + _q6k_accessor(n, binding, mode, o, i)
     ng = n_groups(fmt, i)
     sc = _scale_index(n, fmt, i)
     if FORMAT_KIND[fmt] == "q8":
@@ -188,6 +203,48 @@ def _kquant_accessor(n: str, binding: int, mode: str, fmt: str, o: int, i: int) 
         f"  let w = {n}_data[blk + {qs}u + 8u * (j / 64u) + (j % 32u) / 4u] >> (4u * ((j / 32u) % 2u));\n"
         + hi +
         "  return q * (dm.x * f32(sc)) - dm.y * f32(mn);\n}\n")
+
+
+def q6k_decl(n: str, binding: int, mode: str, o: int, i: int, word: str = "u32") -> str:
+    """q6k's two buffers: data as `word` (u32, or vec2<u32>: a 32-block's 6 words as 3 loads)."""
+    per = {"u32": 6, "vec2<u32>": 3}[word]
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<{word}>;   // ({o}, {i // 32}, {per}) "
+            f"Q6_K codes, 32-blocks\n"
+            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sc: array<u32>;   // ({o}, {i // 256}, 5) "
+            f"16 int8 scales, d\n")
+
+
+def q6k_block_wgsl(n: str) -> str:
+    """For the integer-dot kernels: `fn {n}_q6(w, ws, h, hs) -> u32`, four codes as int8 bytes
+    (q - 32) from the low nibbles (w >> ws) & 0x0F0F0F0F and the high bit pairs (h >> hs) &
+    0x03030303 (v ^ 0x20 is q - 32 as 6-bit two's complement, and its bit 5 times 6 = 0xC0
+    sign-extends each byte, no carries); `fn {n}_q6s(blk) -> vec2<f32>`, d x the scales of the
+    two 16-input halves of 32-block blk (o * NB + b)."""
+    return (f"fn {n}_q6(w: u32, ws: u32, h: u32, hs: u32) -> u32 {{\n"
+            f"  let u = (((w >> ws) & 0x0F0F0F0Fu) | (((h >> hs) & 0x03030303u) << 4u)) ^ 0x20202020u;\n"
+            f"  return u | ((u & 0x20202020u) * 6u);\n}}\n"
+            f"fn {n}_q6s(blk: u32) -> vec2<f32> {{\n"
+            f"  let c = {n}_sc[blk / 8u * 5u + (blk % 8u) / 2u] << (16u - 16u * (blk % 2u));\n"
+            f"  return bitcast<f32>({n}_sc[blk / 8u * 5u + 4u]) * vec2<f32>(f32(i32(c << 8u) >> 24u), f32(i32(c) >> 24u));\n}}\n")
+
+
+def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
+    """read4: inputs 4s..4s+3 (natural order) of row o from q6k's repacked blocks."""
+    return q6k_decl(n, binding, mode, o, i) + (
+        f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
+        f"  let blk = o * {i // 32}u + s / 8u;   // the 32-block, and inputs e .. e + 3 of it\n"
+        f"  let e = (4u * s) % 32u;\n"
+        f"  let k = e / 8u;\n"
+        f"  let lo = {n}_data[6u * blk + k] >> (4u * (e % 8u));\n"
+        f"  let h0 = {n}_data[6u * blk + 4u + k / 2u] >> (2u * ((2u * k) % 4u));       // even inputs e, e + 2\n"
+        f"  let h1 = {n}_data[6u * blk + 4u + k / 2u] >> (2u * ((2u * k + 1u) % 4u));  // odd inputs e + 1, e + 3\n"
+        f"  let j = (e % 8u) / 2u;   // byte lane of input e\n"
+        f"  let q = vec4<u32>(lo, lo >> 4u, lo >> 8u, lo >> 12u) & vec4<u32>(15u);\n"
+        f"  let h = vec4<u32>(h0 >> (8u * j), h1 >> (8u * j), h0 >> (8u * j + 8u), h1 >> (8u * j + 8u)) & vec4<u32>(3u);\n"
+        f"  let g = (blk % 8u) * 2u + e / 16u;   // the 16-input sub-block within the super-block\n"
+        f"  let sb = (blk / 8u) * 5u;\n"
+        f"  let sc = i32({n}_sc[sb + g / 4u] << (24u - 8u * (g % 4u))) >> 24u;\n"
+        f"  return (vec4<f32>(q | (h << vec4<u32>(4u))) - 32.0) * (bitcast<f32>({n}_sc[sb + 4u]) * f32(sc));\n}}\n")
 
 
 # --- block accessors for the wide GEMV (linear_wide.wgsl): one 32/8-element block per call ---

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
-from ..kernels.weights import KQUANT_FORMATS, buffer_sizes
+from ..kernels.weights import NATIVE_SOURCE, buffer_sizes
 from ..tensor.weight_layout import WeightLayout
 from ..weights.config import ModelConfig
 from .manifest import Matrix, kv_cache_bytes, model_manifest
@@ -93,8 +93,8 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
         o, i = sum(t.shape[0] for t in group), group[0].shape[1]
         fmt = m.format(ts, weight_format)
         types = sorted({t.type_name for t in group})
-        if fmt in KQUANT_FORMATS and types != [KQUANT_FORMATS[fmt][0]]:
-            raise UnsupportedModelError(f"{m.label}: {fmt} holds {KQUANT_FORMATS[fmt][0]} super-blocks as stored; "
+        if fmt in NATIVE_SOURCE and types != [NATIVE_SOURCE[fmt]]:
+            raise UnsupportedModelError(f"{m.label}: {fmt} holds {NATIVE_SOURCE[fmt]} super-blocks; "
                                         f"its tensors are {', '.join(types)} (weight_format='exact' picks per tensor)")
         try:
             sizes = _sizes(fmt, o, i)
