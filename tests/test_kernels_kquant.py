@@ -72,6 +72,63 @@ def test_linear_reads_kquants(src, fmt, stage, T, variant):
     assert (y[T:] == 1234.5).all()
 
 
+def kquant_mins(src: str, blocks: np.ndarray, I: int) -> np.ndarray:
+    """(O, I / 32) the 32-blocks' additive terms: Q4_K's -dmin m (the values of codes 0: the
+    blocks dequantized with every nibble byte zeroed), 0 for Q6_K (symmetric)."""
+    if src == "Q6_K":
+        return np.zeros((len(blocks), I // 32))
+    z = blocks.reshape(-1, 144).copy()
+    z[:, 16:] = 0
+    return quants.dequantize(z, GGMLQuantizationType.Q4_K).reshape(len(blocks), I // 32, 32)[..., 0].astype(np.float64)
+
+
+@pytest.mark.parametrize("src,fmt", [("Q4_K", "q4k"), ("Q6_K", "q6k")])
+@pytest.mark.parametrize("dual", [False, True])
+def test_integer_dot_kernels_read_kquants(src, fmt, dual):
+    """The int8-activation paths on q4k / q6k: QuantizeKernel's rows (x packed for the format),
+    the integer-dot GEMV (one row and 4 columns) and the int8 prefill GEMM (two tiles) against the
+    exact block sums in float64 (sum_b d_x (d sc) sum(q_x q) + (-dmin m) s_x, the weights from
+    gguf-py), and the columns bit for bit the one-row kernel's."""
+    from tests.gpu_util import step_buffer, write_step
+    from tests.test_kernels_gemm_i8 import decode_rows
+    from webdrift.kernels.linear import Epilogue, GemmVariant
+    from webdrift.kernels.quantize import QuantizeKernel, xq_desc
+    dev = device()
+    T, O, I, CAP = 6, 37, 768, 8
+    x = np.random.default_rng(5).standard_normal((T, I)).astype(np.float32)
+    xd, qd, yd = TensorDesc("x", I, CAP), xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    run(QuantizeKernel(dev, xd, qd, fmt), {"x": xb, "xq": qb}, T)
+    vals, d, s, _ = decode_rows(np.frombuffer(dev.read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T], I, fmt)
+    xdeq = vals * np.repeat(d.astype(np.float64), 32, axis=1)
+    refs, ws = [], []
+    for k in range(2 if dual else 1):
+        blocks = random_kquant_blocks(src, O, I, seed=7 + k)
+        w = allocate_weight(dev, f"w{k}", fmt, O, I)
+        upload_rows(dev, w, src, blocks.tobytes(), O)
+        wd = quants.dequantize(blocks, getattr(GGMLQuantizationType, src)).astype(np.float64)
+        m = kquant_mins(src, blocks, I)
+        refs.append(xdeq @ (wd - np.repeat(m, 32, axis=1)).T + s.astype(np.float64) @ m.T)
+        ws.append(w)
+    want = refs[0] * 0.5 * (1 + np.tanh(refs[0] / 2)) * refs[1] if dual else refs[0]   # SiLU(gate) * up
+    gw, gw2 = ws[0], (ws[1] if dual else None)
+    binds = {"step": step_buffer(), "x": qb, "w": gw.buffers} | ({"w2": gw2.buffers} if dual else {})
+    write_step(T)
+    outs = {}
+    for name, stage, v in (("blk", "decode", GemvVariant("blk", rows=4, wg=64)),
+                           ("cols", "decode", GemvVariant("blk", rows=4, wg=64, cols=4)),
+                           ("gemm", "prefill", GemmVariant(int8=True, kstep=2)),
+                           ("gemm_db", "prefill", GemmVariant(int8=True, bm=32, bn=32, tm=4, tn=2, kstep=1, double=True))):
+        yb = upload(yd, None, fill=1234.5)
+        k = LinearKernel(dev, stage, qd, yd, gw, gw2, variant=v, epilogue=Epilogue(act="silu"))
+        dev.submit([k.dispatch(binds | {"y": yb}, k.workgroups(T))])
+        outs[name] = download(yd, yb)
+        assert (outs[name][T:] == 1234.5).all(), name
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(outs[name][:T], want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+    np.testing.assert_array_equal(outs["cols"], outs["blk"])
+
+
 @pytest.mark.parametrize("src,fmt", EXACT)
 def test_rows_at_an_offset(src, fmt):
     """Two tensors at rows 0 and 4 of one weight (a fused Q|K|V): each row bit for bit."""

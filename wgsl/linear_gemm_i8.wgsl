@@ -3,7 +3,7 @@
 // is the activation rows already quantized to int8 per 32-block by quantize.wgsl (q4-packed
 // order for q4 weights); XNORM: those rows were x * norm weight and 1/rms of each row comes from
 // the partial sums of x^2 the quantizer left in it. Per 32-block b of a (token t, output o):
-//   q8: d_w d_x sum(q_w q_x)                 q4: d_w d_x sum(q_w q_x) + m_w s_x
+//   q8: d_w d_x sum(q_w q_x)                 q4, q4k: d_w d_x sum(q_w q_x) + m_w s_x
 //   q6k: d_x (s0 sum_lo(q_w q_x) + s1 sum_hi(q_w q_x))   (s0, s1: d x the 16-input halves' scales)
 // (q4 stores w = d q + m with q in 0..15; s_x = the block's f32 sum), accumulated in f32.
 // A workgroup of WG = NTY * NTX invocations computes a BM-token x BN-output tile; invocation
@@ -82,7 +82,28 @@ fn put_x(buf: u32, idx: u32, k: Block) {
   }
 }
 
-#if Q4
+#if Q4K
+// q4k: the block's half of 32 nibble bytes (inputs in order, as the natural-order x), and
+// (d sc, -dmin m) as q4's (scale, min)
+fn w_block(o: u32, b: u32) -> Block {
+  let k = o * NB + b;
+  let P = w_data[k / 8u * 9u + 1u + 2u * ((k % 8u) / 2u)];
+  let Q = w_data[k / 8u * 9u + 2u + 2u * ((k % 8u) / 2u)];
+  let h = vec4<u32>(4u * (k % 2u));
+  let M = vec4<u32>(0x0F0F0F0Fu);
+  return Block((P >> h) & M, (Q >> h) & M, w_k4sm(k));
+}
+#if DUAL
+fn w2_block(o: u32, b: u32) -> Block {
+  let k = o * NB + b;
+  let P = w2_data[k / 8u * 9u + 1u + 2u * ((k % 8u) / 2u)];
+  let Q = w2_data[k / 8u * 9u + 2u + 2u * ((k % 8u) / 2u)];
+  let h = vec4<u32>(4u * (k % 2u));
+  let M = vec4<u32>(0x0F0F0F0Fu);
+  return Block((P >> h) & M, (Q >> h) & M, w2_k4sm(k));
+}
+#endif
+#elif Q4
 fn w_block(o: u32, b: u32) -> Block {
   let q = w_data[o * NB + b];
   let M = 0x0F0F0F0Fu;

@@ -8,6 +8,8 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
   q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
       8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
+  q4k: Q4_K super-blocks as stored: a 32-block's nibbles are one half (low or high) of 32 bytes
+      holding inputs in order -> x packed in natural order; (d sc, -dmin m) as q4's (scale, min).
   q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
       even / odd byte lanes (kernels/weights.py), made int8 (q - 32) -> x packed even / odd; the
       two 16-input halves of a block (x's lo and hi words) have their own scales.
@@ -21,11 +23,11 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, ceil4, n_partials, row_words
-from .weights import q6k_block_wgsl, q6k_decl
+from .weights import q4k_block_wgsl, q6k_block_wgsl, q6k_decl
 
 
 def supported(fmt: str, i: int) -> bool:
-    return fmt in FORMATS and i % (256 if fmt == "q6k" else 32) == 0
+    return fmt in FORMATS and i % (256 if fmt in ("q4k", "q6k") else 32) == 0
 
 
 def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
@@ -38,6 +40,9 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     if fmt == "q4":
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
+    if fmt == "q4k":
+        return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  "
+                       f"// ({o}, {i // 256}, 9) Q4_K super-blocks as stored\n") + q4k_block_wgsl(n)
     if fmt == "q6k":
         return head + q6k_decl(n, binding, "read", o, i, word="vec2<u32>") + q6k_block_wgsl(n)
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
@@ -59,6 +64,23 @@ def _q6k_load(n: str, r: int) -> list[str]:
     return L
 
 
+def _q4k_load(n: str, r: int) -> list[str]:
+    """Block b of row rw{r} of a q4k weight: its 32 nibble bytes {n}P{r} (inputs 0..15), {n}Q{r}
+    (16..31), the nibble's shift {n}h{r} and (d sc, -dmin m) {n}m{r}."""
+    o = f"rw{r}"
+    return [f"    let {n}k{r} = {o} * NB + b;",
+            f"    let {n}P{r} = {n}_data[{n}k{r} / 8u * 9u + 1u + 2u * (({n}k{r} % 8u) / 2u)];",
+            f"    let {n}Q{r} = {n}_data[{n}k{r} / 8u * 9u + 2u + 2u * (({n}k{r} % 8u) / 2u)];",
+            f"    let {n}h{r} = vec4<u32>(4u * ({n}k{r} % 2u));",
+            f"    let {n}m{r} = {n}_k4sm({n}k{r});"]
+
+
+def _q4k_acc(n: str, acc: str, r: int, xk: str) -> str:
+    terms = [f"dot4I8Packed(({n}{v}{r}.{c} >> {n}h{r}.{c}) & 0x0F0F0F0Fu, {xk}.{half}.{c})"
+             for v, half in (("P", "lo"), ("Q", "hi")) for c in "xyzw"]
+    return f"{acc} += {n}m{r}.x * {xk}.d * f32({' + '.join(terms)}) + {n}m{r}.y * {xk}.s;"
+
+
 def _q6k_terms(n: str, r: int, xk: str, half: int) -> str:
     """Half `half` (x's lo / hi words: inputs 0..15 / 16..31) of a q6k block's integer dot."""
     src = f"{xk}.{'lo' if half == 0 else 'hi'}"
@@ -72,6 +94,8 @@ def _q6k_acc(n: str, acc: str, r: int, xk: str) -> str:
 
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
+    if fmt == "q4k":
+        return _q4k_load(n, r) + [f"    {_q4k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q6k":
         return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q8":
@@ -107,6 +131,8 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
 def _load(n: str, r: int, fmt: str) -> list[str]:
     """Weight block b of row rw{r}, loaded once for every column (q4: its even / odd nibbles)."""
     o = f"rw{r}"
+    if fmt == "q4k":
+        return _q4k_load(n, r)
     if fmt == "q6k":
         return _q6k_load(n, r)
     if fmt == "q8":
@@ -122,6 +148,8 @@ def _load(n: str, r: int, fmt: str) -> list[str]:
 def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     """acc{r}_{c} += column c's block product: _row's expression, term for term."""
     xk = f"xk{c}"
+    if fmt == "q4k":
+        return f"      {_q4k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q6k":
         return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q8":
@@ -287,7 +315,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
     nb = i // 32
     acc_rows = rps if qout else rows
     return {"NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt == "q4",
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": x_partials or n_partials(i), "Q4": fmt in ("q4", "q4k"),
             "RED": red_floats(rows, dual, wg, subgroups, cols, qout), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             "XR_DECL": "\n".join(f"  let xr{c} = (t0 + {c}u) * STRIDE4;" for c in range(cols)),

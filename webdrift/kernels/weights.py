@@ -228,6 +228,22 @@ def q6k_block_wgsl(n: str) -> str:
             f"  return bitcast<f32>({n}_sc[blk / 8u * 5u + 4u]) * vec2<f32>(f32(i32(c << 8u) >> 24u), f32(i32(c) >> 24u));\n}}\n")
 
 
+def q4k_block_wgsl(n: str) -> str:
+    """For the integer-dot kernels (`{n}_data: array<vec4<u32>>`, 9 vec4 per Q4_K super-block:
+    the header d, dmin, scales[12], then 8 of nibbles): `fn {n}_k4sm(blk) -> vec2<f32>`, the
+    (scale, min) pair of 32-block blk (o * NB + b) as q4 has them: (d sc, -dmin m), the 6-bit
+    sub-block sc, m unpacked as ggml's get_scale_min_k4 (exact in f32)."""
+    return (f"fn {n}_k4sm(blk: u32) -> vec2<f32> {{\n"
+            f"  let h = {n}_data[blk / 8u * 9u];\n"
+            f"  let j = blk % 8u;\n"
+            f"  let k = 8u * (j % 4u);\n"
+            f"  let md = (h.w >> k) & 0xffu;   // j >= 4: byte j + 4\n"
+            f"  let sc = select(((h.y >> k) & 63u), (md & 15u) | (((h.y >> (k + 6u)) & 3u) << 4u), j >= 4u);\n"
+            f"  let mn = select(((h.z >> k) & 63u), (md >> 4u) | (((h.z >> (k + 6u)) & 3u) << 4u), j >= 4u);\n"
+            f"  let dm = unpack2x16float(h.x);\n"
+            f"  return vec2<f32>(dm.x * f32(sc), -(dm.y * f32(mn)));\n}}\n")
+
+
 def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
     """read4: inputs 4s..4s+3 (natural order) of row o from q6k's repacked blocks."""
     return q6k_decl(n, binding, mode, o, i) + (

@@ -76,7 +76,9 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     fmts = {default_format(t) for t in types}
     if len(fmts) == 1:
         return fmts.pop()
-    if fmts <= {"q8", "q4", "q6k"}:   # q6k holds Q6_K only: a fused matrix mixing it re-quantizes to q8
+    if fmts <= {"q4", "q4k"}:   # Q4_K with Q4_0 / Q4_1: q4 holds them all (Q4_K's scales in f16)
+        return "q4"
+    if fmts <= {"q8", "q4", "q4k", "q6k"}:   # q4k / q6k hold one GGUF type each: a mix re-quantizes to q8
         return "q8"
     return "f32"
 
