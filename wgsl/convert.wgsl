@@ -262,6 +262,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #endif
 #endif
+#if DST_Q4K
+  // runtime q4k (kernels/weights.py): 32-block u's nibbles in q4's order; block 0 of a super-block
+  // also copies its 16-byte header (d, dmin, scales)
+  let blk = (r * (COLS / 256u) + u / 8u) * 144u;
+  let sb = ((ROW0 + r) * (COLS / 256u) + u / 8u) * 9u;
+  let j = u % 8u;
+  var q = vec4<u32>(0u);
+  for (var k = 0u; k < 4u; k++) {
+    for (var n = 0u; n < 8u; n++) {
+      q[k] = q[k] | (((byte_at(blk + 16u + 32u * (j / 2u) + 8u * k + n) >> (4u * (j % 2u))) & 15u) << (4u * n));
+    }
+  }
+  dst_data[sb + 1u + j] = q;
+  if (j == 0u) { dst_data[sb] = vec4<u32>(raw[blk / 4u], raw[blk / 4u + 1u], raw[blk / 4u + 2u], raw[blk / 4u + 3u]); }
+#endif
 #if DST_Q6K
   // runtime q6k (kernels/weights.py): 32-block u of the row's Q6_K codes as 4 words of low nibbles
   // (q4 order) and 2 of high bit pairs; block 2m also writes scale word m of its super-block,

@@ -83,24 +83,21 @@ fn put_x(buf: u32, idx: u32, k: Block) {
 }
 
 #if Q4K
-// q4k: the block's half of 32 nibble bytes (inputs in order, as the natural-order x), and
-// (d sc, -dmin m) as q4's (scale, min)
+// q4k: as q4, the block's nibbles after its super-block's header, (d sc, -dmin m) from the header
 fn w_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let P = w_data[k / 8u * 9u + 1u + 2u * ((k % 8u) / 2u)];
-  let Q = w_data[k / 8u * 9u + 2u + 2u * ((k % 8u) / 2u)];
-  let h = vec4<u32>(4u * (k % 2u));
-  let M = vec4<u32>(0x0F0F0F0Fu);
-  return Block((P >> h) & M, (Q >> h) & M, w_k4sm(k));
+  let q = w_data[k / 8u * 9u + 1u + k % 8u];
+  let M = 0x0F0F0F0Fu;
+  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
+               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), w_k4sm(k));
 }
 #if DUAL
 fn w2_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let P = w2_data[k / 8u * 9u + 1u + 2u * ((k % 8u) / 2u)];
-  let Q = w2_data[k / 8u * 9u + 2u + 2u * ((k % 8u) / 2u)];
-  let h = vec4<u32>(4u * (k % 2u));
-  let M = vec4<u32>(0x0F0F0F0Fu);
-  return Block((P >> h) & M, (Q >> h) & M, w2_k4sm(k));
+  let q = w2_data[k / 8u * 9u + 1u + k % 8u];
+  let M = 0x0F0F0F0Fu;
+  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
+               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), w2_k4sm(k));
 }
 #endif
 #elif Q4

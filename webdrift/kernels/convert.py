@@ -2,9 +2,9 @@
 there is no numpy): raw file bytes -> a runtime GPUWeight in the layout its consumer wants.
 
 Every stored type the core reads converts to every runtime format (f32, f16 in any WeightLayout;
-q8, q8pc, q8g16; q4, q4g128, q4pc; e0m4) but q4k / q5k / q6k, which hold one GGUF type each: Q4_K /
-Q5_K super-blocks as stored (copied, no kernel), Q6_K's bits repacked into word-aligned 32-blocks
-(q6k, kernels/weights.py). Q6_K -> q8g16 keeps Q6_K's integers and d x sub-block scale exactly. Into q8 / q4 the integers and scales are kept as they are where the format holds them
+q8, q8pc, q8g16; q4, q4g128, q4pc; e0m4) but q4k / q5k / q6k, which hold one GGUF type each: Q5_K
+super-blocks as stored (copied, no kernel), Q4_K's and Q6_K's bits repacked for the integer-dot
+kernels (kernels/weights.py). Q6_K -> q8g16 keeps Q6_K's integers and d x sub-block scale exactly. Into q8 / q4 the integers and scales are kept as they are where the format holds them
 (Q8_0, Q5_0 -> q8; Q4_0, Q4_1, Q4_K -> q4, Q4_K's sub-block scale and min multiplied out into
 f16); anything else is decoded and re-quantized per group on the GPU (ggml's Q8_0 / Q4_1
 rounding; e0m4: kernels/weights.py), so `weight_format="q4"` on an f16 model, or Gemma's Q6_K tensors, need no host work.
@@ -33,7 +33,7 @@ QUANT_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q4_K", "
 SOURCE_TYPES = FLOAT_TYPES + QUANT_TYPES     # stored types the GPU converter reads
 # conversions that keep the stored integers (no re-quantization; Q4_K: f16 rounding of d * scale)
 DIRECT = {("Q8_0", "q8"), ("Q5_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("Q4_K", "q4"), ("Q6_K", "q8g16"),
-          ("Q6_K", "q6k")}
+          ("Q6_K", "q6k"), ("Q4_K", "q4k")}
 BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
@@ -53,7 +53,7 @@ class ConvertKernel(Kernel):
         if src_type in BLOCK_256 and dst.i % 256:
             raise UnsupportedModelError(f"{src_type} rows hold whole 256-element blocks; {dst.name} has {dst.i} columns")
         kind = FORMAT_KIND.get(dst.fmt, dst.fmt)
-        group = group_size(dst.fmt, dst.i) if kind in ("q8", "q4") else 32 if kind == "q6k" else 4
+        group = group_size(dst.fmt, dst.i) if kind in ("q8", "q4") else 32 if kind in ("q4k", "q6k") else 4
         units = ceil_div(dst.i, 4 if kind in ("f32", "f16") else group)
         self.grid = grid_1d(ceil_div(rows * units, 64), dev.max_workgroups)
         b = Bindings()
@@ -63,7 +63,7 @@ class ConvertKernel(Kernel):
             "DST_DECL": b.weight("dst", dst, lambda n, k: weight_accessor_wgsl(n, k, dst.fmt, dst.o, dst.i, dst.layout,
                                                                                writable=True), writable=True),
             "DST_FLOAT": dst.fmt in ("f32", "f16"), "DST_F16": dst.fmt == "f16",
-            "DST_Q8": kind == "q8", "DST_Q4": kind == "q4", "DST_E0M4": dst.fmt == "e0m4", "DST_Q6K": kind == "q6k",
+            "DST_Q8": kind == "q8", "DST_Q4": kind == "q4", "DST_E0M4": dst.fmt == "e0m4", "DST_Q6K": kind == "q6k", "DST_Q4K": kind == "q4k",
             "Q8_DIRECT": (src_type, dst.fmt) in DIRECT, "Q4_DIRECT": (src_type, dst.fmt) in DIRECT,
             "ROWS": rows, "COLS": dst.i, "ROW0": row0, "UNITS": units, "GROUP": group, "NX": self.grid[0],
         }

@@ -8,8 +8,8 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
   q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
       8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
-  q4k: Q4_K super-blocks as stored: a 32-block's nibbles are one half (low or high) of 32 bytes
-      holding inputs in order -> x packed in natural order; (d sc, -dmin m) as q4's (scale, min).
+  q4k: Q4_K super-blocks with each 32-block's nibbles in q4's order (kernels/weights.py) -> as q4,
+      its (scale, min) pair (d sc, -dmin m) from the super-block's header.
   q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
       even / odd byte lanes (kernels/weights.py), made int8 (q - 32) -> x packed even / odd; the
       two 16-input halves of a block (x's lo and hi words) have their own scales.
@@ -42,7 +42,7 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
                        f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
     if fmt == "q4k":
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  "
-                       f"// ({o}, {i // 256}, 9) Q4_K super-blocks as stored\n") + q4k_block_wgsl(n)
+                       f"// ({o}, {i // 256}, 9) Q4_K super-blocks, nibbles in q4's order\n") + q4k_block_wgsl(n)
     if fmt == "q6k":
         return head + q6k_decl(n, binding, "read", o, i, word="vec2<u32>") + q6k_block_wgsl(n)
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
@@ -64,23 +64,6 @@ def _q6k_load(n: str, r: int) -> list[str]:
     return L
 
 
-def _q4k_load(n: str, r: int) -> list[str]:
-    """Block b of row rw{r} of a q4k weight: its 32 nibble bytes {n}P{r} (inputs 0..15), {n}Q{r}
-    (16..31), the nibble's shift {n}h{r} and (d sc, -dmin m) {n}m{r}."""
-    o = f"rw{r}"
-    return [f"    let {n}k{r} = {o} * NB + b;",
-            f"    let {n}P{r} = {n}_data[{n}k{r} / 8u * 9u + 1u + 2u * (({n}k{r} % 8u) / 2u)];",
-            f"    let {n}Q{r} = {n}_data[{n}k{r} / 8u * 9u + 2u + 2u * (({n}k{r} % 8u) / 2u)];",
-            f"    let {n}h{r} = vec4<u32>(4u * ({n}k{r} % 2u));",
-            f"    let {n}m{r} = {n}_k4sm({n}k{r});"]
-
-
-def _q4k_acc(n: str, acc: str, r: int, xk: str) -> str:
-    terms = [f"dot4I8Packed(({n}{v}{r}.{c} >> {n}h{r}.{c}) & 0x0F0F0F0Fu, {xk}.{half}.{c})"
-             for v, half in (("P", "lo"), ("Q", "hi")) for c in "xyzw"]
-    return f"{acc} += {n}m{r}.x * {xk}.d * f32({' + '.join(terms)}) + {n}m{r}.y * {xk}.s;"
-
-
 def _q6k_terms(n: str, r: int, xk: str, half: int) -> str:
     """Half `half` (x's lo / hi words: inputs 0..15 / 16..31) of a q6k block's integer dot."""
     src = f"{xk}.{'lo' if half == 0 else 'hi'}"
@@ -92,10 +75,18 @@ def _q6k_acc(n: str, acc: str, r: int, xk: str) -> str:
             f"        + {n}s{r}.y * f32({_q6k_terms(n, r, xk, 1)}));")
 
 
+def _q4_block(n: str, o: str, fmt: str) -> str:
+    """q4 / q4k: the vec4 of 32 nibbles of block b of row o (q4k: after its super-block's header)."""
+    return f"{n}_data[({o} * NB + b) / 8u * 9u + 1u + b % 8u]" if fmt == "q4k" else f"{n}_data[{o} * NB + b]"
+
+
+def _q4_pair(n: str, o: str, fmt: str) -> str:
+    """q4 / q4k: the (scale, min) pair of block b of row o."""
+    return f"{n}_k4sm({o} * NB + b)" if fmt == "q4k" else f"unpack2x16float({n}_sm[{o} * NB + b])"
+
+
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
-    if fmt == "q4k":
-        return _q4k_load(n, r) + [f"    {_q4k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q6k":
         return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q8":
@@ -109,8 +100,8 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
         lo, hi = ("x", "y") if k % 2 == 0 else ("z", "w")
         terms.append(f"dot4I8Packed({n}q{r}.{c} & 0x0F0F0F0Fu, {src}.{lo})")
         terms.append(f"dot4I8Packed(({n}q{r}.{c} >> 4u) & 0x0F0F0F0Fu, {src}.{hi})")
-    return [f"    let {n}q{r} = {n}_data[{o} * NB + b];",
-            f"    let {n}m{r} = unpack2x16float({n}_sm[{o} * NB + b]);",
+    return [f"    let {n}q{r} = {_q4_block(n, o, fmt)};",
+            f"    let {n}m{r} = {_q4_pair(n, o, fmt)};",
             f"    {acc}{r} += {n}m{r}.x * xk.d * f32({' + '.join(terms)}) + {n}m{r}.y * xk.s;"]
 
 
@@ -131,25 +122,21 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
 def _load(n: str, r: int, fmt: str) -> list[str]:
     """Weight block b of row rw{r}, loaded once for every column (q4: its even / odd nibbles)."""
     o = f"rw{r}"
-    if fmt == "q4k":
-        return _q4k_load(n, r)
     if fmt == "q6k":
         return _q6k_load(n, r)
     if fmt == "q8":
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
                 f"    let {n}s{r} = {n}_scale[{o} * NB + b];"]
-    return [f"    let {n}q{r} = {n}_data[{o} * NB + b];",
+    return [f"    let {n}q{r} = {_q4_block(n, o, fmt)};",
             f"    let {n}e{r} = {n}q{r} & vec4<u32>(0x0F0F0F0Fu);",
             f"    let {n}o{r} = ({n}q{r} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);",
-            f"    let {n}m{r} = unpack2x16float({n}_sm[{o} * NB + b]);"]
+            f"    let {n}m{r} = {_q4_pair(n, o, fmt)};"]
 
 
 def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     """acc{r}_{c} += column c's block product: _row's expression, term for term."""
     xk = f"xk{c}"
-    if fmt == "q4k":
-        return f"      {_q4k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q6k":
         return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q8":

@@ -2,7 +2,7 @@
 defines of wgsl/quantize_block.wgsl that writes them (shared by every producer), and
 QuantizeKernel (wgsl/quantize.wgsl), which turns activation rows (optionally RMS-normalised)
 into them. A row of i channels for weights of format fmt ("q8" / "q4" / "q4k" / "q6k": it fixes
-the int8 order: natural for q8 and q4k, q4's evens then odds per 8 values for q4 and q6k),
+the int8 order: natural for q8, q4's evens then odds per 8 values for the others),
 u32 words, NB = i / 32 blocks, NBP = NB rounded up to 4:
   [8 NB: four int8 per word][NBP: f32 block scales][NBP: f32 block sums][NBP: partial sums of x^2]
 Must not: import numpy or wgpu.
@@ -51,7 +51,7 @@ def block_defines(fmt: str, i: int, wg: int) -> dict:
     weights with workgroups of wg invocations."""
     nb = i // 32
     return {"QNB": nb, "QNBP": ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * ceil4(nb),
-            "QWG": wg, "QPACK_Q4": fmt in ("q4", "q6k")}
+            "QWG": wg, "QPACK_Q4": fmt in ("q4", "q4k", "q6k")}
 
 
 def declare_rows(b: Bindings, name: str, rows: TensorDesc) -> str:

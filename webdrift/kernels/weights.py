@@ -16,7 +16,10 @@ in one of these formats (fused dequantization happens in the accessor):
        1.q = bitcast<f32>(0x3f800000 | q << 19) in [1, 2), so no int -> float conversion
   q8g16: as q8 with one scale per 16 inputs: Q6_K's integers (q - 32) with d x its int8 sub-block
        scale in f32, exactly (d * sc has at most 19 significant bits)
-  q4k, q5k: GGUF Q4_K / Q5_K super-blocks as stored (144 / 176 bytes per 256 inputs, one binding),
+  q4k: GGUF Q4_K super-blocks, every bit kept (144 bytes per 256 inputs, one binding, 9 vec4),
+       the 16-byte header (d, dmin, the 12 bytes of the 6-bit sub-block scales and mins) as stored
+       and then each 32-block's nibbles in q4's order (repacked at load): x = d sc q - dmin m
+  q5k: GGUF Q5_K super-blocks as stored (176 bytes per 256 inputs, one binding),
        read natively: x = d sc q - dmin m with the 6-bit sub-block (sc, m), bit for bit gguf-py's
   q6k: GGUF Q6_K's codes, scales and d, every bit kept (212 bytes per 256 inputs: 6.625 bits per
        weight against the stored 6.5625), repacked at load into word-aligned 32-blocks for the
@@ -51,7 +54,7 @@ FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", 
 FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
 FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
 # K-quant super-blocks kept as stored: the GGUF type each holds and its bytes per 256 inputs
-KQUANT_FORMATS = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176)}
+KQUANT_FORMATS = {"q5k": ("Q5_K", 176)}   # super-blocks copied as stored
 # formats that hold one GGUF type's values natively and nothing else: the type each needs
 NATIVE_SOURCE = {"q4k": "Q4_K", "q5k": "Q5_K", "q6k": "Q6_K"}
 
@@ -94,7 +97,7 @@ class GPUWeight:
 
     @property
     def n_bindings(self) -> int:
-        return 1 if self.fmt in ("f32", "f16") or self.fmt in KQUANT_FORMATS else 2
+        return 1 if self.fmt in ("f32", "f16", "q4k") or self.fmt in KQUANT_FORMATS else 2
 
     @property
     def nbytes(self) -> int:
@@ -115,6 +118,8 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
         return [o * (i // 256) * KQUANT_FORMATS[fmt][1]]
     if fmt == "q6k":
         return [o * (i // 32) * 24, o * (i // 256) * 20]
+    if fmt == "q4k":
+        return [o * (i // 256) * 144]
     groups = o * n_groups(fmt, i)
     if FORMAT_KIND[fmt] == "q8":
         return [o * i, groups * 4]
@@ -146,6 +151,8 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
         return head + _kquant_accessor(n, binding, mode, fmt, o, i)
     if fmt == "q6k":
         return head + _q6k_accessor(n, binding, mode, o, i)
+    if fmt == "q4k":
+        return head + _q4k_accessor(n, binding, mode, o, i)
     ng = n_groups(fmt, i)
     sc = _scale_index(n, fmt, i)
     if FORMAT_KIND[fmt] == "q8":
@@ -173,17 +180,15 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
 
 
 def _kquant_accessor(n: str, binding: int, mode: str, fmt: str, o: int, i: int) -> str:
-    """Q4_K / Q5_K super-blocks read in place (ggml's block_q4_K / block_q5_K): words 0: d, dmin
-    (f16x2); 1..3: the 12 bytes of eight 6-bit (scale, min); Q5_K 4..11: qh[32], bit b of byte l
+    """Q5_K super-blocks read in place (ggml's block_q5_K): words 0: d, dmin
+    (f16x2); 1..3: the 12 bytes of eight 6-bit (scale, min); 4..11: qh[32], bit b of byte l
     the fifth bit of element 32 b + l; then 128 nibble bytes, byte 32 (j / 64) + j % 32 holding
     element j in its low (j % 64 < 32) or high nibble. Four consecutive inputs share one word."""
     words = KQUANT_FORMATS[fmt][1] // 4
-    qs = 12 if fmt == "q5k" else 4
+    qs = 12   # Q5_K: the nibbles after d, dmin, scales and qh
     hi = (f"  let h = {n}_data[blk + 4u + (j % 32u) / 4u] >> (j / 32u);\n"
           f"  let q = vec4<f32>((vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(15u))\n"
-          f"                  | ((vec4<u32>(h, h >> 8u, h >> 16u, h >> 24u) & vec4<u32>(1u)) << vec4<u32>(4u)));\n"
-          if fmt == "q5k" else
-          "  let q = vec4<f32>(vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(15u));\n")
+          f"                  | ((vec4<u32>(h, h >> 8u, h >> 16u, h >> 24u) & vec4<u32>(1u)) << vec4<u32>(4u)));\n")
     return (
         f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 256}) "
         f"{KQUANT_FORMATS[fmt][0]} super-blocks of {words} words\n"
@@ -242,6 +247,18 @@ def q4k_block_wgsl(n: str) -> str:
             f"  let mn = select(((h.z >> k) & 63u), (md >> 4u) | (((h.z >> (k + 6u)) & 3u) << 4u), j >= 4u);\n"
             f"  let dm = unpack2x16float(h.x);\n"
             f"  return vec2<f32>(dm.x * f32(sc), -(dm.y * f32(mn)));\n}}\n")
+
+
+def _q4k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
+    """read4: inputs 4s..4s+3 of row o from q4k's super-blocks (nibbles in q4's order)."""
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<vec4<u32>>;   // ({o}, {i // 256}, 9) "
+            f"Q4_K super-blocks, each 32-block's nibbles in q4's order\n" + q4k_block_wgsl(n) +
+            f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
+            f"  let blk = o * {i // 32}u + s / 8u;\n"
+            f"  let e = (4u * s) % 32u;\n"
+            f"  let w = {n}_data[blk / 8u * 9u + 1u + blk % 8u][e / 8u] >> (4u * (e % 8u));\n"
+            f"  let sm = {n}_k4sm(blk);\n"
+            f"  return vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u)) * sm.x + sm.y;\n}}\n")
 
 
 def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
