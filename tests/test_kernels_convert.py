@@ -177,7 +177,7 @@ def test_convert_requantizes_like_ggml(src, fmt):
 
 
 def test_runtime_format_rule():
-    assert runtime_format(["Q4_K"]) == "q4" and runtime_format(["Q6_K"]) == "q6k"
+    assert runtime_format(["Q4_K"]) == "q4k" and runtime_format(["Q6_K"]) == "q6k"
     assert runtime_format(["Q5_0", "Q5_0", "Q8_0"]) == "q8"     # Gemma 3's Q|K|V
     assert runtime_format(["Q4_K", "Q4_K", "Q6_K"]) == "q8"     # a Q4_K_M file's Q|K|V where V is Q6_K
     assert runtime_format(["Q4_K", "Q4_0"]) == "q4"

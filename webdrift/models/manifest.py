@@ -32,7 +32,7 @@ from ..weights.config import ModelConfig
 
 # stored quantized type -> the runtime format it maps to by default
 QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q6k",
-                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4", "Q2_K": "q4", "Q3_K": "q4"}
+                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4k", "Q2_K": "q4", "Q3_K": "q4"}
 RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weights.py)
 # mixed policies: the runtime format per matrix role (attn: Q|K|V and O; ffn: gate, up, down;
 # embd: the token embedding and the LM head). ML Drift's 8/4/4: int8 per-channel attention,
@@ -48,10 +48,10 @@ WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what we
 
 def default_format(src_type: str) -> str:
     """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
-    Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_x -> q8 (Q8_0 and Q5_0 without loss;
-    Q5_1/Q5_K re-quantized to int8 per 32-block, an error of at most 1/254 of the block's largest
-    magnitude); Q4_x/Q2_K/Q3_K -> q4
-    (Q4_0/Q4_1 without loss, Q4_K up to f16 rounding of its scales, Q2_K/Q3_K re-quantized)."""
+    Q4_K -> q4k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_x -> q8 (Q8_0 and Q5_0
+    without loss; Q5_1/Q5_K re-quantized to int8 per 32-block, an error of at most 1/254 of the
+    block's largest magnitude); Q4_0/Q4_1/Q2_K/Q3_K -> q4 (Q4_0/Q4_1 without loss, Q2_K/Q3_K
+    re-quantized)."""
     if src_type in QUANT_DEFAULT:
         return QUANT_DEFAULT[src_type]
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
