@@ -82,59 +82,44 @@ fn put_x(buf: u32, idx: u32, k: Block) {
   }
 }
 
+// q4 kind: a vec4 of 32 nibbles (word k: inputs 8k .. 8k+7) -> the quantizer's q4 order, and its pair
+fn q4_block(q: vec4<u32>, sc: vec2<f32>) -> Block {
+  let M = 0x0F0F0F0Fu;
+  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
+               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), sc);
+}
 #if Q4K
 // q4k: as q4, the block's nibbles after its super-block's header, (d sc, -dmin m) from the header
 fn w_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let q = w_data[k / 8u * 9u + 1u + k % 8u];
-  let M = 0x0F0F0F0Fu;
-  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
-               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), w_k4sm(k));
+  return q4_block(w_data[k / 8u * 9u + 1u + k % 8u], w_k4sm(k));
 }
 #if DUAL
 fn w2_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let q = w2_data[k / 8u * 9u + 1u + k % 8u];
-  let M = 0x0F0F0F0Fu;
-  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
-               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), w2_k4sm(k));
+  return q4_block(w2_data[k / 8u * 9u + 1u + k % 8u], w2_k4sm(k));
 }
 #endif
 #elif Q4
-fn w_block(o: u32, b: u32) -> Block {
-  let q = w_data[o * NB + b];
-  let M = 0x0F0F0F0Fu;
-  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
-               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), unpack2x16float(w_sm[o * NB + b]));
-}
+fn w_block(o: u32, b: u32) -> Block { return q4_block(w_data[o * NB + b], unpack2x16float(w_sm[o * NB + b])); }
 #if DUAL
-fn w2_block(o: u32, b: u32) -> Block {
-  let q = w2_data[o * NB + b];
-  let M = 0x0F0F0F0Fu;
-  return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
-               vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), unpack2x16float(w2_sm[o * NB + b]));
-}
+fn w2_block(o: u32, b: u32) -> Block { return q4_block(w2_data[o * NB + b], unpack2x16float(w2_sm[o * NB + b])); }
 #endif
 #elif Q6K
-// q6k: the block's codes as int8 in the quantizer's q4 order, sc = d x the two halves' scales
+// q6k: the block's 6 words (low nibbles A, B; high bit pairs H) -> int8 codes q - 32 in the
+// quantizer's q4 order; sc = d x the two halves' scales
+fn q6_block(A: vec2<u32>, B: vec2<u32>, H: vec2<u32>, sc: vec2<f32>) -> Block {
+  return Block(vec4<u32>(w_q6(A.x, 0u, H.x, 0u), w_q6(A.x, 4u, H.x, 2u), w_q6(A.y, 0u, H.x, 4u), w_q6(A.y, 4u, H.x, 6u)),
+               vec4<u32>(w_q6(B.x, 0u, H.y, 0u), w_q6(B.x, 4u, H.y, 2u), w_q6(B.y, 0u, H.y, 4u), w_q6(B.y, 4u, H.y, 6u)), sc);
+}
 fn w_block(o: u32, b: u32) -> Block {
   let i = 3u * (o * NB + b);
-  let A = w_data[i];
-  let B = w_data[i + 1u];
-  let H = w_data[i + 2u];
-  return Block(vec4<u32>(w_q6(A.x, 0u, H.x, 0u), w_q6(A.x, 4u, H.x, 2u), w_q6(A.y, 0u, H.x, 4u), w_q6(A.y, 4u, H.x, 6u)),
-               vec4<u32>(w_q6(B.x, 0u, H.y, 0u), w_q6(B.x, 4u, H.y, 2u), w_q6(B.y, 0u, H.y, 4u), w_q6(B.y, 4u, H.y, 6u)),
-               w_q6s(o * NB + b));
+  return q6_block(w_data[i], w_data[i + 1u], w_data[i + 2u], w_q6s(o * NB + b));
 }
 #if DUAL
 fn w2_block(o: u32, b: u32) -> Block {
   let i = 3u * (o * NB + b);
-  let A = w2_data[i];
-  let B = w2_data[i + 1u];
-  let H = w2_data[i + 2u];
-  return Block(vec4<u32>(w2_q6(A.x, 0u, H.x, 0u), w2_q6(A.x, 4u, H.x, 2u), w2_q6(A.y, 0u, H.x, 4u), w2_q6(A.y, 4u, H.x, 6u)),
-               vec4<u32>(w2_q6(B.x, 0u, H.y, 0u), w2_q6(B.x, 4u, H.y, 2u), w2_q6(B.y, 0u, H.y, 4u), w2_q6(B.y, 4u, H.y, 6u)),
-               w2_q6s(o * NB + b));
+  return q6_block(w2_data[i], w2_data[i + 1u], w2_data[i + 2u], w2_q6s(o * NB + b));
 }
 #endif
 #else
