@@ -63,11 +63,11 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
     autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest;
     "force": also on software adapters (lavapipe, SwiftShader), which otherwise keep static rules.
-    prefill_kernels: "gemm" (tiled matrix-matrix kernels; on q4/q8 layers with int8 activations
+    prefill_kernels: "gemm" (tiled matrix-matrix kernels; on q4/q8/q4k/q6k layers with int8 activations
     and integer dot products where the GPU has them), "gemv" (the decode kernels over the
     prompt's rows), "auto" (gemv on software adapters such as lavapipe, gemm elsewhere), or
     "gemm_float" / "gemm_int8" (the float / the int8 GEMM forced).
-    int8_activations: decode q4/q8 layers from int8-quantized activations (per 32-block scales,
+    int8_activations: decode q4/q8/q4k/q6k layers from int8-quantized activations (per 32-block scales,
     like llama.cpp's MMVQ) with integer dot products. None (auto): on GPUs that have them, for
     each GEMV role where measuring both paths shows the faster GEMV repays its quantize dispatch;
     True / False: every role; a dict {"qkv", "o", "gateup", "down", "head": bool}: those roles.

@@ -31,14 +31,14 @@ class Int8Choice:
 
 def _layer_int8(dev, lw) -> tuple[list, bool]:
     """A layer's five weight matrices, and whether they can all read int8 rows on this adapter
-    (q4 / q8 with inputs a multiple of 32, packed integer dot products)."""
+    (q4 / q8 with inputs a multiple of 32, q4k / q6k, packed integer dot products)."""
     mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
 
 def choose_prefill_int8(model, wanted: bool | None) -> bool:
     """Whether the layers' prefill GEMMs read int8 rows (QuantizeKernel + the integer-dot GEMM,
-    wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 with inputs a
+    wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 / q4k / q6k with inputs a
     multiple of 32 and the adapter has packed integer dot products, never on software adapters,
     and where the adapter is tuned, if timing layer 0's gate/up GEMM both ways (with the
     quantize dispatch) says int8 is faster (autotune.gemm_int8_pays; untimed: int8);
@@ -48,7 +48,7 @@ def choose_prefill_int8(model, wanted: bool | None) -> bool:
     mats, ok = _layer_int8(dev, lw)
     if wanted and not ok:
         raise UnsupportedModelError(
-            "the int8 prefill GEMM needs q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+            "the int8 prefill GEMM needs q4/q8/q4k/q6k layer weights with inputs a multiple of 32 and WGSL's "
             f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
     if wanted is not None:
         return bool(wanted)
@@ -93,7 +93,7 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     if wanted is not None:
         if wanted and not ok:
             raise UnsupportedModelError(
-                "int8 activations need q4/q8 layer weights with inputs a multiple of 32 and WGSL's "
+                "int8 activations need q4/q8/q4k/q6k layer weights with inputs a multiple of 32 and WGSL's "
                 f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                 f"adapter: {dev.has_dp4a})")
         return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)
