@@ -129,6 +129,18 @@ def test_integer_dot_kernels_read_kquants(src, fmt, dual):
     np.testing.assert_array_equal(outs["cols"], outs["blk"])
 
 
+@pytest.mark.parametrize("src,fmt", [("Q4_K", "q4k"), ("Q6_K", "q6k")])
+def test_repacked_in_row_chunks(src, fmt):
+    """The formats repacked at load (q4k, q6k) from a tensor uploaded in chunks of 3 rows (as a
+    tensor larger than the staging limit goes up): every value bit for bit."""
+    O, I = 11, 512
+    blocks = random_kquant_blocks(src, O, I, seed=4)
+    w = allocate_weight(device(), "w", fmt, O, I)
+    upload_rows(device(), w, src, blocks.tobytes(), O, max_chunk=3 * blocks.shape[1])
+    ref = quants.dequantize(blocks, getattr(GGMLQuantizationType, src)).astype(np.float32)
+    np.testing.assert_array_equal(read_rows(w, O, I).view(np.uint32), ref.view(np.uint32))
+
+
 @pytest.mark.parametrize("src,fmt", EXACT)
 def test_rows_at_an_offset(src, fmt):
     """Two tensors at rows 0 and 4 of one weight (a fused Q|K|V): each row bit for bit."""
