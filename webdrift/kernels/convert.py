@@ -19,8 +19,8 @@ from ..tensor.weight_layout import WeightLayout
 from .base import Kernel, ceil_div, grid_1d
 from .bindings import Bindings
 from .weights import (
+    AS_STORED,
     FORMAT_KIND,
-    KQUANT_FORMATS,
     NATIVE_SOURCE,
     GPUWeight,
     buffer_sizes,
@@ -35,7 +35,6 @@ SOURCE_TYPES = FLOAT_TYPES + QUANT_TYPES     # stored types the GPU converter re
 DIRECT = {("Q8_0", "q8"), ("Q5_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("Q4_K", "q4"), ("Q6_K", "q8g16"),
           ("Q6_K", "q6k"), ("Q4_K", "q4k")}
 BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-SUPERBLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
 
 class ConvertKernel(Kernel):
@@ -89,14 +88,14 @@ def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0
         raise UnsupportedModelError(f"{dst.name}: {n} bytes do not split into {rows} rows")
     row_bytes = n // rows
     if dst.fmt in NATIVE_SOURCE:
-        want = NATIVE_SOURCE[dst.fmt]
+        want, block_bytes = NATIVE_SOURCE[dst.fmt]
         if src_type != want:
             raise UnsupportedModelError(f"{dst.name}: {dst.fmt} holds {want} super-blocks; this tensor is {src_type} "
                                         "(use q4 / q8 or a float format to convert it)")
-        if row_bytes != dst.i // 256 * SUPERBLOCK_BYTES[want] or row0 + rows > dst.o:
+        if row_bytes != dst.i // 256 * block_bytes or row0 + rows > dst.o:
             raise UnsupportedModelError(f"{dst.name}: {rows} rows of {row_bytes} bytes do not fit {dst.fmt} rows "
                                         f"{row0}.. of {dst.i} inputs")
-    if dst.fmt in KQUANT_FORMATS:   # the super-blocks as stored, rows row0.. of the one buffer
+    if dst.fmt in AS_STORED:   # the super-blocks as stored, rows row0.. of the one buffer
         dev.write_buffer(dst.buffers[0], raw, row0 * row_bytes)
         return
     limit = max_chunk or min(64 << 20, dev.max_binding_size // 4)

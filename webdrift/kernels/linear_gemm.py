@@ -156,13 +156,13 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
     v.check()
     body = []
     q4, q6 = fmt in ("q4", "q4k"), fmt == "q6k"
-    halves = ("_0", "_1") if q6 else ("", "")   # q6k: an integer sum per 16-input half
+    sums = ("_0", "_1") if q6 else ("",)   # integer sums per block: q6k one per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
         (("b", "ws", "n", "wsc", "wd", "c"),)
     for kb in range(v.kstep):
         body.append(f"    {{   // block {kb} of the step")
         body += [f"    var {isum}{i}_{j}{hs} = 0;" for _, _, isum, *_ in parts for i in range(v.tm) for j in range(v.tn)
-                 for hs in sorted(set(halves))]
+                 for hs in sums]
         for h in range(2):
             body.append("    {")
             body += [f"      let a{i} = xs[xb + {2 * kb + h}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]
@@ -171,7 +171,7 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
                 for i in range(v.tm):
                     for j in range(v.tn):
                         terms = " + ".join(f"dot4I8Packed(a{i}.{c}, {name}{j}.{c})" for c in "xyzw")
-                        body.append(f"      {isum}{i}_{j}{halves[h]} += {terms};")
+                        body.append(f"      {isum}{i}_{j}{sums[h % len(sums)]} += {terms};")
             body.append("    }")
         body.append("    {")
         body += [f"      let xd{i} = xsc[xb2 + {kb}u * BM + ty + {i}u * NTY];" for i in range(v.tm)]

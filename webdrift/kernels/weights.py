@@ -53,10 +53,10 @@ FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", 
 # G of inputs sharing a scale (0: per channel, the whole row)
 FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
 FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
-# K-quant super-blocks kept as stored: the GGUF type each holds and its bytes per 256 inputs
-KQUANT_FORMATS = {"q5k": ("Q5_K", 176)}   # super-blocks copied as stored
-# formats that hold one GGUF type's values natively and nothing else: the type each needs
-NATIVE_SOURCE = {"q4k": "Q4_K", "q5k": "Q5_K", "q6k": "Q6_K"}
+# formats that hold one GGUF K-quant type's values natively and nothing else: the type each needs
+# and its stored bytes per 256 inputs (a super-block)
+NATIVE_SOURCE = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176), "q6k": ("Q6_K", 210)}
+AS_STORED = ("q5k",)   # of them, those whose buffer is the stored super-blocks, copied (no kernel)
 
 
 def group_size(fmt: str, i: int) -> int:
@@ -97,7 +97,7 @@ class GPUWeight:
 
     @property
     def n_bindings(self) -> int:
-        return 1 if self.fmt in ("f32", "f16", "q4k") or self.fmt in KQUANT_FORMATS else 2
+        return len(buffer_sizes(self.fmt, self.o, self.i, self.layout))
 
     @property
     def nbytes(self) -> int:
@@ -114,12 +114,10 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
     if fmt == "f16":
         return [layout.n_elements * 2]
     check_format(fmt, i)
-    if fmt in KQUANT_FORMATS:
-        return [o * (i // 256) * KQUANT_FORMATS[fmt][1]]
     if fmt == "q6k":
         return [o * (i // 32) * 24, o * (i // 256) * 20]
-    if fmt == "q4k":
-        return [o * (i // 256) * 144]
+    if fmt in NATIVE_SOURCE:   # q4k (reordered at load) and q5k: the stored bytes
+        return [o * (i // 256) * NATIVE_SOURCE[fmt][1]]
     groups = o * n_groups(fmt, i)
     if FORMAT_KIND[fmt] == "q8":
         return [o * i, groups * 4]
@@ -147,8 +145,8 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
             f"  let p = {n}_data[{n}_index(o, 4u * s) / 4u];\n"
             f"  return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));\n}}\n")
     check_format(fmt, i)
-    if fmt in KQUANT_FORMATS:
-        return head + _kquant_accessor(n, binding, mode, fmt, o, i)
+    if fmt == "q5k":
+        return head + _q5k_accessor(n, binding, mode, o, i)
     if fmt == "q6k":
         return head + _q6k_accessor(n, binding, mode, o, i)
     if fmt == "q4k":
@@ -179,19 +177,19 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
         "  return q * sm.x + sm.y;\n}\n")
 
 
-def _kquant_accessor(n: str, binding: int, mode: str, fmt: str, o: int, i: int) -> str:
+def _q5k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
     """Q5_K super-blocks read in place (ggml's block_q5_K): words 0: d, dmin
     (f16x2); 1..3: the 12 bytes of eight 6-bit (scale, min); 4..11: qh[32], bit b of byte l
     the fifth bit of element 32 b + l; then 128 nibble bytes, byte 32 (j / 64) + j % 32 holding
     element j in its low (j % 64 < 32) or high nibble. Four consecutive inputs share one word."""
-    words = KQUANT_FORMATS[fmt][1] // 4
+    words = NATIVE_SOURCE["q5k"][1] // 4
     qs = 12   # Q5_K: the nibbles after d, dmin, scales and qh
     hi = (f"  let h = {n}_data[blk + 4u + (j % 32u) / 4u] >> (j / 32u);\n"
           f"  let q = vec4<f32>((vec4<u32>(w, w >> 8u, w >> 16u, w >> 24u) & vec4<u32>(15u))\n"
           f"                  | ((vec4<u32>(h, h >> 8u, h >> 16u, h >> 24u) & vec4<u32>(1u)) << vec4<u32>(4u)));\n")
     return (
         f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 256}) "
-        f"{KQUANT_FORMATS[fmt][0]} super-blocks of {words} words\n"
+        f"Q5_K super-blocks of {words} words\n"
         f"fn {n}_byte(blk: u32, b: u32) -> u32 {{ return ({n}_data[blk + b / 4u] >> (8u * (b % 4u))) & 0xffu; }}\n"
         f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
         f"  let blk = (o * {i // 256}u + s / 64u) * {words}u;\n"
@@ -263,7 +261,7 @@ def _q4k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
 
 def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
     """read4: inputs 4s..4s+3 (natural order) of row o from q6k's repacked blocks."""
-    return q6k_decl(n, binding, mode, o, i) + (
+    return q6k_decl(n, binding, mode, o, i) + q6k_block_wgsl(n) + (
         f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
         f"  let blk = o * {i // 32}u + s / 8u;   // the 32-block, and inputs e .. e + 3 of it\n"
         f"  let e = (4u * s) % 32u;\n"
@@ -274,10 +272,7 @@ def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
         f"  let j = (e % 8u) / 2u;   // byte lane of input e\n"
         f"  let q = vec4<u32>(lo, lo >> 4u, lo >> 8u, lo >> 12u) & vec4<u32>(15u);\n"
         f"  let h = vec4<u32>(h0 >> (8u * j), h1 >> (8u * j), h0 >> (8u * j + 8u), h1 >> (8u * j + 8u)) & vec4<u32>(3u);\n"
-        f"  let g = (blk % 8u) * 2u + e / 16u;   // the 16-input sub-block within the super-block\n"
-        f"  let sb = (blk / 8u) * 5u;\n"
-        f"  let sc = i32({n}_sc[sb + g / 4u] << (24u - 8u * (g % 4u))) >> 24u;\n"
-        f"  return (vec4<f32>(q | (h << vec4<u32>(4u))) - 32.0) * (bitcast<f32>({n}_sc[sb + 4u]) * f32(sc));\n}}\n")
+        f"  return (vec4<f32>(q | (h << vec4<u32>(4u))) - 32.0) * {n}_q6s(blk)[e / 16u];   // d x its half's scale\n}}\n")
 
 
 # --- block accessors for the wide GEMV (linear_wide.wgsl): one 32/8-element block per call ---

@@ -93,8 +93,8 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
         o, i = sum(t.shape[0] for t in group), group[0].shape[1]
         fmt = m.format(ts, weight_format)
         types = sorted({t.type_name for t in group})
-        if fmt in NATIVE_SOURCE and types != [NATIVE_SOURCE[fmt]]:
-            raise UnsupportedModelError(f"{m.label}: {fmt} holds {NATIVE_SOURCE[fmt]} super-blocks; "
+        if fmt in NATIVE_SOURCE and types != [NATIVE_SOURCE[fmt][0]]:
+            raise UnsupportedModelError(f"{m.label}: {fmt} holds {NATIVE_SOURCE[fmt][0]} super-blocks; "
                                         f"its tensors are {', '.join(types)} (weight_format='exact' picks per tensor)")
         try:
             sizes = _sizes(fmt, o, i)
