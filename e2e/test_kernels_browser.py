@@ -322,7 +322,7 @@ def test_browser_converts_every_gguf_type(chromium, server):
             assert (err <= half * 1.0001 + f16 + 1e-6).all(), f"{src}/{fmt}"
 
 
-# Session-3 decode kernels in the browser: grouped-query attention (attention_gqa.wgsl) and the
+# Decode kernels in the browser: the attention variants (attention_gqa.wgsl, attention_split.wgsl) and the
 # float QKV GEMV with the RoPE epilogue (linear_subgroup / linear_wide.wgsl ROPE, rope_epilogue.wgsl).
 DECODE_CODE = r"""
 import base64, json, struct
@@ -355,17 +355,19 @@ dev.write_buffer(step, pack_step(T, POS))
 # attention, both kernels, then the combine: out (T, H * DH)
 qd, od = TensorDesc("q", DH, T * G, b=KVH), TensorDesc("o", H * DH, T)
 qb, kb, vb = buf(b64(args["q"]), "q"), buf(b64(args["k"]), "k"), buf(b64(args["v"]), "v")
-for grouped in (False, True):
+for variant in ("head", "grouped", "split"):
+    if variant == "split" and not dev.has_subgroups:
+        continue
     try:
-        att = AttentionKernel(dev, qd, H, KVH, DH, CAP, T * G, DH ** -0.5, grouped=grouped)
+        att = AttentionKernel(dev, qd, H, KVH, DH, CAP, T * G, DH ** -0.5, variant=variant)
         comb = AttentionCombineKernel(dev, od, H, KVH, DH, att.nsplit, T * G)
         pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH + 2) * 4, label="part")
         ob = dev.create_buffer(od.nbytes, label="o")
         dev.submit([att.dispatch({"step": step, "q": qb, "kc": kb, "vc": vb, "part": pb}, att.workgroups(T)),
                     comb.dispatch({"step": step, "part": pb, "out": ob}, comb.workgroups(T))])
-        out[f"attn/{grouped}"] = await read(ob, T * H * DH)
+        out[f"attn/{variant}"] = await read(ob, T * H * DH)
     except Exception as e:
-        out[f"attn/{grouped}"] = "ERROR " + str(e)[:1500]
+        out[f"attn/{variant}"] = "ERROR " + str(e)[:1500]
 # QKV GEMV (f16 weights, RMSNorm fused): RoPE in its epilogue vs the GEMV + RopeQKVKernel
 O, I = (H + 2 * KVH) * DH, args["I"]
 xd, yd, rel = TensorDesc("x", I, T), TensorDesc("qkv", O, T), TensorDesc("r", DH, T * G, b=KVH)
@@ -399,7 +401,7 @@ json.dumps(out)
 
 
 def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
-    """Tint compiles and SwiftShader runs both attention kernels (equal to numpy's causal GQA
+    """Tint compiles and SwiftShader runs the three attention kernels (equal to numpy's causal GQA
     attention) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
     RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants."""
     from tests.test_kernels_attention import attention_ref
@@ -421,9 +423,9 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     assert not errors, f"kernels failed in the browser: {errors}"
     assert res["subgroups"]
     ref = attention_ref(q, k, v, POS, G, DH ** -0.5)
-    for grouped in (False, True):
-        got = np.array(res[f"attn/{grouped}"]).reshape(T, H * DH)
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=f"grouped={grouped}")
+    for variant in ("head", "grouped", "split"):
+        got = np.array(res[f"attn/{variant}"]).reshape(T, H * DH)
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=variant)
     for variant in ("subgroup", "wide"):
         for name in ("q", "k", "v"):
             a, b = np.array(res[f"{variant}/{name}_f"]), np.array(res[f"{variant}/{name}"])

@@ -291,21 +291,24 @@ def assert_matches_transformers(eng, ref, seed: int, n: int):
     assert out.token_ids == torch_greedy(ref, ids[:10], 10)
 
 
-@pytest.mark.parametrize("grouped", [True, False])
-def test_grouped_attention_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, grouped):
-    """Both decode attention kernels (one workgroup per query head, or one per KV head serving its
-    4 query heads; GPUs pick by timing, kernels/autotune.choose_attention) in the whole model:
-    prompts through the decode kernels (prefill_kernels="gemv", so multi-token rows are covered)
-    give transformers' logits, and greedy decoding gives transformers' tokens."""
+@pytest.mark.parametrize("variant", [("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False)])
+def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, variant):
+    """Every decode attention kernel (one workgroup per query head, one per KV head serving its 4
+    query heads, or that with short chunks and subgroup shuffles; GPUs pick by timing,
+    kernels/autotune.choose_attention) in the whole model: prompts through the decode kernels
+    (prefill_kernels="gemv", so multi-token rows are covered) give transformers' logits, and
+    greedy decoding gives transformers' tokens."""
     from webdrift.models import forward
 
-    monkeypatch.setattr(forward, "choose_attention", lambda *a, **k: grouped)
+    monkeypatch.setattr(forward, "choose_attention", lambda *a, **k: forward.AttnChoice(*variant))
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     assert_matches_transformers(eng, ref, seed=6, n=90)
     eng.decode.dispatches(1)
     kinds = {type(k).__name__: k for _, k, _ in eng.decode.kernels()}
-    assert kinds["AttentionKernel"].grouped is grouped
+    assert kinds["AttentionKernel"].variant == variant[0]
+    assert variant[0] != "split" or kinds["AttentionKernel"].CHUNK == variant[1]
+    assert kinds["AttentionKernel"].defines.get("PREFETCH_V", False) is variant[2]
 
 
 @pytest.mark.parametrize("case", ["qwen2_bias_f16", "llama_mqa_hd40_bf16"])

@@ -59,31 +59,39 @@ def test_post_norm_models_skip_the_chain():
 
 
 def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
-    """choose_attention: per-head for MHA, beyond MAX_GQA heads per KV head and without timing
-    (browsers); grouped, untimed, on software adapters; with timestamps (lavapipe has them, here
-    taken for a GPU's) both kernels are timed on the layer's caches and the verdict is cached per
+    """choose_attention: per-head where it is the only candidate (more than MAX_GQA heads per KV
+    head, no subgroups); without timing the rule (split where a GPU has subgroups, grouped on
+    software adapters); with timestamps (lavapipe has them, here taken for a GPU's) every
+    candidate is timed with its combine on the layer's caches, the fastest kept and cached per
     shape."""
     from tests.gpu_util import device
     from webdrift.kernels import autotune
-    from webdrift.kernels.autotune import choose_attention
+    from webdrift.kernels.attention import AttnChoice as C
+    from webdrift.kernels.autotune import attention_candidates, choose_attention
 
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
-    gpu = NS(has_timestamps=False, can_time_sync=False, info=NS(is_cpu=False, adapter="x", backend="y"))
-    assert choose_attention(gpu, 8, 2, 64, 512, None, None) is False            # untimed
+    gpu = NS(has_timestamps=False, can_time_sync=False, has_subgroups=True,
+             info=NS(is_cpu=False, adapter="x", backend="y"))
+    assert choose_attention(gpu, 8, 2, 64, 512, None, None) == C("split", 32)   # untimed GPU
+    assert choose_attention(gpu, 32, 2, 64, 512, None, None) == C()                # 16 > MAX_GQA heads
+    plain = NS(has_timestamps=False, can_time_sync=False, has_subgroups=False,
+               info=NS(is_cpu=False, adapter="x", backend="y"))
+    assert choose_attention(plain, 8, 8, 64, 512, None, None) == C()              # MHA, no subgroups
+    assert choose_attention(plain, 8, 2, 64, 512, None, None) == C("grouped")
+    assert attention_candidates(gpu, 8, 8) == [C()] + [C("split", c, pf) for c in (16, 32, 64) for pf in (False, True)]
     dev = device()
-    assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) is True   # software: the rule
+    assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) == C("grouped")   # the rule
     monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
     kc, vc = (dev.create_buffer(2 * 512 * 64 * 4, label=n) for n in ("k", "v"))
     calls = []
     real = autotune._measure_attention
     monkeypatch.setattr(autotune, "_measure_attention", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(autotune, "_memory", {})
-    assert choose_attention(dev, 8, 8, 64, 512, kc, vc) is False               # MHA: nothing to share
-    assert choose_attention(dev, 32, 2, 64, 512, kc, vc) is False              # 16 > MAX_GQA heads
-    assert calls == []
     got = choose_attention(dev, 8, 2, 64, 512, kc, vc)
-    assert isinstance(got, bool) and calls == [1]
+    assert got in attention_candidates(dev, 8, 2) and calls == [1]
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
+    ns = autotune._memory[next(k for k in autotune._memory if "|attn3|" in k)]["ns"]
+    assert set(ns) == {c.name for c in attention_candidates(dev, 8, 2)} and min(ns.values()) > 0
 
 
 def _returns(value):

@@ -13,6 +13,12 @@ from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel
 from webdrift.tensor import TensorDesc
 
 SENTINEL = 3.25
+# the kernels (AttentionKernel's variants; the split one's chunks, V prefetch, and 4 lanes per
+# key: its unrolled path on subgroups narrower than the default lanes, e.g. lavapipe's)
+VARIANTS = [pytest.param({"variant": v, **k}, id=i) for i, v, k in (
+    ("head", "head", {}), ("grouped", "grouped", {}), ("split32", "split", {"chunk": 32}),
+    ("split16pf", "split", {"chunk": 16, "prefetch_v": True}),
+    ("split64pf_lanes4", "split", {"chunk": 64, "prefetch_v": True, "lanes": 4}))]
 
 
 def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None, streams=None):
@@ -49,7 +55,7 @@ def random_inputs(kvh, rows, dh, cap, seed):
 
 
 def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, out_layout="linear",
-                  q_layout="linear", t_cap=None, seed=0, grouped=False, streams=None):
+                  q_layout="linear", t_cap=None, seed=0, variant=None, streams=None):
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
@@ -57,7 +63,7 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, grouped=grouped)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}))
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
@@ -74,46 +80,46 @@ def assert_close(got, ref):
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (63, 1), (64, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_gqa(pos0, T, grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_gqa(pos0, T, variant):
     """SmolLM2's heads (H=9, KVH=3, DH=64), CAP=512: decode and prefill, across the 64-key splits."""
-    assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20, grouped=grouped))
+    assert_close(*run_attention(9, 3, 64, 512, pos0, T, t_cap=20, variant=variant))
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_long_prefill_crossing_chunks(grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_long_prefill_crossing_chunks(variant):
     """pos0 = 0, T = 300 with CAP = 512: early rows see one chunk, later rows two."""
-    assert_close(*run_attention(2, 1, 32, 512, 0, 300, out_layout="sliced", grouped=grouped))
+    assert_close(*run_attention(2, 1, 32, 512, 0, 300, out_layout="sliced", variant=variant))
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_decode_four_splits(grouped):
-    assert_close(*run_attention(4, 2, 64, 1024, 900, 1, grouped=grouped))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_decode_four_splits(variant):
+    assert_close(*run_attention(4, 2, 64, 1024, 900, 1, variant=variant))
 
 
 @pytest.mark.parametrize("H,KVH,DH,q_layout", [(4, 4, 32, "linear"), (4, 1, 128, "sliced"), (2, 1, 256, "linear"),
                                                (4, 2, 40, "linear"), (8, 2, 80, "sliced")])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout, grouped):
-    assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout, grouped=grouped))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout, variant):
+    assert_close(*run_attention(H, KVH, DH, 512, 250, 9, q_layout=q_layout, variant=variant))
 
 
 @pytest.mark.parametrize("window,pos0,T", [(16, 250, 20), (4, 0, 9), (300, 200, 120), (1, 10, 3)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_sliding_window(window, pos0, T, grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_sliding_window(window, pos0, T, variant):
     """Key k is visible from position p iff p - WINDOW < k <= p (Gemma 3's local layers)."""
-    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, grouped=grouped))
+    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, variant=variant))
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 4), (250, 20)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_softcap_and_scale(pos0, T, grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_softcap_and_scale(pos0, T, variant):
     """Large scores (scale 1) soft-capped at 5: the cap changes the result a lot."""
-    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20, grouped=grouped)
+    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20, variant=variant)
     assert_close(got, ref)
     uncapped = attention_ref(*random_inputs(2, T * 2, 32, 512, 0), pos0, 2, 1.0)
     assert np.abs(uncapped - ref).max() > 0.1
-    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20, grouped=grouped)
+    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20, variant=variant)
     assert_close(got2, ref_uncapped)
 
 
@@ -180,13 +186,13 @@ def test_combine_writes_int8_blocks(fmt, DH):
 
 @pytest.mark.parametrize("pos0,F,N,T,window", [(70, 64, 128, 3, 0), (64, 64, 64, 4, 0), (5, 0, 64, 2, 0),
                                                 (200, 128, 192, 3, 0), (150, 128, 128, 2, 40), (300, 256, 128, 1, 0)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_attention_streams(pos0, F, N, T, window, grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_streams(pos0, F, N, T, window, variant):
     """The streams' cache layout (runtime/streams.py): T rows at one position, row t seeing the
     shared rows [0, F) and its own segment at F + t N (not the other streams'), with and without
     a sliding window; chunks of 64 keys (DH 64) so F and N are chunk multiples."""
     cap = F + T * N
-    got, ref = run_attention(4, 2, 64, cap, pos0, T, window=window, grouped=grouped, streams=(F, N), seed=pos0)
+    got, ref = run_attention(4, 2, 64, cap, pos0, T, window=window, variant=variant, streams=(F, N), seed=pos0)
     assert_close(got, ref)
 
 
@@ -229,7 +235,7 @@ def tree_attention_ref(q_rel, kc, vc, pos0, parents, group, scale):
     return out
 
 
-def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, grouped, seed=0):
+def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, variant, seed=0):
     from webdrift.kernels.tree import pack_tree
     group, T = H // KVH, len(parents)
     rows_cap = t_cap * group
@@ -237,7 +243,7 @@ def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, grouped, seed=0):
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH)
     out_d = TensorDesc("out", H * DH, t_cap)
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, grouped=grouped, tree=True)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}), tree=True)
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     tree = device().create_buffer(len(pack_tree([-1], 0, t_cap)) * t_cap, label="tree")
@@ -253,27 +259,27 @@ def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, grouped, seed=0):
 
 @pytest.mark.parametrize("shape,n,pos0", [("chain", 1, 0), ("chain", 9, 60), ("star", 7, 37), ("wide", 23, 250),
                                           ("random", 33, 100), ("random", 64, 190), ("random", 5, 0)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_tree_attention_shapes(shape, n, pos0, grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tree_attention_shapes(shape, n, pos0, variant):
     """Trees of several shapes and odd sizes, blocks crossing the 64-key chunks, SmolLM2's GQA."""
-    assert_close(*run_tree_attention(9, 3, 64, 512, pos0, tree_parents(shape, n, seed=n), 64, grouped))
+    assert_close(*run_tree_attention(9, 3, 64, 512, pos0, tree_parents(shape, n, seed=n), 64, variant))
 
 
 @pytest.mark.parametrize("H,KVH,DH", [(4, 2, 128), (6, 2, 40), (4, 4, 32), (8, 1, 64)])
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_tree_attention_head_sizes(H, KVH, DH, grouped):
-    assert_close(*run_tree_attention(H, KVH, DH, 512, 77, tree_parents("random", 19, seed=3), 20, grouped))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tree_attention_head_sizes(H, KVH, DH, variant):
+    assert_close(*run_tree_attention(H, KVH, DH, 512, 77, tree_parents("random", 19, seed=3), 20, variant))
 
 
 def test_tree_chain_equals_causal():
     """A chain is ordinary causal attention over the block: the same output as tree=False."""
-    got, _ = run_tree_attention(4, 2, 32, 256, 45, tree_parents("chain", 12), 12, False)
+    got, _ = run_tree_attention(4, 2, 32, 256, 45, tree_parents("chain", 12), 12, None)
     causal, _ = run_attention(4, 2, 32, 256, 45, 12, seed=0)
     np.testing.assert_allclose(got, causal, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("grouped", [False, True], ids=["per_head", "grouped"])
-def test_tree_rows_are_bitwise_decode_steps(grouped):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tree_rows_are_bitwise_decode_steps(variant):
     """Each tree node's output is bit for bit the output of a one-token decode step at the node's
     position over a cache holding the node's path consecutively (what plain decoding would have
     written): the tree kernel reads its keys in that logical order (kernels/tree.py). Block from
@@ -287,7 +293,7 @@ def test_tree_rows_are_bitwise_decode_steps(grouped):
     q_d, out_d = TensorDesc("q", DH, rows_cap, b=KVH), TensorDesc("out", H * DH, t_cap)
 
     def attend(qa, kca, vca, t, tree_records=None):
-        att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, grouped=grouped,
+        att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}),
                               tree=tree_records is not None)
         comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
         part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")

@@ -266,8 +266,8 @@ def test_software_adapter_takes_the_static_rules(tiny_path, monkeypatch, tmp_pat
             return True
 
         def __getitem__(self, key):
-            if "|attn|" in key:
-                return {"grouped": False}
+            if "|attn3|" in key:
+                return {"variant": "head", "chunk": 0, "prefetch_v": False}
             if "|layout|" in key:
                 return {"layout": "OI4O4"}
             return {"variant": "split", "rows": 4, "wg": 64}
@@ -283,7 +283,7 @@ def test_software_adapter_takes_the_static_rules(tiny_path, monkeypatch, tmp_pat
     linear = [k for _, k, _ in eng.decode.kernels() if type(k).__name__ == "LinearKernel"]
     assert linear and all(k.variant == static for k in linear)
     attn = [k for _, k, _ in eng.decode.kernels() if type(k).__name__ == "AttentionKernel"]
-    assert attn and all(k.grouped for k in attn)              # the rule for software adapters (GQA 4:2)
+    assert attn and all(k.variant == "grouped" for k in attn)   # the rule for software adapters (GQA 4:2)
     from webdrift.kernels.autotune import layout_name
     assert {layout_name(w) for w in (eng.model.layers[0].wqkv, eng.model.output)} == {"OI"}
 

@@ -1,12 +1,15 @@
 """Causal attention over the KV cache, split over the cache length (flash-decoding):
-AttentionKernel (phase 1: wgsl/attention.wgsl per query head, or wgsl/attention_gqa.wgsl per KV
-head serving its query heads; both include attention_common.wgsl) writes per-chunk partial
+AttentionKernel (phase 1: wgsl/attention.wgsl per query head, wgsl/attention_gqa.wgsl per KV
+head serving its query heads, or wgsl/attention_split.wgsl, the same with short chunks and
+subgroup shuffles for decode; all include attention_common.wgsl) writes per-chunk partial
 results, AttentionCombineKernel (wgsl/attention_combine.wgsl) merges them and writes the heads
 back in token order (or as int8 rows for the O projection's integer-dot GEMV).
 Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from ..errors import UnsupportedModelError
 from ..gpu.base import Device
@@ -15,6 +18,18 @@ from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
 from .quantize import block_defines, declare_rows, row_words
 from .tree import declare_tree
+
+
+class AttnChoice(NamedTuple):
+    """A decode attention kernel: AttentionKernel's variant, the split variant's chunk (keys per
+    workgroup; 0: the variant's own) and whether it loads V before the scores."""
+    variant: str = "head"
+    chunk: int = 0
+    prefetch_v: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.variant + (f"{self.chunk}" if self.chunk else "") + ("pf" if self.prefetch_v else "")
 
 
 class AttentionKernel(Kernel):
@@ -26,7 +41,7 @@ class AttentionKernel(Kernel):
       vc    (KVH, DH, cap / 4) vec4<f32> V cache
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials
       tree  (rows_cap / GROUP, ROW_WORDS) u32 per query row, only with tree (kernels/tree.py)
-    Dispatch: per head (nsplit, T * GROUP, KVH); grouped (nsplit, T, KVH)."""
+    Dispatch: per head (nsplit, T * GROUP, KVH); grouped and split (nsplit, T, KVH)."""
     template = "attention"
     MAX_CHUNK = 256
 
@@ -37,24 +52,54 @@ class AttentionKernel(Kernel):
         1B's decode attention at 34 us on an H100 with 64 workgroups)."""
         return min(cls.MAX_CHUNK, max(64, 1 << (head_dim - 1).bit_length()))
 
-    MAX_GQA = 8   # query heads per KV head the grouped variant unrolls
+    MAX_GQA = 8   # query heads per KV head the grouped and split variants unroll
+    VARIANTS = ("head", "grouped", "split")
+    SPLIT_CHUNKS = (16, 32, 64)   # the split variant's chunk lengths (keys per workgroup)
+    MAX_SPLITS = 1024         # the combine holds every chunk's (m, l) in workgroup memory
+
+    @classmethod
+    def split_chunk(cls, chunk: int, head_dim: int, cap: int) -> int:
+        """The split variant's chunk: `chunk`, doubled until the cache has at most MAX_SPLITS
+        chunks, at most chunk_for(head_dim) (so it divides the chunk the streams' segments are
+        aligned to, runtime/streams.py)."""
+        while ceil_div(cap, chunk) > cls.MAX_SPLITS and chunk < cls.chunk_for(head_dim):
+            chunk *= 2
+        return min(chunk, cls.chunk_for(head_dim))
 
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
-                 grouped: bool = False, tree: bool = False):
+                 variant: str = "head", chunk: int = 32, prefetch_v: bool = False, tree: bool = False,
+                 lanes: int | None = None):
         """cap: cache rows per KV head (a multiple of 4); rows_cap: q_rel's rows; window: sliding
-        window (0: none); softcap: scores soft-capped at it. grouped (attention_gqa.wgsl): one
-        workgroup per (chunk, token, KV head) serves all the query heads of that KV head (K and
-        V read once for them); else one per query head. tree: each query row sees only what its
-        record in the "tree" binding allows (kernels/tree.py: tree verification)."""
+        window (0: none); softcap: scores soft-capped at it. variant: "head" (attention.wgsl, one
+        workgroup per query head and chunk of chunk_for(head_dim) keys), "grouped"
+        (attention_gqa.wgsl: one per KV head and chunk, serving its query heads: K and V read once
+        for them) or "split" (attention_split.wgsl: grouped, with `chunk` keys per workgroup
+        (split_chunk) and subgroup shuffles; needs subgroups; prefetch_v: its V loads issued with
+        the K loads, before the scores). tree: each query row sees only
+        what its record in the "tree" binding allows (kernels/tree.py: tree verification).
+        lanes: the split variant's lanes per key row (default: head_dim / 4 up to 32, a power of
+        two); subgroups narrower than that score keys in a loop instead (tests set it to reach the
+        unrolled path on narrow software subgroups)."""
         if head_dim % 4 or head_dim > self.MAX_CHUNK:
             raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.MAX_CHUNK}, "
                                         f"got {head_dim}")
-        self.CHUNK = self.chunk_for(head_dim)
-        self.nsplit = ceil_div(cap, self.CHUNK)
+        if variant not in self.VARIANTS:
+            raise ValueError(f"attention variant {variant!r}: expected one of {self.VARIANTS}")
+        self.variant = variant
         self.group, self.n_kv = n_heads // n_kv, n_kv
-        nj = self.CHUNK // head_dim
-        if cap % 4 or ceil_div(self.CHUNK, nj) % 4:
+        if variant != "head" and self.group > self.MAX_GQA:
+            raise UnsupportedModelError(f"{variant} attention unrolls at most {self.MAX_GQA} query heads per KV "
+                                        f"head, got {self.group}")
+        if variant == "split" and not dev.has_subgroups:
+            raise UnsupportedModelError("split attention needs subgroups, which this adapter lacks")
+        self.CHUNK = self.split_chunk(chunk, head_dim, cap) if variant == "split" else self.chunk_for(head_dim)
+        self.nsplit = ceil_div(cap, self.CHUNK)
+        wg = self.CHUNK if variant != "split" else 128 if head_dim <= 128 else 256
+        nj = max(1, wg // head_dim)
+        jl = -(-ceil_div(self.CHUNK, nj) // 4) * 4   # keys per V group: a multiple of 4
+        nj = ceil_div(self.CHUNK, jl)
+        if cap % 4:
             raise ValueError(f"attention reads V four keys at a time: cache rows {cap} must be a multiple of 4")
         b = Bindings()
         d = {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
@@ -64,19 +109,22 @@ class AttentionKernel(Kernel):
                                 writable=True),
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
-             "CHUNK4": self.CHUNK // 4, "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": ceil_div(self.CHUNK, nj),
+             "CHUNK4": self.CHUNK // 4, "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": jl,
              "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
              "ROWS_CAP": rows_cap, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
              "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""}
-        self.grouped = grouped
-        if grouped:
-            if self.group > self.MAX_GQA:
-                raise UnsupportedModelError(f"grouped attention unrolls at most {self.MAX_GQA} query heads per KV "
-                                            f"head, got {self.group}")
-            self.template = "attention_gqa"
+        self.template = {"head": "attention", "grouped": "attention_gqa", "split": "attention_split"}[variant]
+        if variant == "grouped":
             d.update(self._gqa_code(self.group, head_dim))
-        super().__init__(dev, d, b, "attention_gqa" if grouped else "attention")
+        elif variant == "split":
+            d.update(self._split_code(self.group, head_dim, wg, nj, jl, lanes, prefetch_v))
+        super().__init__(dev, d, b, self.template)
+
+    @property
+    def grouped(self) -> bool:
+        """One workgroup serves all the query heads of a KV head (dispatch (nsplit, T, KVH))."""
+        return self.variant != "head"
 
     def _gqa_code(self, group: int, head_dim: int) -> dict:
         """attention_gqa.wgsl's per-head statements, unrolled over the group's heads."""
@@ -96,6 +144,58 @@ class AttentionKernel(Kernel):
                 "O_ACC": j(f"      o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
                 "RED_O": "  workgroupBarrier();\n" + j(f"  red[{h}u * CHUNK + lid] = o{h};" for h in hs)}
 
+    def _split_code(self, group: int, head_dim: int, wg: int, nj: int, jl: int, lanes: int | None,
+                    prefetch_v: bool) -> dict:
+        """attention_split.wgsl's statements, unrolled over the group's heads, the keys a lane
+        group scores (K_FAST) and the keys an invocation's V run covers (V_FAST)."""
+        hs, dh4 = range(group), head_dim // 4
+        j = "\n".join
+        lk = lanes or 1 << (min(dh4, 32).bit_length() - 1)          # lanes per key row
+        kps = wg // lk                                               # keys in flight per workgroup
+        kpl, r_n = ceil_div(self.CHUNK, kps), ceil_div(dh4, lk)     # keys per lane group, vec4s per lane
+        kd, kl, km = [], [], [f"    let q{h}_{r} = qs[min({h}u * DH4 + sub + {r * lk}u, {group * dh4 - 1}u)];"
+                              for h in hs for r in range(r_n)]
+        for i in range(kpl):
+            kd += [f"  let kk{i} = kg + {i * kps}u;",
+                   f"  let vis{i} = kk{i} < CHUNK && visible(p, lo, kp0 + kk{i});"]
+            kd += [f"  var x{i}_{r}: vec4<f32>;" for r in range(r_n)]
+            kl.append(f"    let kb{i} = (kvh * CAP + key_slot(t, k0 + kk{i})) * DH4 + sub;")
+            kl += [f"    x{i}_{r} = kc[kb{i} + {r * lk}u];" if (r + 1) * lk <= dh4 else
+                   f"    x{i}_{r} = select(vec4<f32>(0.0), kc[kb{i} + {r * lk}u], sub + {r * lk}u < DH4);"
+                   for r in range(r_n)]
+        km += [f"    var a{i}_{h} = " + " + ".join(f"dot(q{h}_{r}, x{i}_{r})" for r in range(r_n)) + ";"
+               for i in range(kpl) for h in hs]
+        m = lk // 2
+        while m:
+            km += [f"    a{i}_{h} += subgroupShuffleXor(a{i}_{h}, {m}u);" for i in range(kpl) for h in hs]
+            m //= 2
+        km.append("    if (sub == 0u) {")
+        km += [f"      if (kk{i} < CHUNK) {{ sc[({h}u * CHUNK + kk{i}) / 4u][kk{i} % 4u] = "
+               f"select(-3.0e38, score(a{i}_{h}), vis{i}); }}" for i in range(kpl) for h in hs]
+        km.append("    }")
+        n4 = jl // 4
+        vl = [f"  let v{i} = select(vec4<f32>(0.0), v_keys(kvh, d, t, k0 + 4u * (j0 + {i}u)), j0 + {i}u < j1);"
+              for i in range(n4)]
+        vm = [f"  o{h} += dot(sc[{h}u * CHUNK4 + j0 + {i}u], v{i});" for i in range(n4) for h in hs]
+        pick = "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h)
+        return {"WG": wg, "LK": lk, "MULTI_J": nj > 1, "PREFETCH_V": prefetch_v, "K_DECL": j(kd), "K_LOAD": j(kl), "K_MATH": j(km),
+                "V_LOAD": j(vl), "V_MATH": j(vm),
+                "QS": group * dh4, "SC": group * self.CHUNK // 4, "RED": group * nj * head_dim if nj > 1 else 4,
+                "A_DECL": j(f"      var a{h} = 0.0;" for h in hs),
+                "A_ACC": j(f"          a{h} += dot(qs[{h}u * DH4 + c], kv);" for h in hs),
+                "A_RED": j(f"      a{h} = subgroupAdd(a{h});" for h in hs),
+                "S_SET": j(f"        sc[({h}u * CHUNK + kk) / 4u][kk % 4u] = select(-3.0e38, score(a{h}), vis);"
+                           for h in hs),
+                "M_DECL": j(f"  var m{h} = -3.0e38;" for h in hs),
+                "M_ACC": j(f"    let x{h} = sc[{h}u * CHUNK4 + j];\n"
+                           f"    m{h} = max(m{h}, max(max(x{h}.x, x{h}.y), max(x{h}.z, x{h}.w)));" for h in hs),
+                "E_SET": (f"    let h = i / CHUNK4;\n    var mh = m0;{pick}\n    let s = sc[i];\n"
+                          "    sc[i] = select(vec4<f32>(0.0), exp(s - mh), s > vec4<f32>(-1.0e38));"),
+                "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
+                "RED_O": j(f"    red[{h}u * NJ * DH + g * DH + d] = o{h};" for h in hs),
+                "W_O": j(f"    part[out0 + {h}u * ostride + d] = o{h};" for h in hs),
+                "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs)}
+
     def workgroups(self, t: int):
         if self.grouped:
             return (self.nsplit, t, self.n_kv)
@@ -108,28 +208,31 @@ class AttentionCombineKernel(Kernel):
       step  the Step uniform
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials of AttentionKernel
       out   (T_cap, H * DH) activation; with quant, (T_cap, row_words(H * DH)) u32 int8 rows
-    Dispatch: (T * GROUP, KVH)."""
+    Dispatch: (T * GROUP, KVH, DH / SL), SL = 32 channels per workgroup (head_dim where it is
+    not a multiple of 32)."""
     template = "attention_combine"
+    WG = 256
 
     def __init__(self, dev: Device, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int, nsplit: int,
                  rows_cap: int, quant: str | None = None):
         """quant ("q8" / "q4"): out is a QuantizeKernel row tensor for n_heads * head_dim channels
         and the heads are written as int8 blocks for that weight format."""
         self.group, self.n_kv = n_heads // n_kv, n_kv
-        wg = min(256, max(32, head_dim))
+        self.sl = 32 if head_dim % 32 == 0 else head_dim
+        self.slices = head_dim // self.sl
         b = Bindings()
         d = {"STEP_DECL": b.step(),
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
              "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "NSPLIT4": -(-nsplit // 4) * 4, "ROWS_CAP": rows_cap,
-             "WG": wg, "QUANT": quant is not None}
+             "WG": self.WG, "SL": self.sl, "NG": self.WG // self.sl, "QUANT": quant is not None}
         if quant is None:
             d["OUT_DECL"] = b.tensor("out", out)
         else:
             if not self.quant_supported(head_dim) or out.c != row_words(n_heads * head_dim):
                 raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
                                  f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
-            d.update(block_defines(quant, n_heads * head_dim, wg), OUT_DECL=declare_rows(b, "out", out))
+            d.update(block_defines(quant, n_heads * head_dim, self.WG), OUT_DECL=declare_rows(b, "out", out))
         super().__init__(dev, d, b, "attention_combine")
 
     @staticmethod
@@ -137,4 +240,4 @@ class AttentionCombineKernel(Kernel):
         return head_dim % 32 == 0 and head_dim <= 256
 
     def workgroups(self, t: int):
-        return (t * self.group, self.n_kv, 1)
+        return (t * self.group, self.n_kv, self.slices)

@@ -30,7 +30,7 @@ from dataclasses import asdict, fields, replace
 from ..errors import GPUError, UnsupportedModelError
 from ..gpu.base import UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
-from .attention import AttentionKernel
+from .attention import AttentionCombineKernel, AttentionKernel, AttnChoice
 from .base import ceil_div
 from .flush import L2FlushKernel
 from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
@@ -456,44 +456,74 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool):
 
 
 def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, k_cache, v_cache,
-                     window: int = 0, enabled=True) -> bool:
-    """Whether decode attention runs grouped (attention_gqa.wgsl: one workgroup serves every query
-    head of a KV head) rather than per query head, timed at a 1024-token context (or the cache's
-    length) on this adapter with the layer's own caches; cached. Unmeasured GPUs (browsers until
-    tuned): per-head, which measured faster on an H100 for every shape but 8B's (1%); software
-    adapters: grouped, which lavapipe's timings chose for all of the 20 shapes they were taken
-    on (1.05x to 4x faster)."""
+                     window: int = 0, enabled=True) -> AttnChoice:
+    """The decode attention kernel: "head" (attention.wgsl: a workgroup per query head),
+    "grouped" (attention_gqa.wgsl: one per KV head serving its query heads) or "split"
+    (attention_split.wgsl: grouped, 16- to 64-key chunks, subgroups, V loaded before or after the
+    scores), each timed with its combine at 1024- and 4096-token contexts (as far as the cache
+    reaches) on this adapter with the layer's own caches, the least total kept; cached.
+    Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth 1024,
+    level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on software adapters (what lavapipe's timings chose for all of the
+    20 shapes they were taken on, 1.05x to 4x faster than per-head), else per-head."""
+    cands = attention_candidates(dev, n_heads, n_kv)
+    if len(cands) == 1:
+        return cands[0]
+    key = f"{dev.info.adapter}|{dev.info.backend}|attn3|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
+    static = AttnChoice("split", 32)
+    if dev.info.is_cpu or static not in cands:
+        static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
+    got = _decide(dev, key, enabled,
+                  lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands),
+                  static._asdict())
+    return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"])
+
+
+def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoice]:
+    """The decode attention kernels a shape can use: per-head always; grouped where a KV head
+    serves 2 .. MAX_GQA query heads; split (each chunk length, V prefetched or not) up to
+    MAX_GQA with subgroups."""
     group = n_heads // n_kv
-    if group == 1 or group > AttentionKernel.MAX_GQA:
-        return False
-    key = f"{dev.info.adapter}|{dev.info.backend}|attn|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
-    return bool(_decide(dev, key, enabled,
-                        lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window),
-                        {"grouped": bool(dev.info.is_cpu)})["grouped"])
+    cands = [AttnChoice()]
+    if 1 < group <= AttentionKernel.MAX_GQA:
+        cands.append(AttnChoice("grouped"))
+    if group <= AttentionKernel.MAX_GQA and dev.has_subgroups:
+        cands += [AttnChoice("split", c, pf) for c in AttentionKernel.SPLIT_CHUNKS for pf in (False, True)]
+    return cands
 
 
-def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window):
+def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands):
     group = n_heads // n_kv
     q = TensorDesc("q", head_dim, group, b=n_kv)
-    sb = _step_buffer(dev, min(cap, 1024) - 1)
+    out = TensorDesc("o", n_heads * head_dim)
+    steps = [_step_buffer(dev, min(cap, ctx) - 1) for ctx in sorted({min(cap, 1024), min(cap, 4096)})]
     qb = dev.create_buffer(q.nbytes, label="tune.q")
-    times = []
+    ob = dev.create_buffer(out.nbytes, label="tune.o")
+    times = {}
     try:
-        for grouped in (False, True):
-            k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, grouped=grouped)
-            yield CHECK
-            pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
+        for c in cands:
+            pb = None
             try:
-                times.append((yield from _time(dev, k.dispatch(
-                    {"step": sb, "q": qb, "kc": k_cache, "vc": v_cache, "part": pb}, k.workgroups(1)))))
+                k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, variant=c.variant,
+                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v)
+                comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group)
+                yield CHECK
+                pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
+                t = 0
+                for sb in steps:
+                    t += yield from _time(dev, k.dispatch({"step": sb, "q": qb, "kc": k_cache, "vc": v_cache,
+                                                           "part": pb}, k.workgroups(1)))
+                    t += yield from _time(dev, comb.dispatch({"step": sb, "part": pb, "out": ob}, comb.workgroups(1)))
+                times[c.name] = t
+            except (GPUError, UnsupportedModelError):
+                continue
             finally:
-                dev.release_buffer(pb)
-    except (GPUError, UnsupportedModelError):
-        return {"per_head_ns": None, "grouped_ns": None, "grouped": False}
+                if pb is not None:
+                    dev.release_buffer(pb)
     finally:
-        dev.release_buffer(sb)
-        dev.release_buffer(qb)
-    return {"per_head_ns": times[0], "grouped_ns": times[1], "grouped": times[1] < times[0]}
+        for b in (*steps, qb, ob):
+            dev.release_buffer(b)
+    best = min(cands, key=lambda c: times.get(c.name, float("inf")))
+    return best._asdict() | {"ns": times}
 
 
 def static_choice(dev: Device, int8: bool = False) -> GemvVariant:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 
 from ..gpu.base import Buffer
 from ..graph import Graph, T
-from ..kernels.attention import AttentionCombineKernel, AttentionKernel
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel, AttnChoice
 from ..kernels.autotune import (
     choose_attention,
     choose_cols,
@@ -175,13 +175,15 @@ class Attention(Op):
     k_cache: Buffer
     v_cache: Buffer
     window: int                  # sliding window (0: the whole cache)
-    grouped: bool                # one workgroup per KV head serves its query heads
+    kernel: AttnChoice           # AttentionKernel's variant, chunk (keys per workgroup: the partials'
+                                 # nsplit = ceil(cache rows / chunk)) and V prefetch
     tree: bool = False           # each query row sees what its tree record allows (kernels/tree.py)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Combine(Op):
     quant: str | None            # write the O projection's int8 row for weights of this format
+    nsplit: int                  # the attention's chunks per query row
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -195,6 +197,8 @@ class Sample(Op):
     partials: int                # Argmax's spans
     per_row: bool = False        # one token per logits row (the streams); else draws from the one row
 
+
+PREFILL_ATTENTION = "grouped"   # the prefill programs' attention kernel for grouped-query models
 
 # -- the builder ---------------------------------------------------------------------------------
 class ForwardBuilder:
@@ -241,6 +245,7 @@ class ForwardBuilder:
                               and lora is None)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         self.g = Graph(capacity, layout)
+        self._attn = {}              # sliding window -> attn_kernel's choice
         self._tensors()
 
     def build(self) -> Graph:
@@ -256,12 +261,12 @@ class ForwardBuilder:
     def _tensors(self) -> None:
         g, cfg, m = self.g, self.cfg, self.m
         group = cfg.n_heads // cfg.n_kv_heads
-        nsplit = ceil_div(m.cap_stride, AttentionKernel.chunk_for(cfg.head_dim))
         g.tensor("x", cfg.dim)
         for i in range(cfg.n_layers):
             g.tensor(f"h{i}", cfg.dim)
             g.tensor(f"qkv{i}", cfg.q_dim + 2 * cfg.kv_dim)
             g.tensor(f"q{i}", cfg.head_dim, T * group, b=cfg.n_kv_heads)
+            nsplit = ceil_div(m.cap_stride, self.attn_kernel(i).chunk)
             g.tensor(f"part{i}", nsplit * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
             g.tensor(f"attn{i}", cfg.q_dim)
             g.tensor(f"h2_{i}", cfg.dim)
@@ -322,23 +327,41 @@ class ForwardBuilder:
                      v_cache=lw.v_cache, inv_freq=freq, q_norm=lw.q_norm, k_norm=lw.k_norm, tree=self.tree))
         return f"q{i}"
 
-    def attention(self, i: int, lw, q: str) -> str:
+    def attn_kernel(self, i: int) -> AttnChoice:
+        """Layer i's attention kernel, its chunk filled in. Decode: the adapter's choice
+        (kernels/autotune.choose_attention) for the layer's window; prefill: PREFILL_ATTENTION
+        where a KV head serves several query heads (grouped: each K and V chunk read once for
+        them), else per head."""
         cfg, m = self.cfg, self.m
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
-        grouped = self.stage == "decode" and choose_attention(
-            m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
-            enabled=m.autotune)
+        if window not in self._attn:
+            group = cfg.n_heads // cfg.n_kv_heads
+            c = AttnChoice(PREFILL_ATTENTION if 1 < group <= AttentionKernel.MAX_GQA else "head")
+            if self.stage == "decode":
+                lw = m.layers[i]
+                c = choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
+                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune)
+            chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
+                     else AttentionKernel.chunk_for(cfg.head_dim))
+            self._attn[window] = c._replace(chunk=chunk)
+        return self._attn[window]
+
+    def attention(self, i: int, lw, q: str) -> str:
+        cfg = self.cfg
+        window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
         self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(f"part{i}",), k_cache=lw.k_cache,
-                             v_cache=lw.v_cache, window=window, grouped=bool(grouped), tree=self.tree))
+                             v_cache=lw.v_cache, window=window, kernel=self.attn_kernel(i), tree=self.tree))
         return f"part{i}"
 
     def combine(self, i: int, lw, part: str) -> str:
         """The attention chunks combined into attn{i}, or into the O projection's int8 row."""
         g = self.g
+        nsplit = ceil_div(self.m.cap_stride, self.attn_kernel(i).chunk)
         if self.combine_quant:
-            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt))
+            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt,
+                          nsplit=nsplit))
             return f"xqo{i}"
-        g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None))
+        g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None, nsplit=nsplit))
         if self.int8["o"]:
             g.add(Quantize(label=f"L{i}.quant_o", reads=(f"attn{i}",), writes=(f"xqo{i}",), fmt=lw.wo.fmt, norm=None))
             return f"xqo{i}"

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from ..gpu.base import Buffer
 from ..graph import Graph
 from ..kernels.attention import AttentionCombineKernel, AttentionKernel
-from ..kernels.base import ceil_div
 from ..kernels.embedding import EmbeddingKernel
 from ..kernels.linear import Epilogue, LinearKernel, PreNorm, QuantOut, RopeOut
 from ..kernels.lora import LoraOut, LoraShrinkKernel
@@ -50,10 +49,6 @@ class LowerContext:
     def rows_cap(self) -> int:
         """Query rows per KV head at capacity (attention partials)."""
         return self.capacity * (self.cfg.n_heads // self.cfg.n_kv_heads)
-
-    @property
-    def nsplit(self) -> int:
-        return ceil_div(self.cap_stride, AttentionKernel.chunk_for(self.cfg.head_dim))
 
 
 def lower(op: F.Op, ctx: LowerContext) -> tuple:
@@ -146,7 +141,7 @@ def _attention(op: F.Attention, c: LowerContext):
     (q,), (part,) = op.reads, op.writes
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
-                        scale, window=op.window, grouped=op.grouped, tree=op.tree)
+                        scale, window=op.window, **op.kernel._asdict(), tree=op.tree)
     return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
                "part": c.arena_range(part)} | ({"tree": c.tree} if op.tree else {})
 
@@ -154,7 +149,7 @@ def _attention(op: F.Attention, c: LowerContext):
 def _combine(op: F.Combine, c: LowerContext):
     cfg = c.cfg
     (part,), (out,) = op.reads, op.writes
-    k = AttentionCombineKernel(c.dev, c.desc(out), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.nsplit, c.rows_cap,
+    k = AttentionCombineKernel(c.dev, c.desc(out), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, op.nsplit, c.rows_cap,
                                quant=op.quant)
     return k, {"step": c.step, "part": c.arena_range(part), "out": c.arena_range(out)}
 

@@ -1,0 +1,125 @@
+#if SUBGROUP_ENABLE
+enable subgroups;
+// every lane of a subgroup reaches each shuffle (the key loop's trip count is per subgroup)
+diagnostic(off, subgroup_uniformity);
+#endif
+// Attention over the KV cache, split over the cache length, phase 1 of 2 (attention.wgsl's
+// partials, same layout, read by attention_combine.wgsl): the decode variant with short chunks.
+// One workgroup per (CHUNK keys, token, KV head) serves the GROUP query heads of its KV head
+// (as attention_gqa.wgsl does), but its threads are not tied to keys: the scores are computed
+// by groups of LK lanes per key row (consecutive lanes read consecutive vec4s of the row: every
+// load instruction of a subgroup is one contiguous run of the K cache), reduced with subgroup
+// shuffles, and the V product by one invocation per channel over the chunk's keys. Short chunks
+// (32-64 keys against attention_gqa's 64-256) give a decode step several times more
+// workgroups, each with little work between its barriers: a 1024-key context is 32 chunks per
+// KV head, enough to keep every SM of a large GPU streaming.
+//   part[(kvh, t * GROUP + h, split)] = (acc[0..DH), running max m, sum l)
+// Dispatch: (NSPLIT, T, KVH), WG threads (a multiple of the subgroup size).
+#include attention_common
+const WG: u32 = {{WG}}u;
+const LK: u32 = {{LK}}u;                          // lanes per key row (a power of two <= DH4)
+var<workgroup> qs: array<vec4<f32>, {{QS}}>;      // (GROUP, DH4)
+var<workgroup> sc: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK / 4): scores, then exp(s - m)
+var<workgroup> red: array<f32, {{RED}}>;          // (GROUP, NJ * DH): the key groups' V sums
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
+  let split = wid.x;
+  let t = wid.y;
+  let kvh = wid.z;
+  if (t >= step.n_tokens) { return; }
+  let p = query_pos(t);                            // this token's position
+  let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
+  let ostride = NSPLIT * (DH + 2u);                // next head's partial
+  let lo = window_lo(p);
+  let k0 = split * CHUNK;
+  let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
+  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
+    if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
+    return;
+  }
+  // every load of the chunk's scores is issued before the first product (the K rows' and the
+  // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
+  // below; more registers held through the scores: fewer workgroups fit an SM), then the K
+  // rows of lane group kg (LK lanes: keys kg, kg + KPS, ..., its lanes the rows' vec4s sub,
+  // sub + LK, ...), then the queries
+  let nvis = min(p + 1u - kp0, CHUNK);
+  let d = lid % DH;
+  let g = lid / DH;
+  let j0 = min(g, NJ - 1u) * JL / 4u;
+  let j1 = select(j0, (min((g + 1u) * JL, nvis) + 3u) / 4u, g < NJ);   // past the run's end: zeros
+#if PREFETCH_V
+{{V_LOAD}}
+#endif
+  let sub = lane % LK;
+  let kg = (lid / sg) * (sg / LK) + lane / LK;
+{{K_DECL}}
+  if (sg >= LK) {
+{{K_LOAD}}
+  }
+  for (var i = lid; i < GROUP * DH4; i += WG) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
+  workgroupBarrier();
+  // scores, reduced over each lane group with shuffles
+  if (sg >= LK) {
+{{K_MATH}}
+  } else {                                         // subgroups narrower than LK lanes: a loop
+    let kps = WG / sg;
+    for (var kk = lid / sg; kk < CHUNK; kk += kps) {
+      let vis = visible(p, lo, kp0 + kk);
+{{A_DECL}}
+      if (vis) {
+        let kb = (kvh * CAP + key_slot(t, k0 + kk)) * DH4;
+        for (var c = lane; c < DH4; c += sg) {
+          let kv = kc[kb + c];
+{{A_ACC}}
+        }
+      }
+{{A_RED}}
+      if (lane == 0u) {
+{{S_SET}}
+      }
+    }
+  }
+  workgroupBarrier();
+  // each head's maximum over the chunk (every invocation: four-key loads of workgroup memory)
+{{M_DECL}}
+  for (var j = 0u; j < CHUNK4; j++) {
+{{M_ACC}}
+  }
+  workgroupBarrier();
+  for (var i = lid; i < GROUP * CHUNK4; i += WG) {
+{{E_SET}}
+  }
+  workgroupBarrier();
+  // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) has its run of V row d, four keys
+  // per load (attention.wgsl's run bounds), each load serving every head
+#if !PREFETCH_V
+{{V_LOAD}}
+#endif
+{{O_DECL}}
+{{V_MATH}}
+#if MULTI_J
+  if (g < NJ) {
+{{RED_O}}
+  }
+  workgroupBarrier();
+  if (lid < DH) {
+    for (var h = 0u; h < GROUP; h++) {
+      var tot = 0.0;
+      for (var q = 0u; q < NJ; q++) { tot += red[h * NJ * DH + q * DH + lid]; }
+      part[out0 + h * ostride + lid] = tot;
+    }
+  }
+#else
+  if (g < NJ) {
+{{W_O}}
+  }
+#endif
+  if (lid < GROUP) {                               // the head's sum of e over the chunk
+    var l = 0.0;
+    for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
+    part[out0 + lid * ostride + DH + 1u] = l;
+  }
+{{W_M}}
+}
