@@ -29,10 +29,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // the chunk's keys: positions kp0 .. kp0 + CHUNK - 1
-  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
-    if (lid == 0u) { part[out + DH] = -3.0e38; part[out + DH + 1u] = 0.0; }
-    return;
-  }
+  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, 1u, out, 0u); return; }
   for (var d = lid; d < DH / 4u; d += CHUNK) { qs[d] = q_read(kvh, row, 0u, d); }
   workgroupBarrier();
   let k = k0 + lid;

@@ -78,3 +78,15 @@ fn window_lo(p: u32) -> u32 {
   if (WINDOW > 0u && p + 1u > WINDOW) { return p + 1u - WINDOW; }
   return 0u;
 }
+
+// Whether the chunk whose keys sit at positions kp0 .. kp0 + CHUNK - 1 (kp0: key_pos of its first
+// cache row) holds a key the query at position p (window start lo) sees.
+fn chunk_seen(kp0: u32, p: u32, lo: u32) -> bool {
+  return kp0 != NO_KEY && kp0 <= p && kp0 + CHUNK > lo;
+}
+
+// A chunk no row sees: invocations lid < n write only (m, l) = (-3e38, 0) of the partials at
+// out0 + lid * stride (the combine skips them).
+fn write_unseen(lid: u32, n: u32, out0: u32, stride: u32) {
+  if (lid < n) { part[out0 + lid * stride + DH] = -3.0e38; part[out0 + lid * stride + DH + 1u] = 0.0; }
+}

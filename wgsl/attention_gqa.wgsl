@@ -41,10 +41,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
-  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
-    if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
-    return;
-  }
+  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, GROUP, out0, ostride); return; }
   for (var i = lid; i < GROUP * DH4; i += CHUNK) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
   workgroupBarrier();
   let k = k0 + lid;

@@ -35,10 +35,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
-  if (kp0 == NO_KEY || kp0 > p || kp0 + CHUNK <= lo) {   // nothing visible in this chunk
-    if (lid < GROUP) { part[out0 + lid * ostride + DH] = -3.0e38; part[out0 + lid * ostride + DH + 1u] = 0.0; }
-    return;
-  }
+  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, GROUP, out0, ostride); return; }
   // every load of the chunk's scores is issued before the first product (the K rows' and the
   // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
   // below; more registers held through the scores: fewer workgroups fit an SM), then the K
