@@ -21,8 +21,9 @@ from .tree import declare_tree
 
 
 class AttnChoice(NamedTuple):
-    """A decode attention kernel: AttentionKernel's variant, the split variant's chunk (keys per
-    workgroup; 0: the variant's own) and whether it loads V before the scores."""
+    """An attention kernel (kernels/autotune.choose_attention's answer): AttentionKernel's
+    variant, the split variant's chunk (keys per workgroup; 0: the variant's own) and whether it
+    loads V before the scores."""
     variant: str = "head"
     chunk: int = 0
     prefetch_v: bool = False
@@ -76,8 +77,8 @@ class AttentionKernel(Kernel):
         (attention_gqa.wgsl: one per KV head and chunk, serving its query heads: K and V read once
         for them) or "split" (attention_split.wgsl: grouped, with `chunk` keys per workgroup
         (split_chunk) and subgroup shuffles; needs subgroups; prefetch_v: its V loads issued with
-        the K loads, before the scores). tree: each query row sees only
-        what its record in the "tree" binding allows (kernels/tree.py: tree verification).
+        the K loads, before the scores). tree: each query row sees only what its record in the
+        "tree" binding allows (kernels/tree.py: tree verification).
         lanes: the split variant's lanes per key row (default: head_dim / 4 up to 32, a power of
         two); subgroups narrower than that score keys in a loop instead (tests set it to reach the
         unrolled path on narrow software subgroups)."""
@@ -147,7 +148,8 @@ class AttentionKernel(Kernel):
     def _split_code(self, group: int, head_dim: int, wg: int, nj: int, jl: int, lanes: int | None,
                     prefetch_v: bool) -> dict:
         """attention_split.wgsl's statements, unrolled over the group's heads, the keys a lane
-        group scores (K_FAST) and the keys an invocation's V run covers (V_FAST)."""
+        group scores (K_DECL, K_LOAD, K_MATH) and the keys an invocation's V run covers (V_LOAD,
+        V_MATH)."""
         hs, dh4 = range(group), head_dim // 4
         j = "\n".join
         lk = lanes or 1 << (min(dh4, 32).bit_length() - 1)          # lanes per key row
@@ -178,8 +180,8 @@ class AttentionKernel(Kernel):
               for i in range(n4)]
         vm = [f"  o{h} += dot(sc[{h}u * CHUNK4 + j0 + {i}u], v{i});" for i in range(n4) for h in hs]
         pick = "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h)
-        return {"WG": wg, "LK": lk, "MULTI_J": nj > 1, "PREFETCH_V": prefetch_v, "K_DECL": j(kd), "K_LOAD": j(kl), "K_MATH": j(km),
-                "V_LOAD": j(vl), "V_MATH": j(vm),
+        return {"WG": wg, "LK": lk, "MULTI_J": nj > 1, "PREFETCH_V": prefetch_v,
+                "K_DECL": j(kd), "K_LOAD": j(kl), "K_MATH": j(km), "V_LOAD": j(vl), "V_MATH": j(vm),
                 "QS": group * dh4, "SC": group * self.CHUNK // 4, "RED": group * nj * head_dim if nj > 1 else 4,
                 "A_DECL": j(f"      var a{h} = 0.0;" for h in hs),
                 "A_ACC": j(f"          a{h} += dot(qs[{h}u * DH4 + c], kv);" for h in hs),

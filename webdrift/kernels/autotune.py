@@ -462,9 +462,10 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     (attention_split.wgsl: grouped, 16- to 64-key chunks, subgroups, V loaded before or after the
     scores), each timed with its combine at 1024- and 4096-token contexts (as far as the cache
     reaches) on this adapter with the layer's own caches, the least total kept; cached.
-    Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth 1024,
-    level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on software adapters (what lavapipe's timings chose for all of the
-    20 shapes they were taken on, 1.05x to 4x faster than per-head), else per-head."""
+    Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth
+    1024, level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on
+    software adapters (what lavapipe's timings chose for all of the 20 shapes they were taken on,
+    1.05x to 4x faster than per-head), else per-head."""
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]

@@ -259,15 +259,14 @@ class ForwardBuilder:
         return g
 
     def _tensors(self) -> None:
-        g, cfg, m = self.g, self.cfg, self.m
+        g, cfg = self.g, self.cfg
         group = cfg.n_heads // cfg.n_kv_heads
         g.tensor("x", cfg.dim)
         for i in range(cfg.n_layers):
             g.tensor(f"h{i}", cfg.dim)
             g.tensor(f"qkv{i}", cfg.q_dim + 2 * cfg.kv_dim)
             g.tensor(f"q{i}", cfg.head_dim, T * group, b=cfg.n_kv_heads)
-            nsplit = ceil_div(m.cap_stride, self.attn_kernel(i).chunk)
-            g.tensor(f"part{i}", nsplit * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
+            g.tensor(f"part{i}", self.nsplit(i) * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
             g.tensor(f"attn{i}", cfg.q_dim)
             g.tensor(f"h2_{i}", cfg.dim)
             g.tensor(f"act{i}", cfg.ffn_dim)
@@ -346,6 +345,10 @@ class ForwardBuilder:
             self._attn[window] = c._replace(chunk=chunk)
         return self._attn[window]
 
+    def nsplit(self, i: int) -> int:
+        """Layer i's attention chunks per query row (its partials)."""
+        return ceil_div(self.m.cap_stride, self.attn_kernel(i).chunk)
+
     def attention(self, i: int, lw, q: str) -> str:
         cfg = self.cfg
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
@@ -356,7 +359,7 @@ class ForwardBuilder:
     def combine(self, i: int, lw, part: str) -> str:
         """The attention chunks combined into attn{i}, or into the O projection's int8 row."""
         g = self.g
-        nsplit = ceil_div(self.m.cap_stride, self.attn_kernel(i).chunk)
+        nsplit = self.nsplit(i)
         if self.combine_quant:
             g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt,
                           nsplit=nsplit))
