@@ -10,9 +10,9 @@ diagnostic(off, subgroup_uniformity);
 // by groups of LK lanes per key row (consecutive lanes read consecutive vec4s of the row: every
 // load instruction of a subgroup is one contiguous run of the K cache), reduced with subgroup
 // shuffles, and the V product by one invocation per channel over the chunk's keys. Short chunks
-// (32-64 keys against attention_gqa's 64-256) give a decode step several times more
-// workgroups, each with little work between its barriers: a 1024-key context is 32 chunks per
-// KV head, enough to keep every SM of a large GPU streaming.
+// (16-64 keys against attention_gqa's 64-256) give a decode step several times more
+// workgroups, each with little work between its barriers: a 1024-key context is 64 chunks of
+// 16 keys per KV head, enough to keep every SM of a large GPU streaming.
 //   part[(kvh, t * GROUP + h, split)] = (acc[0..DH), running max m, sum l)
 // Dispatch: (NSPLIT, T, KVH), WG threads (a multiple of the subgroup size).
 #include attention_common
