@@ -23,6 +23,7 @@ from webdrift.kernels.linear import GemvVariant, LinearKernel
 FAST = GemvVariant("row", rows=1, wg=64)      # every adapter can run it
 NEXT = GemvVariant("split", rows=4, wg=64)     # likewise
 FAST_NS, NEXT_NS, SLOW_NS = 3_000, 5_000, 10_000
+FLUSH_NS = 85_000      # the L2-evicting dispatch (256 MiB at ~3 TB/s)
 
 
 def tag(v: GemvVariant) -> str:
@@ -47,8 +48,10 @@ class AsyncTimedDevice:
     can_time_sync = False
     has_sync_reads = False
 
-    def __init__(self, real, quantum_ns: int = 1, is_cpu: bool = False, reject: str = ""):
+    def __init__(self, real, quantum_ns: int = 1, is_cpu: bool = False, reject: str = "", fast_cold_ns: int = 0):
         self._real = real
+        self.fast_cold_ns = fast_cold_ns   # FAST's cost right after the L2 flush (0: as warm)
+        self.flushed = 0
         self.info = replace(real.info, is_cpu=is_cpu, adapter=f"fake-async-gpu-{quantum_ns}-{is_cpu}-{reject}")
         self.quantum = quantum_ns
         self.reads = 0
@@ -88,7 +91,14 @@ class AsyncTimedDevice:
     async def read_timestamps(self, rec):
         await asyncio.sleep(0)
         self.reads += 1
-        cost = [FAST_NS if d.label == tag(FAST) else NEXT_NS if d.label == tag(NEXT) else SLOW_NS for d in rec.pending]
+        cost, prev = [], None
+        for d in rec.pending:
+            flush = d.pipeline.label.startswith("l2_flush")
+            self.flushed += flush
+            cold = prev is not None and prev.pipeline.label.startswith("l2_flush")
+            cost.append(FLUSH_NS if flush else (self.fast_cold_ns or FAST_NS) if d.label == tag(FAST) and cold
+                        else FAST_NS if d.label == tag(FAST) else NEXT_NS if d.label == tag(NEXT) else SLOW_NS)
+            prev = d
         assert not any(self.reject and d.pipeline.label.startswith(self.reject) for d in rec.pending), \
             "a candidate that failed to compile was timed"
         spans = [sum(cost)] if rec.whole else cost
@@ -102,6 +112,7 @@ def tuner(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_memory", {})
     monkeypatch.setattr(autotune, "_pending", {})
     monkeypatch.setattr(autotune, "_new", {})
+    monkeypatch.setattr(autotune, "_flushes", {})     # each fake GPU's L2-flush buffer goes with the test
     monkeypatch.setattr(autotune, "LinearKernel", TaggedLinear)
     from tests.gpu_util import device, make_weight
     w, _ = make_weight(np.zeros((64, 128), np.float32), "q4")
@@ -131,6 +142,18 @@ def test_async_tuning_queues_measures_caches_and_reuses(tuner, quantum_ns):
     autotune._memory.clear()
     assert autotune.import_choices(exported) == 1
     assert autotune.choose_gemv(dev, w) == FAST and not autotune.pending(dev) and dev.reads == reads
+
+
+@pytest.mark.parametrize("quantum_ns", [1, 100_000])
+def test_async_timing_reads_weights_from_memory(tuner, quantum_ns):
+    """On a GPU every timed run follows the L2-evicting dispatch (its own time subtracted), as the
+    synchronous tuner does: a candidate that is fastest only while its weights sit in L2 (timed
+    back to back) loses to one that is faster from memory, as in a decode step."""
+    real, w = tuner
+    dev = AsyncTimedDevice(real, quantum_ns, fast_cold_ns=7_000)
+    autotune.choose_gemv(dev, w)
+    got = asyncio.run(autotune.tune_pending(dev))
+    assert [GemvVariant(**v) for v in got.values()] == [NEXT] and dev.flushed > 0
 
 
 def test_software_adapter_keeps_static_rule_unless_forced(tuner):

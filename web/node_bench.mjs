@@ -7,7 +7,7 @@
 //
 // Options (as `webdrift bench`): --synthetic NAMES, --quant f16,q8,q4, --model FILE.gguf, --protocol P/N,...,
 // --repeats N, --prefill-chunk N, --roofline-mib N, --int8-activations auto|on|off,
-// --autotune on|off|force, --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
+// --autotune on|off|force, --profile-tokens N, --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
 // default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
 // the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
@@ -95,6 +95,7 @@ const opts = {
   synthetic: args.synthetic, quant: args.quant, protocol: args.protocol, quick: !!args.quick,
   repeats: args.repeats ? Number(args.repeats) : undefined, prefillChunk: args.prefillChunk ? Number(args.prefillChunk) : undefined,
   rooflineMiB: args.rooflineMib ? Number(args.rooflineMib) : undefined, int8Activations: args.int8Activations,
+  profileTokens: args.profileTokens ? Number(args.profileTokens) : undefined,
   autotune: args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on",
   host: navigator.userAgent, route: "node (Pyodide+Dawn)", date: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
   command: "node node_bench.mjs " + process.argv.slice(2).join(" "),

@@ -313,6 +313,7 @@ export async function createRuntime(options = {}) {
  * (["f16", "q8", "q4"]; default q4, quick: all), protocol ("1024/256,128/128"; quick: "32/16,16/8"),
  * repeats (1), prefillChunk (256), rooflineMiB (1024; quick 16), int8Activations ("auto"|"on"|"off"),
  * autotune (true | false | "force": measure kernel choices on software adapters too), quick,
+ * profileTokens (N > 1: each model's last row gets kernel_profile, GPU us per decode step by kernel family),
  * command (a label for the report), onProgress({phase, loaded, total, model, message}).
  * Kernel choices measured here are stored like createEngine's (IndexedDB) and reused.
  */
@@ -323,7 +324,7 @@ export async function bench(options = {}) {
   const model = o.model ? await resolveModel(o) : null;
   const opts = {};
   for (const k of ["synthetic", "quant", "protocol", "repeats", "prefillChunk", "rooflineMiB", "int8Activations",
-                   "autotune", "quick", "command"]) if (o[k] !== undefined) opts[k] = o[k];
+                   "autotune", "quick", "command", "profileTokens"]) if (o[k] !== undefined) opts[k] = o[k];
   opts.model = model;
   opts.host = typeof navigator !== "undefined" ? navigator.userAgent : "";
   opts.date = new Date().toISOString().replace(/\.\d+Z$/, "Z");

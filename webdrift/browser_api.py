@@ -279,8 +279,9 @@ async def api_bench(opts_json, progress=None) -> dict:
     quants = quants or (["f16", "q8", "q4"] if quick else ["q4"])
     protocols = bm.parse_protocol(o["protocol"]) if o.get("protocol") else (bm.QUICK_PROTOCOL if quick else bm.PROTOCOL)
     repeats, chunk = int(o.get("repeats") or 1), int(o.get("prefillChunk") or 256)
-    if repeats < 1 or chunk < 1:
-        raise InvalidArgumentError("repeats and prefillChunk must be >= 1")
+    profile_tokens = int(o.get("profileTokens") or 0)
+    if repeats < 1 or chunk < 1 or profile_tokens < 0:
+        raise InvalidArgumentError("repeats and prefillChunk must be >= 1, profileTokens >= 0")
     i8 = {"auto": None, "on": True, "off": False, None: None, True: True, False: False}.get(o.get("int8Activations"))
     tune = o.get("autotune", True)
     if tune not in (True, False, "force"):
@@ -308,7 +309,7 @@ async def api_bench(opts_json, progress=None) -> dict:
             label = "/".join(bm.model_label(s))
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
-                peak_tflops=roof["compute"]["f32"]["tflops"],
+                peak_tflops=roof["compute"]["f32"]["tflops"], profile_tokens=profile_tokens,
                 progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
                                                                      models=len(sources)))
         note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"

@@ -107,6 +107,41 @@ async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None =
     return sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
 
 
+async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
+    """Where a decode step's time goes, from two greedy generations of new_tokens after `ids`, or
+    None where the adapter has no timestamp-query. First every dispatch timed in its own pass
+    (profile/profiler.py): GPU us per step by kernel family (the per-kernel passes add their own
+    cost, so compare families, not the total with the step); then each step timed whole (one
+    pass): the GPU's busy time per step against the step's wall time (host-bound when they
+    differ). Browsers quantize timestamps unless told not to (Dawn:
+    disable-dawn-features=timestamp_quantization), which makes the per-kernel figures coarse."""
+    from .profiler import DISABLED, Profiler
+    from .timeline import summarize
+    if not eng.dev.has_timestamps:
+        return None
+
+    async def timed(steps: bool):
+        prof = Profiler(True, kernels=True, steps=steps)
+        eng.profiler = prof
+        try:
+            out = await agenerate_ids(eng, ids, new_tokens)
+        finally:
+            eng.profiler = DISABLED
+        await prof.acollect(eng.dev)
+        return summarize(prof)["gpu"].get("decode"), out.stats
+
+    g, _ = await timed(False)
+    w, st = await timed(True)
+    if not g or not w:
+        return None
+    n, nw = g["submits"], w["submits"]
+    return {"decode_steps": n, "kernels_per_step": round(g["kernels"] / n, 1),
+            "gpu_us_per_step": round(1e3 * sum(f["total_ms"] for f in g["families"].values()) / n, 1),
+            "families_us_per_step": {k: round(1e3 * f["total_ms"] / n, 2) for k, f in g["families"].items()},
+            "whole_step_gpu_us": round(1e3 * sum(f["total_ms"] for f in w["families"].values()) / nw, 1),
+            "whole_step_wall_us": round(1e6 * st.decode_s / max(1, st.new_tokens - 1), 1)}
+
+
 async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
     """The memory roofline (streaming read over `mib` MiB, profile/roofline.py) with the compute
     peaks under "compute" (profile/compute.py: f32, f16 where the adapter has it, int8 dot)."""
@@ -179,8 +214,10 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
                        streams: list[int] | None = None, peak_tflops: float | None = None,
                        prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
-                       weight_format: str | None = None) -> list[dict]:
+                       weight_format: str | None = None, profile_tokens: int = 0) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    profile_tokens: after the protocol, the last row also gets `kernel_profile` (akernel_profile
+    over that many new tokens after its prompt).
     weight_format: the engine option (every matrix in that runtime format; the row's quant).
     progress(phase, done, total): "load", "tune" (queued kernel measurements) and "run".
     streams: also decode k streams together per protocol (row["streams"]);
@@ -266,6 +303,14 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
             if streams:
                 rows[-1]["streams"] = await abench_streams(eng, ids[:p], m, dtps, streams, log)
+        if profile_tokens > 1:
+            p = protocols[-1][0]
+            rows[-1]["kernel_profile"] = kp = await akernel_profile(eng, ids[:p], profile_tokens)
+            if kp:
+                log(f"  decode step after {p} tokens: {kp['whole_step_gpu_us']} us of GPU time (timed whole) in a "
+                    f"{kp['whole_step_wall_us']} us step; each kernel timed: {kp['gpu_us_per_step']} us in "
+                    f"{kp['kernels_per_step']} dispatches: " +
+                    ", ".join(f"{k} {v}" for k, v in list(kp["families_us_per_step"].items())[:8]))
         peak = dev.peak_bytes - before
         for r in rows:
             r["peak_gpu_bytes"] = peak

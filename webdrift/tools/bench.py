@@ -195,9 +195,11 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 int8_activations: bool | None = None, llama_bench: str | None = None,
                 streams: list[int] | None = None, peak_tflops: float | None = None,
                 lora_rank: int | None = None, prefill_kernels: str = "auto",
-                int8_peak_tflops: float | None = None, weight_format: str | None = None) -> list[dict]:
+                int8_peak_tflops: float | None = None, weight_format: str | None = None,
+                profile_tokens: int = 0) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     weight_format: load every matrix in that runtime format (the rows' quant).
+    profile_tokens: the last row's kernel_profile (GPU us per decode step by kernel family).
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
     llama_bench: the llama-bench binary to run on the same GGUF file (a real .gguf source only)."""
@@ -209,7 +211,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
                              int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
                              prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops,
-                             weight_format=weight_format))
+                             weight_format=weight_format, profile_tokens=profile_tokens))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -320,7 +322,7 @@ def run_bench(args, dev=None, log=None) -> dict:
                                lora_rank=getattr(args, "lora_rank", None),
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
                                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
-                               weight_format=wf)
+                               weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0)
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -535,6 +537,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also decode with a random rank-R LoRA adapter on all seven targets (and with the LoRA "
                         "slots but no adapter), and time switching adapters (row field `lora`); with --streams, "
                         "also K streams with one adapter each (lora.streams)")
+    p.add_argument("--profile-tokens", type=int, default=0, metavar="N",
+                   help="after each model's protocol, time every kernel of N decode steps after the last prompt "
+                        "(the last row's kernel_profile: GPU us per step by kernel family; --compare lists them)")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
@@ -572,7 +577,27 @@ def compare_table(reports: list[dict]) -> str:
                           [_fmt(r["decode_tps"]), _fmt(r["prefill_tps"]), _fmt(r["ttft_s"], ".3f"), _fmt(r["load_s"], ".2f"),
                            _gib(r["peak_gpu_bytes"]), ratio("decode_tps"), ratio("prefill_tps")])
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _compare_profiles(reports, key))
+
+
+def _compare_profiles(reports: list[dict], key) -> list[str]:
+    """Per (model, quant, prompt/new) with a kernel_profile in some report: GPU us per decode step
+    by kernel family, one column per report (families in the first profiled report's order)."""
+    out = []
+    keys = list(dict.fromkeys(key(r) for rep in reports for r in rep["results"] if r.get("kernel_profile")))
+    for k in keys:
+        profs = [next((r.get("kernel_profile") for r in rep["results"] if key(r) == k), None) for rep in reports]
+        fams = list(dict.fromkeys(f for p in profs if p for f in p["families_us_per_step"]))
+        routes = [rep.get("machine", {}).get("route", "desktop (wgpu-native)") for rep in reports]
+        out += ["", f"GPU us per decode step by kernel family, {k[0]} {k[1]} {k[2]}/{k[3]} (kernel_profile):", "",
+                "| kernel family | " + " | ".join(routes) + " |", "|---|" + "---|" * len(reports)]
+        whole = {"step wall time": "whole_step_wall_us", "GPU busy, step timed whole": "whole_step_gpu_us",
+                 "sum of kernels, each timed": "gpu_us_per_step"}
+        for f in list(whole) + fams:
+            cells = [(_fmt(p.get(whole[f])) if f in whole else _fmt(p["families_us_per_step"].get(f))) if p else "-"
+                     for p in profs]
+            out.append(f"| {f} | " + " | ".join(cells) + " |")
+    return out
 
 
 def cmd_compare(paths: list[str]) -> int:
@@ -596,6 +621,8 @@ def cmd_bench(args) -> int:
         return cmd_compare(args.compare)
     if args.repeats < 1:
         raise InvalidArgumentError(f"--repeats {args.repeats}: must be >= 1")
+    if getattr(args, "profile_tokens", 0) < 0:
+        raise InvalidArgumentError(f"--profile-tokens {args.profile_tokens}: must be >= 0")
     if not hasattr(args, "command_line"):
         args.command_line = _command_line()
     if args.speculative is not None:
