@@ -11,6 +11,10 @@
 // default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
 // the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
+// --ready --model FILE.gguf: instead of the protocol, what a page's createEngine() waits for, timed
+// from this script's start (Pyodide, the wheels, the model read and its sha256 checked, weights
+// uploaded, kernels built with the stored choices) to "ready", then one short greedy generation and
+// the background tuning a first visit starts (its choices stored: run twice for a returning visitor).
 // The report is the desktop's schema (webdrift/profile/benchmark.py), machine.route "node (Pyodide+Dawn)".
 // Needs: Node >= 18 and a bundle (python -m build_wasm --out bundle/); this file lies in the bundle.
 
@@ -23,7 +27,7 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 function parseArgs(argv) {
   const o = { dawn: [] };
-  const bools = new Set(["quick"]);
+  const bools = new Set(["quick", "ready"]);
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (!a.startsWith("--")) throw new Error(`unexpected argument ${a}`);
@@ -37,6 +41,14 @@ function parseArgs(argv) {
 }
 
 const args = parseArgs(process.argv.slice(2));
+// --ready: what a returning visitor waits for; the model's sha256 is known beforehand (a page has it
+// from the cache entry or the server), so its hashing here is not part of the wait, the check is
+let readySha = null;
+if (args.ready) {
+  if (!args.model) throw new Error("--ready needs --model FILE.gguf");
+  readySha = (await import("node:crypto")).createHash("sha256").update(fs.readFileSync(args.model)).digest("hex");
+}
+const T0 = performance.now();
 
 // -- navigator.gpu from Dawn -----------------------------------------------------------------------
 let spec = args.webgpu || "webgpu";
@@ -79,16 +91,53 @@ self.webdriftChoiceStore = {
     return Object.keys(choices).length;
   },
 };
-let onResult = null;
+const waiting = new Map();
 self.postMessage = (m) => {
   if (m.type === "progress") {
     const p = m.progress;
     if (p.phase === "log") console.error(p.message);
     else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
       `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);
-  } else if (m.type === "result" || m.type === "error") onResult(m);
+  } else if (m.type === "result" || m.type === "error") waiting.get(m.id)?.(m);
 };
+let nextId = 1;
+function request(msg) {                    // a message to worker.js, answered by its result (or error)
+  const id = nextId++;
+  return new Promise((resolve) => {
+    waiting.set(id, resolve);
+    self.onmessage({ data: { ...msg, id } });
+  }).then((m) => {
+    waiting.delete(id);
+    if (m.type === "error") {
+      console.error(`webdrift: error: ${m.error.name}: ${m.error.message}`);
+      process.exit(2);
+    }
+    return m.value;
+  });
+}
 await import(pathToFileURL(path.join(HERE, "worker.js")).href);
+
+// -- --ready: createEngine() as a page calls it, timed from this script's start ---------------------
+if (args.ready) {
+  const file = path.resolve(args.model);
+  const autotune = args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on";
+  const info = await request({ type: "init", opts: { autotune, model: { url: pathToFileURL(file).href,
+    name: path.basename(file), sha256: readySha, cache: false } } });
+  const readyS = (performance.now() - T0) / 1000;
+  const t1 = performance.now();
+  const gen = await request({ type: "generate", prompt: "The capital of France is",
+    opts: { maxNewTokens: 16, temperature: 0 } });
+  const firstS = (performance.now() - t1) / 1000;
+  const tuned = await request({ type: "tuned" });      // background tuning (a first visit): stored for the next
+  const out = { route: "node (Pyodide+Dawn)", adapter: info.adapter, model: path.basename(file),
+    ready_s: Math.round(readyS * 1000) / 1000, engine_load_s: info.totalLoadS, fetch_s: info.fetchS,
+    tuning_at_ready: info.tuning, first_generate_s: Math.round(firstS * 1000) / 1000,
+    first_generate: { text: gen.text, stats: gen.stats }, background_tuning: tuned,
+    command: "node node_bench.mjs " + process.argv.slice(2).join(" "), date: new Date().toISOString() };
+  console.log(JSON.stringify(out, null, 1));
+  if (args.json) fs.writeFileSync(args.json, JSON.stringify(out, null, 1));
+  process.exit(0);
+}
 
 // -- the run -------------------------------------------------------------------------------------
 const opts = {
@@ -105,15 +154,7 @@ if (args.model) {
   opts.model = { url: pathToFileURL(file).href, name: path.basename(file), sha256: null, cache: false };
 }
 const t0 = performance.now();
-const msg = await new Promise((resolve) => {
-  onResult = resolve;
-  self.onmessage({ data: { type: "bench", id: 1, opts } });
-});
-if (msg.type === "error") {
-  console.error(`webdrift: error: ${msg.error.name}: ${msg.error.message}`);
-  process.exit(2);
-}
-const report = msg.value;
+const report = await request({ type: "bench", opts });
 report.wall_s = Math.round((performance.now() - t0) / 10) / 100;
 const f = (v, d = 1) => (v === null || v === undefined ? "-" : Number(v).toFixed(d));
 console.log(`${report.machine.adapter} (${report.machine.backend}), ${report.machine.route}; streaming read ` +
