@@ -120,18 +120,21 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
     if not eng.dev.has_timestamps:
         return None
 
-    async def timed(steps: bool):
-        prof = Profiler(True, kernels=True, steps=steps)
+    async def timed(steps: bool, kernels: bool = True):
+        prof = Profiler(True, kernels=kernels, steps=steps)
         eng.profiler = prof
         try:
             out = await agenerate_ids(eng, ids, new_tokens)
         finally:
             eng.profiler = DISABLED
         await prof.acollect(eng.dev)
-        return summarize(prof)["gpu"].get("decode"), out.stats
+        summary = summarize(prof)
+        return (summary["gpu"].get("decode") if kernels else summary["host"]), out.stats
 
     g, _ = await timed(False)
     w, st = await timed(True)
+    host, hst = await timed(False, kernels=False)
+    ph = host["phases"]
     if not g or not w:
         return None
     n, nw = g["submits"], w["submits"]
@@ -139,7 +142,13 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
             "gpu_us_per_step": round(1e3 * sum(f["total_ms"] for f in g["families"].values()) / n, 1),
             "families_us_per_step": {k: round(1e3 * f["total_ms"] / n, 2) for k, f in g["families"].items()},
             "whole_step_gpu_us": round(1e3 * sum(f["total_ms"] for f in w["families"].values()) / nw, 1),
-            "whole_step_wall_us": round(1e6 * st.decode_s / max(1, st.new_tokens - 1), 1)}
+            "whole_step_wall_us": round(1e6 * st.decode_s / max(1, st.new_tokens - 1), 1),
+            # host phases only (no GPU timing): a step's wall time, the host's own work in it (the
+            # step less the wait for its token), encoding + submitting a step, the wait for a token
+            "host": {"step_us": round(1e3 * host["decode_step_ms"].get("median", 0.0), 1),
+                     "host_work_us": round(host["host_overhead_us_per_step"].get("median", 0.0), 1),
+                     "submit_us": ph.get("decode.submit", {}).get("mean_us"),
+                     "readback_wait_us": ph.get("readback", {}).get("mean_us")}}
 
 
 async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:

@@ -593,9 +593,11 @@ def _compare_profiles(reports: list[dict], key) -> list[str]:
                 "| kernel family | " + " | ".join(routes) + " |", "|---|" + "---|" * len(reports)]
         whole = {"step wall time": "whole_step_wall_us", "GPU busy, step timed whole": "whole_step_gpu_us",
                  "sum of kernels, each timed": "gpu_us_per_step"}
-        for f in list(whole) + fams:
-            cells = [(_fmt(p.get(whole[f])) if f in whole else _fmt(p["families_us_per_step"].get(f))) if p else "-"
-                     for p in profs]
+        host = {"step wall time, host phases only": "step_us", "host work per step": "host_work_us",
+                "encode + submit a step": "submit_us", "wait for a token": "readback_wait_us"}
+        for f in list(host) + list(whole) + fams:
+            cells = [(_fmt(p.get("host", {}).get(host[f])) if f in host else _fmt(p.get(whole[f])) if f in whole
+                      else _fmt(p["families_us_per_step"].get(f))) if p else "-" for p in profs]
             out.append(f"| {f} | " + " | ".join(cells) + " |")
     return out
 
