@@ -7,7 +7,7 @@
 //
 // Options (as `webdrift bench`): --synthetic NAMES, --quant f16,q8,q4, --model FILE.gguf, --protocol P/N,...,
 // --repeats N, --prefill-chunk N, --roofline-mib N, --int8-activations auto|on|off,
-// --autotune on|off|force, --profile-tokens N, --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
+// --autotune on|off|force, --profile-tokens N, --trace-calls (host time per WebGPU method), --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
 // default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
 // the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
@@ -27,7 +27,7 @@ const HERE = path.dirname(fileURLToPath(import.meta.url));
 
 function parseArgs(argv) {
   const o = { dawn: [] };
-  const bools = new Set(["quick", "ready"]);
+  const bools = new Set(["quick", "ready", "traceCalls"]);
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if (!a.startsWith("--")) throw new Error(`unexpected argument ${a}`);
@@ -59,6 +59,26 @@ if (args.webgpu) {
 const { create, globals } = await import(spec);
 Object.assign(globalThis, globals);
 const gpu = create(args.dawn);
+// --trace-calls: time every call of these WebGPU methods (host time in Dawn, per method), to see
+// where a decode step's encode + submit goes; printed (and in the JSON) at the end
+const traced = {};
+if (args.traceCalls) {
+  const methods = { GPUQueue: ["submit", "writeBuffer"], GPUDevice: ["createCommandEncoder"],
+    GPUCommandEncoder: ["beginComputePass", "copyBufferToBuffer", "finish"],
+    GPUComputePassEncoder: ["setPipeline", "setBindGroup", "dispatchWorkgroups", "end"], GPUBuffer: ["mapAsync"] };
+  for (const [cls, names] of Object.entries(methods)) {
+    const proto = globalThis[cls] && globalThis[cls].prototype;
+    for (const name of names) {
+      const f = proto && proto[name];
+      if (typeof f !== "function") continue;
+      const rec = (traced[`${cls}.${name}`] = { calls: 0, ms: 0 });
+      proto[name] = function (...a) {
+        const t = performance.now();
+        try { return f.apply(this, a); } finally { rec.calls++; rec.ms += performance.now() - t; }
+      };
+    }
+  }
+}
 Object.defineProperty(globalThis, "navigator", {
   value: { gpu, userAgent: `Node.js ${process.version} + Dawn (npm webgpu) ${os.platform()} ${os.arch()}`,
            hardwareConcurrency: os.cpus().length },
@@ -92,9 +112,12 @@ self.webdriftChoiceStore = {
   },
 };
 const waiting = new Map();
+const phases = {};            // progress phase -> [first, last] seconds since T0 (--ready's timeline)
 self.postMessage = (m) => {
   if (m.type === "progress") {
     const p = m.progress;
+    const t = Math.round(performance.now() - T0) / 1000;
+    phases[p.phase] = [phases[p.phase] ? phases[p.phase][0] : t, t];
     if (p.phase === "log") console.error(p.message);
     else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
       `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);
@@ -131,7 +154,7 @@ if (args.ready) {
   const tuned = await request({ type: "tuned" });      // background tuning (a first visit): stored for the next
   const out = { route: "node (Pyodide+Dawn)", adapter: info.adapter, model: path.basename(file),
     ready_s: Math.round(readyS * 1000) / 1000, engine_load_s: info.totalLoadS, fetch_s: info.fetchS,
-    tuning_at_ready: info.tuning, first_generate_s: Math.round(firstS * 1000) / 1000,
+    tuning_at_ready: info.tuning, phases_s: phases, first_generate_s: Math.round(firstS * 1000) / 1000,
     first_generate: { text: gen.text, stats: gen.stats }, background_tuning: tuned,
     command: "node node_bench.mjs " + process.argv.slice(2).join(" "), date: new Date().toISOString() };
   console.log(JSON.stringify(out, null, 1));
@@ -164,6 +187,11 @@ for (const r of report.results) {
     `${r.model} ${r.quant} ${r.prompt_tokens}/${r.new_tokens}: prefill ${f(r.prefill_tps)} tok/s, decode ` +
     `${f(r.decode_tps)} tok/s (${f(r.pct_roofline)}% of roofline), load ${f(r.load_s, 2)} s, peak ` +
     `${f(r.peak_gpu_bytes / 1048576)} MiB`);
+}
+if (args.traceCalls) {
+  report.traced_calls = Object.fromEntries(Object.entries(traced).filter(([, r]) => r.calls).map(([k, r]) =>
+    [k, { calls: r.calls, total_ms: Math.round(r.ms * 10) / 10, mean_us: Math.round(1000 * r.ms / r.calls * 10) / 10 }]));
+  console.log(JSON.stringify(report.traced_calls, null, 1));
 }
 if (args.json) {
   fs.mkdirSync(path.dirname(path.resolve(args.json)), { recursive: true });
