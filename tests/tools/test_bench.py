@@ -224,3 +224,33 @@ def test_bench_lora_rank_fields():
     assert 0 < lo["switch_ms"] < 1.0 and lo["pool_bytes"] > 0
     s3 = lo["streams"]["3"]    # three streams, one adapter each
     assert s3["decode_tps_total"] > 0 and s3["vs_single"] == round(s3["decode_tps_total"] / rows[0]["decode_tps"], 3)
+
+
+def test_bench_kernel_profile(tmp_path, capsys):
+    """--profile-tokens N: the last row's kernel_profile covers N-1 decode steps of exactly the
+    engine's decode dispatches, its families add up to its total, the host phases are measured;
+    --compare lists it by family; a negative count is refused."""
+    from webdrift.profile.benchmark import build_engine
+    js = tmp_path / "p.json"
+    assert main(["bench", "--synthetic", "tiny", "--quant", "q4", "--no-peers", "--protocol", "16/4,24/4",
+                 "--roofline-mib", "8", "--profile-tokens", "6", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())["results"]
+    assert "kernel_profile" not in rows[0]                  # the last row of the model only
+    kp = rows[-1]["kernel_profile"]
+    dev = get_device()
+    if not dev.has_timestamps:
+        assert kp is None
+        return
+    eng = build_engine(dev, synthetic_source("tiny", "q4"), 64)
+    assert kp["decode_steps"] == 5 and kp["kernels_per_step"] == len(eng.decode.dispatches(1))
+    assert kp["gpu_us_per_step"] == pytest.approx(sum(kp["families_us_per_step"].values()), rel=0.01)
+    assert 0 < kp["whole_step_gpu_us"] and 0 < kp["whole_step_wall_us"]
+    h = kp["host"]
+    assert h["step_us"] > 0 and h["submit_us"] > 0 and h["readback_wait_us"] >= 0
+    assert main(["bench", "--compare", str(js), str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU us per decode step by kernel family, tiny q4 24/4" in out
+    fam = next(iter(kp["families_us_per_step"]))
+    assert any(line.startswith(f"| {fam} |") for line in out.splitlines())
+    assert main(["bench", "--quick", "--profile-tokens", "-1"]) == 2
+    assert "--profile-tokens -1" in capsys.readouterr().err

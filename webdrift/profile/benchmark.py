@@ -247,6 +247,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     base = {"model": model, "quant": quant, "source": str(src.path),
             "params": sum(_numel(t.shape) for t in src.tensors.values()), "weight_bytes": sum(p.nbytes for p in plans)}
     max_ctx = max(max([p + m] + [streams_needed_context(p, m, k) for k in streams or []]) for p, m in protocols)
+    max_ctx = max(max_ctx, protocols[-1][0] + profile_tokens)      # the kernel profile's generation
     if cfg.max_position and max_ctx > cfg.max_position:
         return [empty_row(base, p, m, error=f"needs a context of {max_ctx}; the model's is {cfg.max_position}")
                 for p, m in protocols]
