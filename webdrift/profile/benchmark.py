@@ -133,7 +133,7 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
 
     g, _ = await timed(False)
     w, st = await timed(True)
-    host, hst = await timed(False, kernels=False)
+    host, _ = await timed(False, kernels=False)
     ph = host["phases"]
     if not g or not w:
         return None
