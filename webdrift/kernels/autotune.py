@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, fields, replace
 
 from ..errors import GPUError, UnsupportedModelError
-from ..gpu.base import UNIFORM, Device, TimestampRecorder
+from ..gpu.base import RW, UNIFORM, Device, TimestampRecorder
 from ..tensor import TensorDesc
 from .attention import AttentionCombineKernel, AttentionKernel, AttnChoice
 from .base import ceil_div
@@ -350,7 +350,7 @@ def _time(dev: Device, d):
         yield from _busy(dev, d, 0.25 if last is None else 0.05)
     if dev.can_time_sync:
         dev.submit([d] * 8)
-        flush = _flush_dispatch(dev)
+        flush = _flush_dispatch(dev, d)
         best = None
         for _ in range(4):
             rec = TimestampRecorder(10 if flush else 5)
@@ -364,12 +364,12 @@ def _time(dev: Device, d):
             best = med if best is None else min(best, med)
     else:
         # a batch of k runs of d, each after the L2-evicting dispatch where there is one; the
-        # flush's own time is a batch of k flushes, timed in the same round and subtracted (each
-        # dispatch writes its output, so the runs of a batch do not overlap: the repeated write
-        # puts a barrier before every run). Without the flush, k runs of d read the same weights
-        # from L2 (Dawn on an H100, 2026-11-24: the 1B's f16 candidates timed warm, the chosen
-        # ones ran the model at 0.56x of wgpu-native's decode).
-        flush = _flush_dispatch(dev)
+        # flush's own time is a batch of k flushes, timed in the same round and subtracted (the
+        # flush binds d's output writable, so each run starts after its flush and before the
+        # next). Without the flush, k runs of d read the same weights from L2 (Dawn on an H100,
+        # 2026-11-24: the 1B's f16 candidates timed warm, the chosen ones ran the model at 0.56x
+        # of wgpu-native's decode).
+        flush = _flush_dispatch(dev, d)
         spans: list[int] = []
 
         def batch(k):
@@ -398,24 +398,28 @@ def _time(dev: Device, d):
     return best
 
 
-_flushes: dict = {}    # id(device) -> (device, the L2-evicting dispatch) or (device, None)
+_flushes: dict = {}    # id(device) -> (device, L2FlushKernel, its scratch buffer) or (device, None, None)
 
 
-def _flush_dispatch(dev: Device):
-    """The dispatch run before each timed run on a GPU (not on software adapters): it reads
+def _flush_dispatch(dev: Device, d):
+    """The dispatch run before each timed run of d on a GPU (None on software adapters): it reads
     more bytes than the last-level cache holds, so every candidate is timed reading its weights
     from memory as in a decode step, not from an L2 warmed by the previous run (a 1B model's
     33 MiB down projection fits an H100's 50 MiB L2: timed warm, the fastest-in-L2 variant won
-    and streamed at ~1 TB/s in the model, H100 2026-11-23). The buffer is kept per device."""
+    and streamed at ~1 TB/s in the model, H100 2026-11-23). It also binds d's first writable
+    buffer writable (l2_flush.wgsl), which orders it with d. The scratch buffer is kept per device."""
     got = _flushes.get(id(dev))
     if got is None or got[0] is not dev:
-        d = None
+        k = buf = None
         if not dev.info.is_cpu:
             k = L2FlushKernel(dev)
             buf = dev.create_buffer(k.nbytes, label="tune.l2_flush")
-            d = k.dispatch({"buf": buf}, k.workgroups())
-        got = _flushes[id(dev)] = (dev, d)
-    return got[1]
+        got = _flushes[id(dev)] = (dev, k, buf)
+    _, k, buf = got
+    if k is None:
+        return None
+    out = next(b for kind, b in zip(d.pipeline.bindings, d.bind_group.buffers) if kind == RW)
+    return k.dispatch({"buf": buf, "sync": out}, k.workgroups())
 
 
 def _step_buffer(dev: Device, pos0: int = 0, tokens: int = 1):

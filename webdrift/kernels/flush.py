@@ -14,13 +14,16 @@ FLUSH_BYTES = 256 << 20   # > the L2 of every GPU we know (H100 / H200 50 MiB, R
 
 
 class L2FlushKernel(Kernel):
-    """Bindings: buf, the scratch buffer (FLUSH_BYTES or the adapter's binding limit).
+    """Bindings: buf, the scratch buffer (FLUSH_BYTES or the adapter's binding limit); sync, the
+    timed kernel's output (bound writable, never written: orders the flush and the kernel).
     Dispatch: (1024, 1, 1) (a grid-stride loop)."""
     template = "l2_flush"
 
     def __init__(self, dev: Device):
         b = Bindings()
-        super().__init__(dev, {"BUF_DECL": b.array("buf", "array<vec4<u32>>", "scratch", writable=True)}, b, "l2_flush")
+        super().__init__(dev, {"BUF_DECL": b.array("buf", "array<vec4<u32>>", "scratch", writable=True),
+                               "SYNC_DECL": b.array("sync", "array<u32>", "the timed kernel's output", writable=True)},
+                         b, "l2_flush")
         self.nbytes = min(FLUSH_BYTES, dev.max_binding_size, dev.max_buffer_size) // 16 * 16
 
     def workgroups(self) -> tuple[int, int, int]:
