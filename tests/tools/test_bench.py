@@ -249,8 +249,9 @@ def test_bench_kernel_profile(tmp_path, capsys):
     assert h["step_us"] > 0 and h["submit_us"] > 0 and h["readback_wait_us"] >= 0
     assert main(["bench", "--compare", str(js), str(js)]) == 0
     out = capsys.readouterr().out
-    assert "GPU us per decode step by kernel family, tiny q4 24/4" in out
+    assert "Where a decode step goes (us), tiny q4 24/4" in out
     fam = next(iter(kp["families_us_per_step"]))
     assert any(line.startswith(f"| {fam} |") for line in out.splitlines())
+    assert f"| encode + submit a step | {kp['host']['submit_us']:.1f} |" in out
     assert main(["bench", "--quick", "--profile-tokens", "-1"]) == 2
     assert "--profile-tokens -1" in capsys.readouterr().err

@@ -108,12 +108,12 @@ async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None =
 
 
 async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
-    """Where a decode step's time goes, from two greedy generations of new_tokens after `ids`, or
-    None where the adapter has no timestamp-query. First every dispatch timed in its own pass
+    """Where a decode step's time goes, from three greedy generations of new_tokens after `ids`,
+    or None where the adapter has no timestamp-query. First every dispatch timed in its own pass
     (profile/profiler.py): GPU us per step by kernel family (the per-kernel passes add their own
     cost, so compare families, not the total with the step); then each step timed whole (one
-    pass): the GPU's busy time per step against the step's wall time (host-bound when they
-    differ). Browsers quantize timestamps unless told not to (Dawn:
+    pass): the GPU's busy time per step; then host phases only (no GPU timing): the step's wall
+    time and the host's share of it (host-bound when it is most of the step). Browsers quantize timestamps unless told not to (Dawn:
     disable-dawn-features=timestamp_quantization), which makes the per-kernel figures coarse."""
     from .profiler import DISABLED, Profiler
     from .timeline import summarize

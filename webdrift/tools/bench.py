@@ -199,7 +199,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 profile_tokens: int = 0) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     weight_format: load every matrix in that runtime format (the rows' quant).
-    profile_tokens: the last row's kernel_profile (GPU us per decode step by kernel family).
+    profile_tokens: the last row's kernel_profile (akernel_profile: where a decode step goes).
     streams: also decode k streams together per protocol (row["streams"]).
     peer_cache: PyTorch results by model shape, so the fp16 peers run once per shape, not per quant.
     llama_bench: the llama-bench binary to run on the same GGUF file (a real .gguf source only)."""
@@ -580,25 +580,34 @@ def compare_table(reports: list[dict]) -> str:
     return "\n".join(lines + _compare_profiles(reports, key))
 
 
+_PROFILE_ROWS = {   # kernel_profile fields shown by --compare before the kernel families
+    "step wall time, host phases only": ("host", "step_us"), "host work per step": ("host", "host_work_us"),
+    "encode + submit a step": ("host", "submit_us"), "wait for a token": ("host", "readback_wait_us"),
+    "step wall time, step timed whole": (None, "whole_step_wall_us"),
+    "GPU busy, step timed whole": (None, "whole_step_gpu_us"),
+    "sum of kernels, each timed": (None, "gpu_us_per_step")}
+
+
 def _compare_profiles(reports: list[dict], key) -> list[str]:
-    """Per (model, quant, prompt/new) with a kernel_profile in some report: GPU us per decode step
-    by kernel family, one column per report (families in the first profiled report's order)."""
+    """Per (model, quant, prompt/new) with a kernel_profile in some report: where a decode step
+    goes (us), one column per report: host phases, the step timed whole, then GPU us per step by
+    kernel family (in the first profiled report's order)."""
+    def cell(p, row):
+        if p is None:
+            return "-"
+        if row in _PROFILE_ROWS:
+            part, field = _PROFILE_ROWS[row]
+            return _fmt((p.get(part, {}) if part else p).get(field))
+        return _fmt(p["families_us_per_step"].get(row))
     out = []
     keys = list(dict.fromkeys(key(r) for rep in reports for r in rep["results"] if r.get("kernel_profile")))
     for k in keys:
         profs = [next((r.get("kernel_profile") for r in rep["results"] if key(r) == k), None) for rep in reports]
         fams = list(dict.fromkeys(f for p in profs if p for f in p["families_us_per_step"]))
         routes = [rep.get("machine", {}).get("route", "desktop (wgpu-native)") for rep in reports]
-        out += ["", f"GPU us per decode step by kernel family, {k[0]} {k[1]} {k[2]}/{k[3]} (kernel_profile):", "",
-                "| kernel family | " + " | ".join(routes) + " |", "|---|" + "---|" * len(reports)]
-        whole = {"step wall time": "whole_step_wall_us", "GPU busy, step timed whole": "whole_step_gpu_us",
-                 "sum of kernels, each timed": "gpu_us_per_step"}
-        host = {"step wall time, host phases only": "step_us", "host work per step": "host_work_us",
-                "encode + submit a step": "submit_us", "wait for a token": "readback_wait_us"}
-        for f in list(host) + list(whole) + fams:
-            cells = [(_fmt(p.get("host", {}).get(host[f])) if f in host else _fmt(p.get(whole[f])) if f in whole
-                      else _fmt(p["families_us_per_step"].get(f))) if p else "-" for p in profs]
-            out.append(f"| {f} | " + " | ".join(cells) + " |")
+        out += ["", f"Where a decode step goes (us), {k[0]} {k[1]} {k[2]}/{k[3]} (kernel_profile):", "",
+                "| | " + " | ".join(routes) + " |", "|---|" + "---|" * len(reports)]
+        out += [f"| {row} | " + " | ".join(cell(p, row) for p in profs) + " |" for row in [*_PROFILE_ROWS, *fams]]
     return out
 
 
