@@ -485,7 +485,9 @@ def test_disconnect_while_waiting_for_a_whole_answer_stops_it(api):
     s = socket.create_connection((host, port), timeout=30)
     data = json.dumps({"prompt": [9, 9], "max_tokens": LONG, "temperature": 0}).encode()
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
-    time.sleep(0.5)
+    # close as soon as the generation runs (a fixed sleep let a fast machine generate most of LONG
+    # before the disconnect: 354 tokens in 0.5 s on lavapipe, 2026-11-24)
+    _wait_for(lambda: api.service._current is not None)
     s.close()
     t0 = time.monotonic()
     assert request(api, "POST", "/v1/completions", {"prompt": [3], "max_tokens": 1})[0] == 200

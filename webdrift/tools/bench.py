@@ -538,8 +538,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "slots but no adapter), and time switching adapters (row field `lora`); with --streams, "
                         "also K streams with one adapter each (lora.streams)")
     p.add_argument("--profile-tokens", type=int, default=0, metavar="N",
-                   help="after each model's protocol, time every kernel of N decode steps after the last prompt "
-                        "(the last row's kernel_profile: GPU us per step by kernel family; --compare lists them)")
+                   help="after each model's protocol, profile N tokens after the last prompt (the last row's "
+                        "kernel_profile: GPU us per decode step by kernel family, the step timed whole, host "
+                        "phases; --compare lists them); default 0: no profile")
     p.add_argument("--quick", action="store_true",
                    help="tiny shapes on any adapter (CI): checks the report is complete, < 60 s on lavapipe")
     p.add_argument("--json", default=None, metavar="PATH", help="write the report as JSON")
