@@ -41,6 +41,7 @@ function parseArgs(argv) {
 }
 
 const args = parseArgs(process.argv.slice(2));
+const autotune = args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on";   // --autotune on|off|force
 // --ready: what a returning visitor waits for; the model's sha256 is known beforehand (a page has it
 // from the cache entry or the server), so its hashing here is not part of the wait, the check is
 let readySha = null;
@@ -143,7 +144,6 @@ await import(pathToFileURL(path.join(HERE, "worker.js")).href);
 // -- --ready: createEngine() as a page calls it, timed from this script's start ---------------------
 if (args.ready) {
   const file = path.resolve(args.model);
-  const autotune = args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on";
   const info = await request({ type: "init", opts: { autotune, model: { url: pathToFileURL(file).href,
     name: path.basename(file), sha256: readySha, cache: false } } });
   const readyS = (performance.now() - T0) / 1000;
@@ -168,7 +168,7 @@ const opts = {
   repeats: args.repeats ? Number(args.repeats) : undefined, prefillChunk: args.prefillChunk ? Number(args.prefillChunk) : undefined,
   rooflineMiB: args.rooflineMib ? Number(args.rooflineMib) : undefined, int8Activations: args.int8Activations,
   profileTokens: args.profileTokens ? Number(args.profileTokens) : undefined,
-  autotune: args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on",
+  autotune,
   host: navigator.userAgent, route: "node (Pyodide+Dawn)", date: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
   command: "node node_bench.mjs " + process.argv.slice(2).join(" "),
 };

@@ -316,9 +316,7 @@ QUANTA = 32                   # ... and the timed kernel's share of it at least 
 def _quantum(spans: list[int]) -> int:
     """The timestamps' resolution as the spans show it: their greatest common divisor when that
     is >= 1 us (browsers quantize timestamps, Chrome to 100 us), else 0 (full resolution)."""
-    g = 0
-    for t in spans:
-        g = math.gcd(g, t)
+    g = math.gcd(*spans)
     return g if g >= 1000 else 0
 
 
