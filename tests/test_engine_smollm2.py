@@ -160,3 +160,48 @@ def test_speculative_lookup_greedy(engine):
     assert spec.token_ids == plain.token_ids and spec.text == plain.text
     assert spec.stats.spec_passes > 0 and spec.stats.accepted_tokens > 0
     assert spec.stats.spec_passes + spec.stats.plain_steps < len(plain.token_ids) - 1    # fewer passes than tokens
+
+
+@pytest.fixture(scope="module")
+def engine_steps5(smollm2_gguf_path):
+    """Five decode steps per submit: submits of 1, 2, 4, 5, 5, ... steps (engine._plain_tokens)."""
+    eng = webdrift.load(str(smollm2_gguf_path), max_context=256, steps_per_submit=5)
+    assert eng.steps_per_submit == 5
+    return eng
+
+
+def test_several_steps_per_submit_greedy(engine_steps5, ref_model):
+    """Steps run several to a submit (each pass after a copy of its own step uniform) give
+    transformers' greedy tokens: a budget that ends inside a submit, then an answer whose EOS
+    comes inside one (the steps queued after it are drained, the next generation is unharmed)."""
+    model, tok = ref_model
+    ids = tok.encode(PROMPTS[1])
+    with torch.no_grad():
+        g = model.generate(torch.tensor([ids]), max_new_tokens=11, min_new_tokens=11, do_sample=False)
+    want11 = g[0, len(ids):].tolist()
+    out = engine_steps5.generate(PROMPTS[1], max_new_tokens=11, temperature=0.0, stop_at_eos=False)
+    assert out.token_ids == want11
+    chat = "<|im_start|>user\nReply with one word: is water wet?<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(chat)
+    eos = engine_steps5.tokenizer.eos_token_id
+    with torch.no_grad():
+        want = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
+                              eos_token_id=eos)[0, len(ids):].tolist()
+    assert want[-1] == eos and 5 <= len(want) <= 20, want     # the EOS lands inside a submit of 4 or 5 steps
+    out = engine_steps5.generate(chat, max_new_tokens=24, temperature=0.0)
+    assert out.stats.finish_reason == "eos" and out.token_ids == want[:-1]
+    assert engine_steps5.generate(PROMPTS[1], max_new_tokens=11, temperature=0.0,
+                                  stop_at_eos=False).token_ids == want11
+
+
+def test_several_steps_per_submit_early_close(engine_steps5, smollm2_gguf_path):
+    """A stream closed after three pieces drains the steps in flight; sampled tokens then follow
+    the seed and the step, not how steps are grouped into submits (one per submit vs five)."""
+    s = engine_steps5.stream(PROMPTS[0], max_new_tokens=30, temperature=0.0, stop_at_eos=False)
+    [next(s) for _ in range(3)]
+    s.close()
+    kw = dict(max_new_tokens=13, temperature=0.8, top_k=40, seed=11, stop_at_eos=False)
+    a = engine_steps5.generate(PROMPTS[0], **kw)
+    one = webdrift.load(str(smollm2_gguf_path), max_context=256, steps_per_submit=1)
+    b = one.generate(PROMPTS[0], **kw)
+    assert a.token_ids == b.token_ids and len(a.token_ids) == 13

@@ -1,7 +1,7 @@
 // The bench page: runs bench() of webdrift.js (the protocol of `webdrift bench`) and shows the rows;
 // the report (the desktop's JSON schema) can be downloaded. Query parameters fill the form
 // (synthetic, quant, model, protocol, repeats, rooflineMiB, autotune, int8Activations, quick; and
-// profileTokens, not in the form) and
+// profileTokens, stepsPerSubmit, not in the form) and
 // autorun=1 starts at once. For tests and scripts: document.body.dataset.state is
 // idle|running|done|error, window.webdriftBench = {report, error, progress: [...], downloadText}, and
 // window.runBench(options) resolves to a report.
@@ -27,7 +27,7 @@ function options() {
     o[k] = ["repeats", "rooflineMiB"].includes(k) ? Number(v) : v;
   }
   if (o.autotune !== undefined) o.autotune = o.autotune === "force" ? "force" : o.autotune === "true";
-  if (params.has("profileTokens")) o.profileTokens = Number(params.get("profileTokens"));
+  for (const k of ["profileTokens", "stepsPerSubmit"]) if (params.has(k)) o[k] = Number(params.get(k));
   if (o.model) o.synthetic = params.has("synthetic") ? o.synthetic : undefined;
   o.command = "bench.html" + location.search;
   return o;

@@ -7,7 +7,7 @@
 //
 // Options (as `webdrift bench`): --synthetic NAMES, --quant f16,q8,q4, --model FILE.gguf, --protocol P/N,...,
 // --repeats N, --prefill-chunk N, --roofline-mib N, --int8-activations auto|on|off,
-// --autotune on|off|force, --profile-tokens N, --trace-calls (host time per WebGPU method), --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
+// --autotune on|off|force, --profile-tokens N, --steps-per-submit N, --trace-calls (host time per WebGPU method), --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
 // default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
 // the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
@@ -64,7 +64,9 @@ const gpu = create(args.dawn);
 // where a decode step's encode + submit goes; printed (and in the JSON) at the end
 const traced = {};
 if (args.traceCalls) {
-  const methods = { GPUQueue: ["submit", "writeBuffer"], GPUDevice: ["createCommandEncoder"],
+  const methods = { GPUQueue: ["submit", "writeBuffer"],
+    GPUDevice: ["createCommandEncoder", "createBuffer", "createShaderModule", "createBindGroupLayout", "createPipelineLayout",
+      "createComputePipeline", "createComputePipelineAsync", "createBindGroup"],
     GPUCommandEncoder: ["beginComputePass", "copyBufferToBuffer", "finish"],
     GPUComputePassEncoder: ["setPipeline", "setBindGroup", "dispatchWorkgroups", "end"], GPUBuffer: ["mapAsync"] };
   for (const [cls, names] of Object.entries(methods)) {
@@ -79,6 +81,11 @@ if (args.traceCalls) {
       };
     }
   }
+}
+// calls, total and mean host time per traced method (an async method: the call itself, not its promise)
+function tracedCalls() {
+  return Object.fromEntries(Object.entries(traced).filter(([, r]) => r.calls).map(([k, r]) =>
+    [k, { calls: r.calls, total_ms: Math.round(r.ms * 10) / 10, mean_us: Math.round(1000 * r.ms / r.calls * 10) / 10 }]));
 }
 Object.defineProperty(globalThis, "navigator", {
   value: { gpu, userAgent: `Node.js ${process.version} + Dawn (npm webgpu) ${os.platform()} ${os.arch()}`,
@@ -114,11 +121,13 @@ self.webdriftChoiceStore = {
 };
 const waiting = new Map();
 const phases = {};            // progress phase -> [first, last] seconds since T0 (--ready's timeline)
+const timeline = [];          // [seconds since T0, phase, message] of each progress message with a message
 self.postMessage = (m) => {
   if (m.type === "progress") {
     const p = m.progress;
     const t = Math.round(performance.now() - T0) / 1000;
     phases[p.phase] = [phases[p.phase] ? phases[p.phase][0] : t, t];
+    if (p.message && p.phase !== "log" && p.phase !== "tune") timeline.push([t, p.phase, p.message]);
     if (p.phase === "log") console.error(p.message);
     else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
       `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);
@@ -147,6 +156,7 @@ if (args.ready) {
   const info = await request({ type: "init", opts: { autotune, model: { url: pathToFileURL(file).href,
     name: path.basename(file), sha256: readySha, cache: false } } });
   const readyS = (performance.now() - T0) / 1000;
+  const callsAtReady = args.traceCalls ? tracedCalls() : undefined;
   const t1 = performance.now();
   const gen = await request({ type: "generate", prompt: "The capital of France is",
     opts: { maxNewTokens: 16, temperature: 0 } });
@@ -154,7 +164,8 @@ if (args.ready) {
   const tuned = await request({ type: "tuned" });      // background tuning (a first visit): stored for the next
   const out = { route: "node (Pyodide+Dawn)", adapter: info.adapter, model: path.basename(file),
     ready_s: Math.round(readyS * 1000) / 1000, engine_load_s: info.totalLoadS, fetch_s: info.fetchS,
-    tuning_at_ready: info.tuning, phases_s: phases, first_generate_s: Math.round(firstS * 1000) / 1000,
+    tuning_at_ready: info.tuning, phases_s: phases, timeline_s: timeline, traced_calls_at_ready: callsAtReady,
+    first_generate_s: Math.round(firstS * 1000) / 1000,
     first_generate: { text: gen.text, stats: gen.stats }, background_tuning: tuned,
     command: "node node_bench.mjs " + process.argv.slice(2).join(" "), date: new Date().toISOString() };
   console.log(JSON.stringify(out, null, 1));
@@ -168,6 +179,7 @@ const opts = {
   repeats: args.repeats ? Number(args.repeats) : undefined, prefillChunk: args.prefillChunk ? Number(args.prefillChunk) : undefined,
   rooflineMiB: args.rooflineMib ? Number(args.rooflineMib) : undefined, int8Activations: args.int8Activations,
   profileTokens: args.profileTokens ? Number(args.profileTokens) : undefined,
+  stepsPerSubmit: args.stepsPerSubmit ? Number(args.stepsPerSubmit) : undefined,
   autotune,
   host: navigator.userAgent, route: "node (Pyodide+Dawn)", date: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
   command: "node node_bench.mjs " + process.argv.slice(2).join(" "),
@@ -189,8 +201,7 @@ for (const r of report.results) {
     `${f(r.peak_gpu_bytes / 1048576)} MiB`);
 }
 if (args.traceCalls) {
-  report.traced_calls = Object.fromEntries(Object.entries(traced).filter(([, r]) => r.calls).map(([k, r]) =>
-    [k, { calls: r.calls, total_ms: Math.round(r.ms * 10) / 10, mean_us: Math.round(1000 * r.ms / r.calls * 10) / 10 }]));
+  report.traced_calls = tracedCalls();
   console.log(JSON.stringify(report.traced_calls, null, 1));
 }
 if (args.json) {

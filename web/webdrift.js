@@ -263,7 +263,7 @@ export class Engine {
 // these names to Python's in ENGINE_OPTION_NAMES).
 const ENGINE_OPTIONS = ["maxContext", "weightFormat", "prefillChunk", "layout", "fuse", "autotune",
                         "prefillKernels", "int8Activations", "maxBindingBytes", "enableLora", "maxLoraRank",
-                        "loraPoolRank"];
+                        "loraPoolRank", "stepsPerSubmit"];
 
 async function startWorker(options, model) {
   const check = checkWebGPU();
@@ -288,8 +288,8 @@ async function startWorker(options, model) {
  * download must match; default: from <model>.sha256 or models/default.json when the server has it),
  * maxContext (KV-cache length; default min(model, 2048)), and the desktop's other engine options
  * (webdrift.load's, in camelCase): weightFormat, prefillChunk, layout, fuse, autotune, prefillKernels,
- * int8Activations, maxBindingBytes, enableLora (LoRA slots for loadLora), maxLoraRank, loraPoolRank;
- * cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
+ * int8Activations, maxBindingBytes, enableLora (LoRA slots for loadLora), maxLoraRank, loraPoolRank,
+ * stepsPerSubmit (decode steps per GPU submit; default the device's); cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
  */
 export async function createEngine(options = {}) {
   const check = checkWebGPU();
@@ -314,6 +314,7 @@ export async function createRuntime(options = {}) {
  * repeats (1), prefillChunk (256), rooflineMiB (1024; quick 16), int8Activations ("auto"|"on"|"off"),
  * autotune (true | false | "force": measure kernel choices on software adapters too), quick,
  * profileTokens (N > 1: each model's last row gets kernel_profile, GPU us per decode step by kernel family),
+ * stepsPerSubmit (decode steps per GPU submit, 1-32; default the device's),
  * command (a label for the report), onProgress({phase, loaded, total, model, message}).
  * Kernel choices measured here are stored like createEngine's (IndexedDB) and reused.
  */
@@ -324,7 +325,7 @@ export async function bench(options = {}) {
   const model = o.model ? await resolveModel(o) : null;
   const opts = {};
   for (const k of ["synthetic", "quant", "protocol", "repeats", "prefillChunk", "rooflineMiB", "int8Activations",
-                   "autotune", "quick", "command", "profileTokens"]) if (o[k] !== undefined) opts[k] = o[k];
+                   "autotune", "quick", "command", "profileTokens", "stepsPerSubmit"]) if (o[k] !== undefined) opts[k] = o[k];
   opts.model = model;
   opts.host = typeof navigator !== "undefined" ? navigator.userAgent : "";
   opts.date = new Date().toISOString().replace(/\.\d+Z$/, "Z");

@@ -89,7 +89,8 @@ ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_form
                        "prefillChunk": "prefill_chunk", "layout": "layout", "fuse": "fuse", "autotune": "autotune",
                        "prefillKernels": "prefill_kernels", "int8Activations": "int8_activations",
                        "maxBindingBytes": "max_binding_bytes", "enableLora": "enable_lora",
-                       "maxLoraRank": "max_lora_rank", "loraPoolRank": "lora_pool_rank"}
+                       "maxLoraRank": "max_lora_rank", "loraPoolRank": "lora_pool_rank",
+                       "stepsPerSubmit": "steps_per_submit"}
 # generate()'s options: the Engine's SamplingParams.
 SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
                          "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos", "numResponses": "n",
@@ -97,7 +98,7 @@ SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "tempe
                          "loraScale": "lora_scale"}
 # JS has one number type: whole numbers of these arrive as floats when computed in JS
 _INTEGER_OPTIONS = {"max_context", "prefill_chunk", "max_binding_bytes", "max_new_tokens", "top_k", "seed", "n",
-                    "max_lora_rank", "lora_pool_rank"}
+                    "max_lora_rank", "lora_pool_rank", "steps_per_submit"}
 
 
 def _from_js(opts: dict | None, names: dict[str, str]) -> dict:
@@ -280,6 +281,8 @@ async def api_bench(opts_json, progress=None) -> dict:
     protocols = bm.parse_protocol(o["protocol"]) if o.get("protocol") else (bm.QUICK_PROTOCOL if quick else bm.PROTOCOL)
     repeats, chunk = int(o.get("repeats") or 1), int(o.get("prefillChunk") or 256)
     profile_tokens = int(o.get("profileTokens") or 0)
+    sps = o.get("stepsPerSubmit")        # checked by EngineOptions (a JS number may arrive as 4.0)
+    sps = int(sps) if isinstance(sps, float) and sps.is_integer() else sps
     if repeats < 1 or chunk < 1 or profile_tokens < 0:
         raise InvalidArgumentError("repeats and prefillChunk must be >= 1, profileTokens >= 0")
     i8 = {"auto": None, "on": True, "off": False, None: None, True: True, False: False}.get(o.get("int8Activations"))
@@ -309,7 +312,7 @@ async def api_bench(opts_json, progress=None) -> dict:
             label = "/".join(bm.model_label(s))
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
-                peak_tflops=roof["compute"]["f32"]["tflops"], profile_tokens=profile_tokens,
+                peak_tflops=roof["compute"]["f32"]["tflops"], profile_tokens=profile_tokens, steps_per_submit=sps,
                 progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
                                                                      models=len(sources)))
         note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"

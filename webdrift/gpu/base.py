@@ -79,6 +79,19 @@ class Dispatch:
     raw: tuple | None = None      # backend's cached raw handles (filled on first submit)
 
 
+@dataclass(frozen=True)
+class StepRecords:
+    """Per-step uniforms for a submit that runs its pass `n` times: before pass i, `size` bytes
+    at records[i * size] are copied to `dst` (offset 0), in the same command buffer."""
+    records: Buffer
+    dst: Buffer
+    size: int
+    n: int
+
+    def copies(self) -> list[tuple]:
+        return [(self.records, i * self.size, self.dst, 0, self.size) for i in range(self.n)]
+
+
 @dataclass
 class DeviceInfo:
     adapter: str = ""
@@ -97,6 +110,7 @@ class Device:
     info: DeviceInfo
     wgsl_subgroup_enable = False   # whether WGSL must say `enable subgroups;` (Tint yes, naga no)
     has_sync_reads = False         # read_buffer_sync / read_timestamps_sync work (native: yes)
+    decode_steps_per_submit = 1    # decode steps an engine puts in one submit by default
     adapter_info: Mapping[str, Any] = MappingProxyType({})   # the adapter's own description
     architecture = ""              # GPU architecture as the adapter names it ("" if unknown)
     wgpu_version = ""              # the wgpu package's version (native backend; "" elsewhere)
@@ -169,10 +183,12 @@ class Device:
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None):
+               timestamps: TimestampRecorder | None = None, steps: StepRecords | None = None):
         """Encode the dispatches into one compute pass (then the buffer copies
         [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read.
-        timestamps: a recorder to time the dispatches with (ignored without has_timestamps)."""
+        timestamps: a recorder to time the dispatches with (ignored without has_timestamps).
+        steps: the pass n times in the one command buffer, each after a copy of the next record
+        into the step uniform (several decode steps per submit); not with timestamps."""
         raise NotImplementedError
 
     async def read_timestamps(self, rec: TimestampRecorder) -> None:

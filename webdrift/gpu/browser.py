@@ -42,6 +42,7 @@ from .base import (
     DeviceInfo,
     Dispatch,
     Pipeline,
+    StepRecords,
     TimestampRecorder,
 )
 
@@ -60,9 +61,12 @@ _CACHE_MAX = 256
 _JS_HELPERS = r"""
 ({
   // one compute pass with every dispatch, then the copies, in one command buffer
-  submit(device, list, copies) {
+  // steps [records, dst, size, n]: the pass n times, each after record i is copied to dst
+  submit(device, list, copies, steps) {
     const enc = device.createCommandEncoder();
-    if (list.length) {
+    const n = steps ? steps[3] : 1;
+    for (let s = 0; s < n && list.length; s++) {
+      if (steps) enc.copyBufferToBuffer(steps[0], s * steps[2], steps[1], 0, steps[2]);
       const cp = enc.beginComputePass();
       let last = null;
       for (const d of list) {
@@ -152,6 +156,7 @@ class BrowserDevice(Device):
     """A GPUDevice from navigator.gpu. Create with `await create_browser_device()`."""
 
     wgsl_subgroup_enable = True    # Tint wants `enable subgroups;` before subgroup built-ins
+    decode_steps_per_submit = 8    # Dawn encodes in the page's thread: measured, docs/BENCHMARKS.md "Session 12"
 
     def __init__(self, adapter, device, info: DeviceInfo):
         self._adapter, self._dev, self.info = adapter, device, info
@@ -312,14 +317,17 @@ class BrowserDevice(Device):
         return arr
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None) -> int:
+               timestamps: TimestampRecorder | None = None, steps: StepRecords | None = None) -> int:
         """Returns a ticket (a submission counter) for map_read, as the interface asks."""
+        if steps is not None and timestamps is not None:
+            raise GPUError("a submit of several steps cannot be timed: time one step per submit")
         self._submissions += 1
         cps = to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
         if timestamps is None or not self.has_timestamps or not dispatches:
             if timestamps is not None:
                 timestamps.pending = None
-            _js().submit(self._dev, self._js_list(dispatches), cps)
+            st = None if steps is None else to_js([steps.records.handle, steps.dst.handle, steps.size, steps.n])
+            _js().submit(self._dev, self._js_list(dispatches), cps, st)
             return self._submissions
         n = 1 if timestamps.whole else len(dispatches)
         U = js.GPUBufferUsage

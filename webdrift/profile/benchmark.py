@@ -81,13 +81,15 @@ def model_label(src) -> tuple[str, str]:
 
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
-                 autotune=True, prefill_kernels: str = "auto", weight_format: str | None = None):
+                 autotune=True, prefill_kernels: str = "auto", weight_format: str | None = None,
+                 steps_per_submit: int | None = None):
     """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
     assembly path (runtime/loading.py)."""
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
     options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations,
-                            autotune=autotune, prefill_kernels=prefill_kernels, weight_format=weight_format)
+                            autotune=autotune, prefill_kernels=prefill_kernels, weight_format=weight_format,
+                            steps_per_submit=steps_per_submit)
     return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
@@ -133,8 +135,11 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
 
     g, _ = await timed(False)
     w, st = await timed(True)
-    host, _ = await timed(False, kernels=False)
-    ph = host["phases"]
+    host, hst = await timed(False, kernels=False)
+    ph, steps = host["phases"], max(1, hst.new_tokens - 1)
+
+    step_us = 1e3 * host["decode_step_ms"].get("median", 0.0)
+    work_us = host["host_overhead_us_per_step"].get("median", 0.0)
     if not g or not w:
         return None
     n, nw = g["submits"], w["submits"]
@@ -145,10 +150,10 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
             "whole_step_wall_us": round(1e6 * st.decode_s / max(1, st.new_tokens - 1), 1),
             # host phases only (no GPU timing): a step's wall time, the host's own work in it (the
             # step less the wait for its token), encoding + submitting a step, the wait for a token
-            "host": {"step_us": round(1e3 * host["decode_step_ms"].get("median", 0.0), 1),
-                     "host_work_us": round(host["host_overhead_us_per_step"].get("median", 0.0), 1),
-                     "submit_us": ph.get("decode.submit", {}).get("mean_us"),
-                     "readback_wait_us": ph.get("readback", {}).get("mean_us")}}
+            # (a submit may run several steps: submit_us is its time over its steps)
+            "host": {"step_us": round(step_us, 1), "host_work_us": round(work_us, 1),
+                     "submit_us": round(1e3 * ph["decode.submit"]["total_ms"] / steps, 1) if "decode.submit" in ph else None,
+                     "readback_wait_us": round(step_us - work_us, 1), "steps_per_submit": eng.steps_per_submit}}
 
 
 async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
@@ -223,8 +228,10 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
                        streams: list[int] | None = None, peak_tflops: float | None = None,
                        prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
-                       weight_format: str | None = None, profile_tokens: int = 0) -> list[dict]:
+                       weight_format: str | None = None, profile_tokens: int = 0,
+                       steps_per_submit: int | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
+    steps_per_submit: the engine option (decode steps per GPU submit; None: the device's).
     profile_tokens: after the protocol, the last row also gets `kernel_profile` (akernel_profile
     over that many new tokens after its prompt).
     weight_format: the engine option (every matrix in that runtime format; the row's quant).
@@ -259,7 +266,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     try:
         progress("load", 0, 1)
         eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                           weight_format)
+                           weight_format, steps_per_submit)
         await dev.check_errors()
         queued = tuner.pending(dev)
         if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
@@ -269,13 +276,14 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             gc.collect()
             before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
             eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                               weight_format)
+                               weight_format, steps_per_submit)
             await dev.check_errors()
         progress("load", 1, 1)
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
         if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
             peak_tflops = int8_peak_tflops
         base["int8_activations"] = eng.model.int8
+        base["steps_per_submit"] = eng.steps_per_submit
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))

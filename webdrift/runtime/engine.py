@@ -17,6 +17,7 @@ import random
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..errors import (
@@ -27,7 +28,7 @@ from ..errors import (
     NumericalError,
     shown,
 )
-from ..gpu.base import READBACK, STORAGE, UNIFORM, Device
+from ..gpu.base import READBACK, STORAGE, UNIFORM, Device, StepRecords
 from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
@@ -54,7 +55,7 @@ from .speculative import (
 from .streams import FIRST_TOKENS, MAX_STREAMS
 
 RING = 4          # staging buffers for token read-back
-IN_FLIGHT = 2     # decode steps queued ahead of the token being read (<= RING - 1)
+IN_FLIGHT = 2     # submits queued ahead of the one being read (<= RING - 1)
 
 
 @dataclass
@@ -247,10 +248,15 @@ class Engine:
                               max_binding_bytes=options.max_binding_bytes)
         # shared per-engine buffers
         self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
+        # decode steps per submit: each step's uniform copied from here before its pass
+        self.steps_per_submit = options.steps_per_submit or dev.decode_steps_per_submit
+        self.step_records = (dev.create_buffer(STEP_BYTES * self.steps_per_submit, STORAGE, "step_records")
+                             if self.steps_per_submit > 1 else None)
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
         # (steps) u32 sampled tokens; the streams: (steps, n) within the cache's rows
         self.out_tokens = dev.create_buffer(4 * (self.model.cap_stride + MAX_STREAMS), STORAGE, "out_tokens")
-        self.ring = [dev.create_buffer(4 * MAX_STREAMS, READBACK, f"token_ring{i}") for i in range(RING)]
+        self.ring = [dev.create_buffer(4 * max(MAX_STREAMS, self.steps_per_submit), READBACK, f"token_ring{i}")
+                     for i in range(RING)]
         self._layout, self._fuse = options.layout, options.fuse
         # LoRA slots (models/lora.py): the pool exists before the programs that bind it
         self.lora_pool = None
@@ -551,41 +557,55 @@ class Engine:
 
     async def _plain_tokens(self, ids: list[int], sp: SamplingParams, budget: int):
         """The generated tokens, one decode step each, until `budget` or a stop request (the
-        consumer stops reading at EOS; closing this drains the steps still queued)."""
+        consumer stops reading at EOS; closing this drains the steps still queued).
+        Steps go to the GPU in submits of up to `steps_per_submit` (1, 2, 4, ... as the tokens
+        come, so the first ones are not held back): one command buffer runs the decode pass once
+        per step, each pass after a copy of its step uniform from `step_records`; a submit's
+        tokens come back in one read. IN_FLIGHT submits stay queued ahead of the one being read."""
         dev, prof = self.dev, self.profiler
-        tickets = [None] * RING   # submission of the step that fills each ring slot
+        timed = getattr(prof, "kernels", False)    # GPU timestamps: one step per submit
+        most = 1 if timed or self.step_records is None else self.steps_per_submit
+        flight = deque()          # (first token, tokens, ring slot, ticket) per submit not read yet
         with prof.phase("prefill.submit", tokens=len(ids)):
             for pos, part, disp in self._submit_prompt(ids, sp):
                 copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
-                tickets[0] = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
+                ticket = dev.submit(disp, copies, timestamps=prof.gpu_timer("prefill", len(disp), pos=pos))
+        flight.append((0, 1, 0, ticket))
         pos = len(ids)
         decode_list = self.decode.dispatches(1)
-        submitted = 1             # tokens whose step has been submitted
-        read = 0
+        submitted, submits = 1, 1    # tokens whose step has been submitted; submits so far
         try:
-            while read < submitted:
-                # keep IN_FLIGHT steps queued: submit steps up to `read + IN_FLIGHT` before reading
-                # token `read`, so the GPU has the next step while the host waits, reads and encodes
-                # (each step's uniform is written in queue order, between the submits)
-                while submitted < budget and not self._stop_requested and submitted < read + IN_FLIGHT:
-                    with prof.phase("decode.submit", step=submitted):
-                        dev.write_buffer(self.step_buf, pack_step(1, pos + submitted - 1, submitted, sp.seed,
-                                                                  sp.temperature, sp.top_k, sp.top_p))
-                        tickets[submitted % RING] = dev.submit(
-                            decode_list, [(self.out_tokens, 4 * submitted, self.ring[submitted % RING], 0, 4)],
-                            timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted))
-                    submitted += 1
-                with prof.phase("readback", token=read):
-                    raw = await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
-                tok = struct.unpack("<I", raw)[0]
-                if tok >= self.config.vocab_size:
-                    raise self._bad_token(tok, read, len(ids))
-                read += 1
-                yield tok
+            while flight:
+                while submitted < budget and not self._stop_requested and len(flight) < IN_FLIGHT:
+                    n = min(most, budget - submitted, submitted)
+                    slot = submits % RING
+                    with prof.phase("decode.submit", step=submitted, steps=n):
+                        recs = b"".join(pack_step(1, pos + k - 1, k, sp.seed, sp.temperature, sp.top_k, sp.top_p)
+                                        for k in range(submitted, submitted + n))
+                        steps = None
+                        if n == 1:
+                            dev.write_buffer(self.step_buf, recs)
+                        else:
+                            dev.write_buffer(self.step_records, recs)
+                            steps = StepRecords(self.step_records, self.step_buf, STEP_BYTES, n)
+                        ticket = dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[slot], 0, 4 * n)],
+                                            timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted)
+                                            if timed else None, steps=steps)
+                    flight.append((submitted, n, slot, ticket))
+                    submitted += n
+                    submits += 1
+                first, n, slot, ticket = flight[0]
+                with prof.phase("readback", token=first + n - 1, tokens=n):
+                    raw = await dev.map_read(self.ring[slot], 4 * n, ticket)
+                flight.popleft()
+                for i, tok in enumerate(struct.unpack(f"<{n}I", raw)):
+                    if tok >= self.config.vocab_size:
+                        raise self._bad_token(tok, first + i, len(ids))
+                    yield tok
         finally:
-            while read < submitted:
-                await dev.map_read(self.ring[read % RING], 4, tickets[read % RING])
-                read += 1
+            while flight:
+                _, n, slot, ticket = flight.popleft()
+                await dev.map_read(self.ring[slot], 4 * n, ticket)
 
     # -- speculative decoding (runtime/speculative.py) ---------------------------------------
     async def _speculative_tokens(self, ids: list[int], sp: SamplingParams, budget: int, st: GenerationStats):

@@ -12,6 +12,7 @@ from ..errors import InvalidArgumentError
 from ..models.manifest import WEIGHT_FORMATS
 
 LAYOUTS = ("linear", "sliced")
+MAX_STEPS_PER_SUBMIT = 32   # decode steps one submit may run
 # gemm: the GEMMs, int8 on q4/q8 layers where choices.choose_prefill_int8 says so; gemm_float /
 # gemm_int8: the float / the int8 GEMM forced (tests; int8 on software adapters)
 PREFILL_KERNELS = ("auto", "gemm", "gemv", "gemm_float", "gemm_int8")
@@ -38,6 +39,7 @@ class EngineOptions:
     enable_lora: bool = False             # build the programs with LoRA slots (load(loras=...) sets it)
     max_lora_rank: int = 64               # the largest adapter rank the slots take
     lora_pool_rank: int | None = None     # rank rows of resident adapters (None: 2 * max_lora_rank)
+    steps_per_submit: int | None = None   # most decode steps in one GPU submit (None: the device's default)
 
     def __post_init__(self):
         def bad(name: str, want: str):
@@ -72,6 +74,9 @@ class EngineOptions:
             bad("enable_lora", "must be True or False")
         if not _is_int(self.max_lora_rank) or not 1 <= self.max_lora_rank <= 1024:
             bad("max_lora_rank", "must be an integer in [1, 1024]")
+        if self.steps_per_submit is not None and (not _is_int(self.steps_per_submit)
+                                                  or not 1 <= self.steps_per_submit <= MAX_STEPS_PER_SUBMIT):
+            bad("steps_per_submit", f"must be None (the device's default) or an integer in [1, {MAX_STEPS_PER_SUBMIT}]")
         if self.lora_pool_rank is not None and (not _is_int(self.lora_pool_rank)
                                                 or not self.max_lora_rank <= self.lora_pool_rank <= 65536):
             bad("lora_pool_rank", f"must be None or an integer in [max_lora_rank ({self.max_lora_rank}), 65536]")

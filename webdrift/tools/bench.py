@@ -196,7 +196,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 streams: list[int] | None = None, peak_tflops: float | None = None,
                 lora_rank: int | None = None, prefill_kernels: str = "auto",
                 int8_peak_tflops: float | None = None, weight_format: str | None = None,
-                profile_tokens: int = 0) -> list[dict]:
+                profile_tokens: int = 0, steps_per_submit: int | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     weight_format: load every matrix in that runtime format (the rows' quant).
     profile_tokens: the last row's kernel_profile (akernel_profile: where a decode step goes).
@@ -211,7 +211,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     rows = _run(abench_model(dev, src, protocols, bandwidth_GBps, repeats, prefill_chunk, log=log,
                              int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
                              prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops,
-                             weight_format=weight_format, profile_tokens=profile_tokens))
+                             weight_format=weight_format, profile_tokens=profile_tokens,
+                             steps_per_submit=steps_per_submit))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -322,7 +323,8 @@ def run_bench(args, dev=None, log=None) -> dict:
                                lora_rank=getattr(args, "lora_rank", None),
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
                                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
-                               weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0)
+                               weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0,
+                               steps_per_submit=getattr(args, "steps_per_submit", None))
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -528,6 +530,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-kernels", choices=PREFILL_KERNELS, default="auto",
                    help="prefill kernels: auto, gemm (int8 GEMM on q4/q8 where the GPU has integer dot products), "
                         "gemm_float / gemm_int8 (forced), gemv (default auto)")
+    p.add_argument("--steps-per-submit", type=int, default=None, metavar="N",
+                   help="decode steps per GPU submit, 1-32 (default: the device's; the rows say what ran)")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto: on GPUs, layers >= 8 MiB)")
     p.add_argument("--speculative", default=None, metavar="MODE",
@@ -584,6 +588,7 @@ def compare_table(reports: list[dict]) -> str:
 _PROFILE_ROWS = {   # kernel_profile fields shown by --compare before the kernel families
     "step wall time, host phases only": ("host", "step_us"), "host work per step": ("host", "host_work_us"),
     "encode + submit a step": ("host", "submit_us"), "wait for a token": ("host", "readback_wait_us"),
+    "decode steps per submit": ("host", "steps_per_submit"),
     "step wall time, step timed whole": (None, "whole_step_wall_us"),
     "GPU busy, step timed whole": (None, "whole_step_gpu_us"),
     "sum of kernels, each timed": (None, "gpu_us_per_step")}
