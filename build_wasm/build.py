@@ -365,6 +365,142 @@ def check_webdrift_wheel(whl: Path, repo: Path) -> None:
         raise BuildError(f"{whl.name} holds desktop-only files {extra}: the browser bundle leaves them out")
 
 
+# -- bytecode: the Python a page runs, compiled here by the bundle's own Pyodide -------------------
+# Pyodide's python_stdlib.zip and the wheels hold source only, so every page load compiled each
+# module it imports (Pyodide's own start-up included) from source: about 1.2 s of a 2-core
+# machine's 2.0 s boot and 0.25 s of `import webdrift.browser_api` (docs/BROWSER.md). The build
+# runs the bundle's Pyodide in Node.js once and adds unchecked-hash .pyc files (PEP 552: never
+# compared with their source, which stays for tracebacks): `__pycache__/*.cpython-3XX.pyc` beside
+# every module of the wheels, and `<module>.pyc` (zipimport's first choice) beside the stdlib
+# modules that Pyodide's start-up and the page's imports (PRECOMPILED_IMPORTS) load. Compiled by
+# the same interpreter that runs them, so the bytecode always matches; a .pyc of another Python
+# would be ignored (bad magic) and its source compiled as before.
+
+PRECOMPILED_IMPORTS = ("webdrift.browser_api", "webdrift.gpu.browser", "webdrift.profile.benchmark",
+                       "webdrift.weights.synthetic", "jinja2", "jinja2.sandbox")
+
+_PYCOMPILE_NODE = r"""
+// build_wasm's bytecode step: node pycompile.mjs PYODIDE_DIR STAGE_DIR SCRIPT.py WHEEL... -> JSON on stdout
+import fs from "node:fs";
+import path from "node:path";
+import { pathToFileURL } from "node:url";
+const [pyodideDir, stage, script, ...wheels] = process.argv.slice(2);
+const { loadPyodide } = await import(pathToFileURL(path.join(pyodideDir, "pyodide.mjs")).href);
+const py = await loadPyodide({ indexURL: pyodideDir + "/", stdout: (s) => process.stderr.write(s + "\n"),
+                               stderr: (s) => process.stderr.write(s + "\n") });
+py.FS.mkdirTree("/stage");
+py.FS.mount(py.FS.filesystems.NODEFS, { root: stage }, "/stage");
+py.globals.set("WHEELS", py.toPy(wheels));
+process.stdout.write(py.runPython(fs.readFileSync(script, "utf8")));
+"""
+
+_PYCOMPILE_PY = r"""
+import base64, csv, hashlib, importlib, importlib.util, io, json, os, site, sys, zipfile
+from importlib._bootstrap_external import _code_to_hash_pyc
+
+TAG = sys.implementation.cache_tag
+SITE = site.getsitepackages()[0]
+STDLIB = next(p for p in sys.path if p.endswith(".zip"))
+DATE = (2020, 1, 1, 0, 0, 0)
+
+def pyc(source, filename):
+    code = compile(source, filename, "exec", dont_inherit=True)
+    return _code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False)
+
+def record(files, name):
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    for n, d in files.items():
+        w.writerow([n, "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode(), len(d)])
+    w.writerow([name, "", ""])
+    return out.getvalue().encode()
+
+def rewrite(path, infos, data, added, record_name=None):
+    tmp = path + ".tmp"
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for i in infos:
+            if i.filename != record_name:
+                z.writestr(i, data[i.filename])
+        extra = dict(added)
+        if record_name:
+            files = {i.filename: data[i.filename] for i in infos if i.filename != record_name}
+            files.update(added)
+            extra[record_name] = record(files, record_name)
+        for n, d in extra.items():
+            zi = zipfile.ZipInfo(n, DATE)
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, d)
+    os.replace(tmp, path)
+
+summary = {"cache_tag": TAG, "wheels": {}}
+for whl in WHEELS:
+    path = "/stage/" + whl
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        data = {i.filename: z.read(i) for i in infos}
+        z.extractall(SITE)              # installed here too, for the imports below
+    rec = next(n for n in data if n.endswith(".dist-info/RECORD"))
+    added = {}
+    for n, d in data.items():
+        if n.endswith(".py"):
+            head, _, mod = n.rpartition("/")
+            added[(head + "/" if head else "") + f"__pycache__/{mod[:-3]}.{TAG}.pyc"] = pyc(d, f"{SITE}/{n}")
+    rewrite(path, infos, data, added, rec)
+    summary["wheels"][whl] = len(added)
+
+importlib.invalidate_caches()
+for m in IMPORTS:
+    importlib.import_module(m)
+used = set()
+for m in list(sys.modules.values()):
+    origin = getattr(getattr(m, "__spec__", None), "origin", None)
+    if isinstance(origin, str) and origin.startswith(STDLIB + "/") and origin.endswith(".py"):
+        used.add(origin[len(STDLIB) + 1:])
+path = "/stage/pyodide/python_stdlib.zip"
+with zipfile.ZipFile(path) as z:
+    infos = z.infolist()
+    data = {i.filename: z.read(i) for i in infos}
+missing = sorted(used - set(data))
+if missing:
+    raise RuntimeError(f"modules imported from the stdlib zip but not in it: {missing[:5]}")
+rewrite(path, infos, data, {n[:-3] + ".pyc": pyc(data[n], f"{STDLIB}/{n}") for n in sorted(used)})
+summary["stdlib_modules"] = len(used)
+json.dumps(summary)
+"""
+
+
+def precompile_bytecode(stage: Path, wheels: list[str], node: str | None = None) -> dict | None:
+    """Add .pyc files to the staged bundle (see above): the wheels (paths relative to `stage`)
+    and python_stdlib.zip, in place. Returns {"cache_tag", "wheels": {name: .pyc count},
+    "stdlib_modules"}; None (with a note on stderr) where Node.js is not installed: the bundle
+    then works as before, compiling its Python at every page load."""
+    node = node or shutil.which("node")
+    if node is None:
+        _log("node (Node.js) is not installed: the bundle's Python is not precompiled (each page load "
+             "compiles it, about 1 s more before ready)")
+        return None
+    with tempfile.TemporaryDirectory(prefix="webdrift-pyc-") as tmp:
+        js = Path(tmp) / "pycompile.mjs"
+        js.write_text(_PYCOMPILE_NODE)
+        script = Path(tmp) / "pycompile.py"
+        script.write_text(f"IMPORTS = {list(PRECOMPILED_IMPORTS)!r}\n" + _PYCOMPILE_PY)
+        cmd = [node, str(js), str(stage / "pyodide"), str(stage), str(script), *wheels]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise BuildError(f"compiling the bundle's Python: running {node} failed ({e})") from e
+        if r.returncode != 0:
+            raise BuildError(f"compiling the bundle's Python with its Pyodide failed (exit {r.returncode}): "
+                             f"{' '.join(cmd)}\n{(r.stderr or r.stdout)[-3000:]}")
+        try:
+            summary = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError) as e:
+            raise BuildError(f"compiling the bundle's Python: unexpected output {r.stdout[-500:]!r}") from e
+    for f in [*wheels, "pyodide/python_stdlib.zip"]:     # written through Node's file system: rw for all
+        os.chmod(stage / f, 0o644)
+    return summary
+
+
 # -- the bundle -----------------------------------------------------------------------------------
 
 def model_entry(path: Path, name: str, sha256: str | None = None) -> dict:
@@ -440,6 +576,7 @@ def build(out: Path, model: str | None = None, repo: Path = REPO) -> Path:
             "fingerprint": fingerprint(repo, model_info),
             "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        manifest["bytecode"] = precompile_bytecode(stage, manifest["wheels"])
         (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
