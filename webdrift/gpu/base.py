@@ -38,6 +38,8 @@ from ..errors import GPUError, GPULimitError
 # Buffer roles (each backend maps them to WebGPU usage flags)
 STORAGE = "storage"      # read/write in shaders, copy src/dst, writable from the host
 UNIFORM = "uniform"      # small per-step parameters, writable from the host
+STEP_UNIFORM = "step_uniform"   # a uniform that kernels may also write as storage (the step
+                                # uniform, advanced on the GPU between decode steps of one submit)
 READBACK = "readback"    # host-mappable staging for reads (MAP_READ | COPY_DST)
 
 # Binding kinds a pipeline declares, in @binding order of @group(0)
@@ -77,19 +79,6 @@ class Dispatch:
     workgroups: tuple[int, int, int]
     label: str = ""
     raw: tuple | None = None      # backend's cached raw handles (filled on first submit)
-
-
-@dataclass(frozen=True)
-class StepRecords:
-    """Per-step uniforms for a submit that runs its pass `n` times: before pass i, `size` bytes
-    at records[i * size] are copied to `dst` (offset 0), in the same command buffer."""
-    records: Buffer
-    dst: Buffer
-    size: int
-    n: int
-
-    def copies(self) -> list[tuple]:
-        return [(self.records, i * self.size, self.dst, 0, self.size) for i in range(self.n)]
 
 
 @dataclass
@@ -183,12 +172,10 @@ class Device:
         raise NotImplementedError
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None, steps: StepRecords | None = None):
+               timestamps: TimestampRecorder | None = None):
         """Encode the dispatches into one compute pass (then the buffer copies
         [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read.
-        timestamps: a recorder to time the dispatches with (ignored without has_timestamps).
-        steps: the pass n times in the one command buffer, each after a copy of the next record
-        into the step uniform (several decode steps per submit); not with timestamps."""
+        timestamps: a recorder to time the dispatches with (ignored without has_timestamps)."""
         raise NotImplementedError
 
     async def read_timestamps(self, rec: TimestampRecorder) -> None:

@@ -33,6 +33,7 @@ from .base import (
     READ,
     READBACK,
     RW,
+    STEP_UNIFORM,
     STORAGE,
     UNI,
     UNIFORM,
@@ -42,7 +43,6 @@ from .base import (
     DeviceInfo,
     Dispatch,
     Pipeline,
-    StepRecords,
     TimestampRecorder,
 )
 
@@ -61,12 +61,9 @@ _CACHE_MAX = 256
 _JS_HELPERS = r"""
 ({
   // one compute pass with every dispatch, then the copies, in one command buffer
-  // steps [records, dst, size, n]: the pass n times, each after record i is copied to dst
-  submit(device, list, copies, steps) {
+  submit(device, list, copies) {
     const enc = device.createCommandEncoder();
-    const n = steps ? steps[3] : 1;
-    for (let s = 0; s < n && list.length; s++) {
-      if (steps) enc.copyBufferToBuffer(steps[0], s * steps[2], steps[1], 0, steps[2]);
+    if (list.length) {
       const cp = enc.beginComputePass();
       let last = null;
       for (const d of list) {
@@ -211,6 +208,7 @@ class BrowserDevice(Device):
                                 f"{self.max_buffer_size}")
         U = js.GPUBufferUsage
         flags = {STORAGE: U.STORAGE | U.COPY_DST | U.COPY_SRC, UNIFORM: U.UNIFORM | U.COPY_DST,
+                 STEP_UNIFORM: U.UNIFORM | U.STORAGE | U.COPY_DST,
                  READBACK: U.MAP_READ | U.COPY_DST}[usage]
         self.allocations += 1
         h = self._dev.createBuffer(_obj({"size": size, "usage": flags, "label": label}))
@@ -317,17 +315,14 @@ class BrowserDevice(Device):
         return arr
 
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None, steps: StepRecords | None = None) -> int:
+               timestamps: TimestampRecorder | None = None) -> int:
         """Returns a ticket (a submission counter) for map_read, as the interface asks."""
-        if steps is not None and timestamps is not None:
-            raise GPUError("a submit of several steps cannot be timed: time one step per submit")
         self._submissions += 1
         cps = to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
         if timestamps is None or not self.has_timestamps or not dispatches:
             if timestamps is not None:
                 timestamps.pending = None
-            st = None if steps is None else to_js([steps.records.handle, steps.dst.handle, steps.size, steps.n])
-            _js().submit(self._dev, self._js_list(dispatches), cps, st)
+            _js().submit(self._dev, self._js_list(dispatches), cps)
             return self._submissions
         n = 1 if timestamps.whole else len(dispatches)
         U = js.GPUBufferUsage

@@ -30,6 +30,7 @@ from .base import (
     READ,
     READBACK,
     RW,
+    STEP_UNIFORM,
     STORAGE,
     UNI,
     UNIFORM,
@@ -39,7 +40,6 @@ from .base import (
     DeviceInfo,
     Dispatch,
     Pipeline,
-    StepRecords,
     TimestampRecorder,
 )
 
@@ -47,6 +47,7 @@ _U = wgpu.BufferUsage
 _USAGE = {
     STORAGE: _U.STORAGE | _U.COPY_DST | _U.COPY_SRC,
     UNIFORM: _U.UNIFORM | _U.COPY_DST,
+    STEP_UNIFORM: _U.UNIFORM | _U.STORAGE | _U.COPY_DST,
     READBACK: _U.MAP_READ | _U.COPY_DST,
 }
 _BIND = {
@@ -277,20 +278,14 @@ class NativeDevice(Device):
 
     # -- submission ----------------------------------------------------------------------
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
-               timestamps: TimestampRecorder | None = None, steps: StepRecords | None = None):
-        if steps is not None and timestamps is not None:
-            raise GPUError("a submit of several steps cannot be timed: time one step per submit")
+               timestamps: TimestampRecorder | None = None):
         if _lib is not None and timestamps is None:
-            return self._submit_raw(dispatches, copies, steps)
+            return self._submit_raw(dispatches, copies)
         enc = self._dev.create_command_encoder()
         if timestamps is None:
-            for rec in steps.copies() if steps is not None else (None,):
-                if rec is not None:
-                    src, so, dst, do, n = rec
-                    enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
-                cp = enc.begin_compute_pass()
-                self._encode_pass(cp, dispatches)
-                cp.end()
+            cp = enc.begin_compute_pass()
+            self._encode_pass(cp, dispatches)
+            cp.end()
         elif timestamps.whole:   # one pass, timestamps at its start and end (a decode step's GPU span)
             qs = self._dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
             cp = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 0,
@@ -313,7 +308,7 @@ class NativeDevice(Device):
         arr = _ffi.new("WGPUCommandBuffer[]", [cb._internal])
         return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
 
-    def _submit_raw(self, dispatches: list[Dispatch], copies: list | None, steps: StepRecords | None = None):
+    def _submit_raw(self, dispatches: list[Dispatch], copies: list | None):
         """submit() without timestamps, through the C API alone: no wgpu-py object is made per
         step (faster, and an interrupt cannot leave one half-built: wgpu-py's __del__ then
         fails noisily); every handle is released in `finally`, so an interrupted submit leaves
@@ -322,15 +317,9 @@ class NativeDevice(Device):
         enc = cp = cb = None
         try:
             enc = lib.wgpuDeviceCreateCommandEncoder(self._dev._internal, null)
-            for rec in steps.copies() if steps is not None else (None,):
-                if rec is not None:     # this step's uniform, then its pass
-                    src, so, dst, do, n = rec
-                    lib.wgpuCommandEncoderCopyBufferToBuffer(enc, src.handle._internal, so, dst.handle._internal, do, n)
-                if cp is not None:
-                    lib.wgpuComputePassEncoderRelease(cp)
-                cp = lib.wgpuCommandEncoderBeginComputePass(enc, null)
-                self._encode_raw(cp, dispatches)
-                lib.wgpuComputePassEncoderEnd(cp)
+            cp = lib.wgpuCommandEncoderBeginComputePass(enc, null)
+            self._encode_raw(cp, dispatches)
+            lib.wgpuComputePassEncoderEnd(cp)
             for src, so, dst, do, n in copies or ():
                 if self._unsettled:        # a read-back buffer whose last read was interrupted
                     self._settle(dst)

@@ -1,6 +1,7 @@
 """The per-step uniform every model kernel binds first (as "step", declared by
 kernels/bindings.Bindings.step): the only thing the host writes per decode step
-(Transformer-Lite's symbolic shapes resolved once per step, not per kernel).
+(Transformer-Lite's symbolic shapes resolved once per step, not per kernel), or, for several
+steps in one submit, writes once for all of them (kernels/step_advance.py).
 Must not: import numpy or wgpu.
 """
 

@@ -28,10 +28,11 @@ from ..errors import (
     NumericalError,
     shown,
 )
-from ..gpu.base import READBACK, STORAGE, UNIFORM, Device, StepRecords
+from ..gpu.base import READBACK, STEP_UNIFORM, STORAGE, UNIFORM, Device
 from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
+from ..kernels.step_advance import StepAdvanceKernel
 from ..kernels.tree import row_words
 from ..models.loader import GPUModel
 from ..models.program import Program
@@ -247,11 +248,16 @@ class Engine:
                               prefill_int8=False if gemv else {"gemm_int8": True, "gemm_float": False}.get(pk),
                               max_binding_bytes=options.max_binding_bytes)
         # shared per-engine buffers
-        self.step_buf = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
-        # decode steps per submit: each step's uniform copied from here before its pass
+        # decode steps per submit; several: each step's uniform copied on the GPU from
+        # step_records (kernels/step_advance.py) by a dispatch ahead of the step's kernels
         self.steps_per_submit = options.steps_per_submit or dev.decode_steps_per_submit
-        self.step_records = (dev.create_buffer(STEP_BYTES * self.steps_per_submit, STORAGE, "step_records")
-                             if self.steps_per_submit > 1 else None)
+        several = self.steps_per_submit > 1
+        self.step_buf = dev.create_buffer(STEP_BYTES, STEP_UNIFORM if several else UNIFORM, "step")
+        self.step_records = (dev.create_buffer(STEP_BYTES * (1 + self.steps_per_submit), STORAGE, "step_records")
+                             if several else None)
+        self._advance = (StepAdvanceKernel(dev).dispatch({"records": self.step_records, "dst": self.step_buf},
+                                                         (1, 1, 1)) if several else None)
+        self._batched: tuple = (None, {})      # (decode list, {n: its n-step list}) (_steps_list)
         self.ids_buf = dev.create_buffer(4 * max(self.prefill_chunk, 64), STORAGE, "ids")        # (T_cap) u32
         # (steps) u32 sampled tokens; the streams: (steps, n) within the cache's rows
         self.out_tokens = dev.create_buffer(4 * (self.model.cap_stride + MAX_STREAMS), STORAGE, "out_tokens")
@@ -555,16 +561,27 @@ class Engine:
         st.finish_reason = finish
         yield "done", GenerationResult("".join(pieces), out, st)
 
+    def _steps_list(self, decode_list: list, n: int) -> list:
+        """n decode steps as one dispatch list: each step's kernels after a step_advance
+        dispatch (built once per n and reused, so the browser converts each to JS once)."""
+        if self._batched[0] is not decode_list:
+            self._batched = (decode_list, {})
+        lists = self._batched[1]
+        if n not in lists:
+            lists[n] = ([self._advance] + decode_list) * n
+        return lists[n]
+
     async def _plain_tokens(self, ids: list[int], sp: SamplingParams, budget: int):
         """The generated tokens, one decode step each, until `budget` or a stop request (the
         consumer stops reading at EOS; closing this drains the steps still queued).
         Steps go to the GPU in submits of up to `steps_per_submit` (1, 2, 4, ... as the tokens
-        come, so the first ones are not held back): one command buffer runs the decode pass once
-        per step, each pass after a copy of its step uniform from `step_records`; a submit's
-        tokens come back in one read. IN_FLIGHT submits stay queued ahead of the one being read."""
+        come, so the first ones are not held back): a submit of n steps is one compute pass with
+        each step's kernels after a dispatch that loads its step uniform from `step_records`
+        (written once per submit), and its n tokens come back in one read. IN_FLIGHT submits stay
+        queued ahead of the one being read."""
         dev, prof = self.dev, self.profiler
         timed = getattr(prof, "kernels", False)    # GPU timestamps: one step per submit
-        most = 1 if timed or self.step_records is None else self.steps_per_submit
+        most = 1 if timed else self.steps_per_submit
         flight = deque()          # (first token, tokens, ring slot, ticket) per submit not read yet
         with prof.phase("prefill.submit", tokens=len(ids)):
             for pos, part, disp in self._submit_prompt(ids, sp):
@@ -580,17 +597,17 @@ class Engine:
                     n = min(most, budget - submitted, submitted)
                     slot = submits % RING
                     with prof.phase("decode.submit", step=submitted, steps=n):
-                        recs = b"".join(pack_step(1, pos + k - 1, k, sp.seed, sp.temperature, sp.top_k, sp.top_p)
-                                        for k in range(submitted, submitted + n))
-                        steps = None
+                        recs = [pack_step(1, pos + k - 1, k, sp.seed, sp.temperature, sp.top_k, sp.top_p)
+                                for k in range(submitted, submitted + n)]
                         if n == 1:
-                            dev.write_buffer(self.step_buf, recs)
+                            dev.write_buffer(self.step_buf, recs[0])
+                            disp = decode_list
                         else:
-                            dev.write_buffer(self.step_records, recs)
-                            steps = StepRecords(self.step_records, self.step_buf, STEP_BYTES, n)
-                        ticket = dev.submit(decode_list, [(self.out_tokens, 4 * submitted, self.ring[slot], 0, 4 * n)],
+                            dev.write_buffer(self.step_records, StepAdvanceKernel.records(recs))
+                            disp = self._steps_list(decode_list, n)
+                        ticket = dev.submit(disp, [(self.out_tokens, 4 * submitted, self.ring[slot], 0, 4 * n)],
                                             timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted)
-                                            if timed else None, steps=steps)
+                                            if timed else None)
                     flight.append((submitted, n, slot, ticket))
                     submitted += n
                     submits += 1
