@@ -571,6 +571,20 @@ class Engine:
             lists[n] = ([self._advance] + decode_list) * n
         return lists[n]
 
+    def _submit_steps(self, decode_list: list, pos0: int, step0: int, n: int, sp: SamplingParams, slot: int,
+                      timestamps=None):
+        """Submit n decode steps: step i reads its input token at cache slot pos0 + i and writes
+        token step0 + i; their n tokens are copied to ring[slot]. Returns the ticket. Several
+        steps: one pass, each step's uniform loaded on the GPU (`_steps_list`)."""
+        recs = [pack_step(1, pos0 + i, step0 + i, sp.seed, sp.temperature, sp.top_k, sp.top_p) for i in range(n)]
+        if n == 1:
+            self.dev.write_buffer(self.step_buf, recs[0])
+            disp = decode_list
+        else:
+            self.dev.write_buffer(self.step_records, StepAdvanceKernel.records(recs))
+            disp = self._steps_list(decode_list, n)
+        return self.dev.submit(disp, [(self.out_tokens, 4 * step0, self.ring[slot], 0, 4 * n)], timestamps=timestamps)
+
     async def _plain_tokens(self, ids: list[int], sp: SamplingParams, budget: int):
         """The generated tokens, one decode step each, until `budget` or a stop request (the
         consumer stops reading at EOS; closing this drains the steps still queued).
@@ -597,17 +611,9 @@ class Engine:
                     n = min(most, budget - submitted, submitted)
                     slot = submits % RING
                     with prof.phase("decode.submit", step=submitted, steps=n):
-                        recs = [pack_step(1, pos + k - 1, k, sp.seed, sp.temperature, sp.top_k, sp.top_p)
-                                for k in range(submitted, submitted + n)]
-                        if n == 1:
-                            dev.write_buffer(self.step_buf, recs[0])
-                            disp = decode_list
-                        else:
-                            dev.write_buffer(self.step_records, StepAdvanceKernel.records(recs))
-                            disp = self._steps_list(decode_list, n)
-                        ticket = dev.submit(disp, [(self.out_tokens, 4 * submitted, self.ring[slot], 0, 4 * n)],
-                                            timestamps=prof.gpu_timer("decode", len(decode_list), step=submitted)
-                                            if timed else None)
+                        ticket = self._submit_steps(decode_list, pos + submitted - 1, submitted, n, sp, slot,
+                                                    prof.gpu_timer("decode", len(decode_list), step=submitted)
+                                                    if timed else None)
                     flight.append((submitted, n, slot, ticket))
                     submitted += n
                     submits += 1
@@ -707,43 +713,44 @@ class Engine:
 
     async def _plain_burst(self, last: int, pos: int, emitted: int, budget: int, sp: SamplingParams, drafter,
                            backoff: BackOff, prompt_tokens: int, fc: int):
-        """Plain decode steps from `last` at slot pos (pipelined, IN_FLIGHT ahead) until the budget,
-        a stop request, or the drafter has a tree again (the steps in flight then are read and
-        yielded: their tokens are valid). Closing it early drains what is in flight."""
-        dev = self.dev
-        dev.write_buffer(self.ids_buf, struct.pack("<I", last))
+        """Plain decode steps from `last` at slot pos (pipelined like `_plain_tokens`: submits of
+        1, 2, 4, ... steps, IN_FLIGHT ahead) until the budget, a stop request, or the drafter has a
+        tree again (the steps in flight then are read and yielded: their tokens are valid).
+        Closing it early drains what is in flight."""
+        self.dev.write_buffer(self.ids_buf, struct.pack("<I", last))
         decode_list = self.decode.dispatches(1)
-        tickets = [None] * RING
-        submitted = read = 0
+        flight = deque()          # (first step of the burst, steps, ring slot, ticket) per submit
+        submitted = submits = 0
         want_tree = False
         try:
             while True:
-                while (emitted + submitted < budget and submitted < read + IN_FLIGHT and not want_tree
+                while (emitted + submitted < budget and len(flight) < IN_FLIGHT and not want_tree
                        and not self._stop_requested):
-                    k = emitted + submitted      # the index of the token this step generates
-                    dev.write_buffer(self.step_buf, pack_step(1, pos + submitted, k, sp.seed, sp.temperature,
-                                                              sp.top_k, sp.top_p))
-                    tickets[k % RING] = dev.submit(decode_list, [(self.out_tokens, 4 * k, self.ring[k % RING], 0, 4)])
-                    submitted += 1
-                if read == submitted:
+                    n = min(self.steps_per_submit, budget - emitted - submitted, max(1, submitted))
+                    slot = submits % RING
+                    flight.append((submitted, n, slot, self._submit_steps(decode_list, pos + submitted,
+                                                                          emitted + submitted, n, sp, slot)))
+                    submitted += n
+                    submits += 1
+                if not flight:
                     return
-                k = emitted + read
-                with self.profiler.phase("readback", token=k):
-                    raw = await dev.map_read(self.ring[k % RING], 4, tickets[k % RING])
-                tok = self._check_token(struct.unpack("<I", raw)[0], k, prompt_tokens)
-                read += 1
-                backoff.plain_step()
-                yield tok
-                if not want_tree and backoff.may_draft():
-                    left = budget - emitted - read
-                    # a tree of 2 nodes (the root alone with DS2D rows: its pass drafts) fits?
-                    nodes = self._tree_room(pos + read) // (1 + fc)
-                    want_tree = left > 0 and drafter.propose(min(2, nodes), left) is not None
+                first, n, slot, ticket = flight[0]
+                with self.profiler.phase("readback", token=emitted + first + n - 1, tokens=n):
+                    raw = await self.dev.map_read(self.ring[slot], 4 * n, ticket)
+                flight.popleft()
+                for i, tok in enumerate(struct.unpack(f"<{n}I", raw)):
+                    tok = self._check_token(tok, emitted + first + i, prompt_tokens)
+                    backoff.plain_step()
+                    yield tok
+                    if not want_tree and backoff.may_draft():
+                        left = budget - emitted - first - i - 1
+                        # a tree of 2 nodes (the root alone with DS2D rows: its pass drafts) fits?
+                        nodes = self._tree_room(pos + first + i + 1) // (1 + fc)
+                        want_tree = left > 0 and drafter.propose(min(2, nodes), left) is not None
         finally:
-            while read < submitted:
-                k = emitted + read
-                await dev.map_read(self.ring[k % RING], 4, tickets[k % RING])
-                read += 1
+            while flight:
+                _, n, slot, ticket = flight.popleft()
+                await self.dev.map_read(self.ring[slot], 4 * n, ticket)
 
     def _check_token(self, tok: int, step: int, prompt_tokens: int) -> int:
         if tok >= self.config.vocab_size:
