@@ -432,48 +432,58 @@ def rewrite(path, infos, data, added, record_name=None):
             z.writestr(zi, d)
     os.replace(tmp, path)
 
-summary = {"cache_tag": TAG, "wheels": {}}
-for whl in WHEELS:
-    path = "/stage/" + whl
+def main():
+    summary = {"cache_tag": TAG, "wheels": {}}
+    for whl in WHEELS:
+        path = "/stage/" + whl
+        with zipfile.ZipFile(path) as z:
+            infos = z.infolist()
+            data = {i.filename: z.read(i) for i in infos}
+            z.extractall(SITE)              # installed here too, for the imports below
+        rec = next(n for n in data if n.endswith(".dist-info/RECORD"))
+        added = {}
+        for n, d in data.items():
+            if n.endswith(".py"):
+                head, _, mod = n.rpartition("/")
+                added[(head + "/" if head else "") + f"__pycache__/{mod[:-3]}.{TAG}.pyc"] = pyc(d, f"{SITE}/{n}")
+        rewrite(path, infos, data, added, rec)
+        summary["wheels"][whl] = len(added)
+
+    importlib.invalidate_caches()
+    for m in IMPORTS:
+        importlib.import_module(m)
+    used = set()
+    for m in list(sys.modules.values()):
+        origin = getattr(getattr(m, "__spec__", None), "origin", None)
+        if isinstance(origin, str) and origin.startswith(STDLIB + "/") and origin.endswith(".py"):
+            used.add(origin[len(STDLIB) + 1:])
+    path = "/stage/pyodide/python_stdlib.zip"
     with zipfile.ZipFile(path) as z:
         infos = z.infolist()
         data = {i.filename: z.read(i) for i in infos}
-        z.extractall(SITE)              # installed here too, for the imports below
-    rec = next(n for n in data if n.endswith(".dist-info/RECORD"))
-    added = {}
-    for n, d in data.items():
-        if n.endswith(".py"):
-            head, _, mod = n.rpartition("/")
-            added[(head + "/" if head else "") + f"__pycache__/{mod[:-3]}.{TAG}.pyc"] = pyc(d, f"{SITE}/{n}")
-    rewrite(path, infos, data, added, rec)
-    summary["wheels"][whl] = len(added)
+    missing = sorted(used - set(data))
+    if missing:
+        raise RuntimeError(f"modules imported from the stdlib zip but not in it: {missing[:5]}")
+    rewrite(path, infos, data, {n[:-3] + ".pyc": pyc(data[n], f"{STDLIB}/{n}") for n in sorted(used)})
+    summary["stdlib_modules"] = len(used)
+    return summary
 
-importlib.invalidate_caches()
-for m in IMPORTS:
-    importlib.import_module(m)
-used = set()
-for m in list(sys.modules.values()):
-    origin = getattr(getattr(m, "__spec__", None), "origin", None)
-    if isinstance(origin, str) and origin.startswith(STDLIB + "/") and origin.endswith(".py"):
-        used.add(origin[len(STDLIB) + 1:])
-path = "/stage/pyodide/python_stdlib.zip"
-with zipfile.ZipFile(path) as z:
-    infos = z.infolist()
-    data = {i.filename: z.read(i) for i in infos}
-missing = sorted(used - set(data))
-if missing:
-    raise RuntimeError(f"modules imported from the stdlib zip but not in it: {missing[:5]}")
-rewrite(path, infos, data, {n[:-3] + ".pyc": pyc(data[n], f"{STDLIB}/{n}") for n in sorted(used)})
-summary["stdlib_modules"] = len(used)
-json.dumps(summary)
+try:
+    result = main()
+except BaseException:                   # the build shows Python's own traceback
+    import traceback
+    result = {"error": traceback.format_exc()[-4000:]}
+json.dumps(result)
 """
 
 
-def precompile_bytecode(stage: Path, wheels: list[str], node: str | None = None) -> dict | None:
+def precompile_bytecode(stage: Path, wheels: list[str], node: str | None = None,
+                        imports: tuple[str, ...] = PRECOMPILED_IMPORTS) -> dict | None:
     """Add .pyc files to the staged bundle (see above): the wheels (paths relative to `stage`)
     and python_stdlib.zip, in place. Returns {"cache_tag", "wheels": {name: .pyc count},
     "stdlib_modules"}; None (with a note on stderr) where Node.js is not installed: the bundle
-    then works as before, compiling its Python at every page load."""
+    then works as before, compiling its Python at every page load. imports: the modules whose
+    stdlib imports get .pyc files (a module that fails to compile or import fails the build)."""
     node = node or shutil.which("node")
     if node is None:
         _log("node (Node.js) is not installed: the bundle's Python is not precompiled (each page load "
@@ -483,7 +493,7 @@ def precompile_bytecode(stage: Path, wheels: list[str], node: str | None = None)
         js = Path(tmp) / "pycompile.mjs"
         js.write_text(_PYCOMPILE_NODE)
         script = Path(tmp) / "pycompile.py"
-        script.write_text(f"IMPORTS = {list(PRECOMPILED_IMPORTS)!r}\n" + _PYCOMPILE_PY)
+        script.write_text(f"IMPORTS = {list(imports)!r}\n" + _PYCOMPILE_PY)
         cmd = [node, str(js), str(stage / "pyodide"), str(stage), str(script), *wheels]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=600)
@@ -496,6 +506,8 @@ def precompile_bytecode(stage: Path, wheels: list[str], node: str | None = None)
             summary = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError) as e:
             raise BuildError(f"compiling the bundle's Python: unexpected output {r.stdout[-500:]!r}") from e
+        if "error" in summary:
+            raise BuildError(f"compiling the bundle's Python with its Pyodide failed:\n{summary['error']}")
     for f in [*wheels, "pyodide/python_stdlib.zip"]:     # written through Node's file system: rw for all
         os.chmod(stage / f, 0o644)
     return summary

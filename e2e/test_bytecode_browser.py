@@ -1,10 +1,16 @@
-"""The bundle's precompiled Python (build_wasm's bytecode step) as a page runs it (headless Chromium).
+"""How a page's Python starts (headless Chromium): the bundle's precompiled bytecode and the
+runtime's snapshot (docs/BROWSER.md, "A returning visitor's wait").
 
-The build adds unchecked-hash .pyc files to the wheels and to Pyodide's python_stdlib.zip
-(docs/BROWSER.md, "A returning visitor's wait"). In the page's worker, the loaders must take them:
-asking each loader for a module's code compiles nothing from source for webdrift's modules, jinja2
-and the stdlib modules of the build's imports, while a stdlib module outside them still compiles
-(the spy sees it), and every shipped .pyc carries its source's hash.
+- build_wasm adds unchecked-hash .pyc files to the wheels and to Pyodide's python_stdlib.zip. In
+  the page's worker, the loaders must take them: asking each loader for a module's code compiles
+  nothing from source for webdrift's modules, jinja2 and the stdlib modules of the build's
+  imports, while a stdlib module outside them still compiles (the spy sees it), and every
+  shipped .pyc carries its source's hash.
+- worker.js keeps the interpreter's memory after its first start (Cache API) and restores it in
+  later workers: the first start after clearRuntimeCache() boots, the next ones restore; each of
+  them imports what the snapshot does not hold (stdlib and webdrift modules, from the files
+  installed anew), and Python's random module differs between them (reseeded after a restore:
+  unseeded sampling must not repeat across page loads).
 Every evaluation has a timeout (Chromium.eval).
 """
 
@@ -66,3 +72,47 @@ def test_page_runs_the_shipped_bytecode(chromium, engine_page):
     assert out["flags"] == 1 and out["hash_ok"], out        # unchecked-hash .pyc of this very source
     assert out["json_file"].endswith("json/__init__.pyc"), out
     assert out["tag"].startswith("cpython-3")
+
+
+RESTARTS = """async () => {
+    const wd = await import("/webdrift.js");
+    await wd.clearRuntimeCache();
+    const runs = [];
+    for (let i = 0; i < 3; i++) {
+        const messages = [];
+        const t0 = performance.now();
+        const rt = await wd.createRuntime({ onProgress: (p) => messages.push(p.message || "") });
+        const startS = (performance.now() - t0) / 1000;
+        let out;
+        try {
+            out = JSON.parse(await rt.runPython(`
+import json, random, sys
+import difflib, webdrift.weights.synthetic
+json.dumps({"draw": str(random.getrandbits(64)), "api": "webdrift.browser_api" in sys.modules,
+            "lazy": difflib.SequenceMatcher(None, "abc", "abd").ratio(),
+            "synthetic": webdrift.weights.synthetic.__name__})`));
+        } finally { await rt.dispose(); }
+        runs.push({ messages, startS, ...out });
+        for (let k = 0; i === 0 && k < 300; k++) {        // the first start stores its snapshot in the background
+            if ((await (await caches.open("webdrift-runtime-v1")).keys()).length) break;
+            await new Promise((r) => setTimeout(r, 100));
+        }
+    }
+    return runs;
+}"""
+
+
+def test_runtime_snapshot_restores_with_fresh_randomness(chromium, server, record):
+    pg = chromium.page(server["url"] + "/e2e/blank.html")
+    try:
+        runs = chromium.eval(pg, RESTARTS, timeout_s=300)
+    finally:
+        chromium.eval(pg, "async () => (await import('/webdrift.js')).clearRuntimeCache()", timeout_s=30)
+    first, *later = runs
+    assert "Python is ready" in first["messages"] and not any("restor" in m for m in first["messages"]), first
+    for r in later:
+        assert "Python is ready (restored)" in r["messages"], r
+    for r in runs:
+        assert r["api"] and r["synthetic"] == "webdrift.weights.synthetic" and r["lazy"] == 2 / 3, r
+    assert len({r["draw"] for r in runs}) == 3, runs
+    record("python start: boot (first) / restored s", [round(r["startS"], 2) for r in runs])

@@ -2,7 +2,10 @@
 build_webdrift_wheel, as `python -m build_wasm` and `webdrift serve` build it): the browser's
 entry points and the core are in it; the desktop tools (webdrift/tools/: the CLI, bench and its
 PyTorch peers, the profile command, serve), `python -m webdrift` and the console script are not,
-and its RECORD lists exactly what is left.
+and its RECORD lists exactly what is left. The bytecode step (precompile_bytecode, run by the
+bundle's own Pyodide in Node.js) adds an unchecked-hash .pyc beside every module of a wheel (its
+RECORD still exact) and beside the stdlib modules the given imports load, and reports a module
+that does not compile with Python's own SyntaxError.
 """
 
 from __future__ import annotations
@@ -64,3 +67,58 @@ def test_check_refuses_a_wheel_with_tools(wheel, tmp_path):
         dst.writestr("webdrift/tools/bench.py", "import wgpu\n")
     with pytest.raises(BuildError, match="webdrift/tools/bench.py"):
         check_webdrift_wheel(bad, REPO)
+
+
+# -- the bundle's bytecode step (build_wasm.precompile_bytecode: the bundle's own Pyodide in Node.js) --
+
+@pytest.fixture(scope="module")
+def pyodide_stage(tmp_path_factory):
+    """A staged bundle's pyodide/ (npm's package, from build_wasm's cache) and the markupsafe wheel."""
+    import shutil
+
+    from build_wasm.build import PYODIDE_FILES, cache_dir, fetch_markupsafe, fetch_pyodide
+    if shutil.which("node") is None:
+        pytest.skip("Node.js is not installed")
+    try:
+        pyo, whl = fetch_pyodide(cache_dir()), fetch_markupsafe(cache_dir())
+    except BuildError as e:
+        pytest.skip(f"pyodide / markupsafe not available: {e}")
+    def stage(name):
+        d = tmp_path_factory.mktemp(name)
+        (d / "pyodide").mkdir()
+        for f in PYODIDE_FILES:
+            shutil.copy2(pyo / f, d / "pyodide" / f)
+        (d / "wheels").mkdir()
+        shutil.copy2(whl, d / "wheels" / whl.name)
+        return d, f"wheels/{whl.name}"
+    return stage
+
+
+def test_precompiled_wheel_and_stdlib(pyodide_stage):
+    from build_wasm.build import precompile_bytecode
+    stage, whl = pyodide_stage("ok")
+    stdlib_before = set(zipfile.ZipFile(stage / "pyodide" / "python_stdlib.zip").namelist())
+    got = precompile_bytecode(stage, [whl], imports=("markupsafe", "json"))
+    tag = got["cache_tag"]
+    with zipfile.ZipFile(stage / whl) as z:
+        names = set(z.namelist())
+        pycs = sorted(n for n in names if n.endswith(".pyc"))
+        assert pycs == sorted(f"markupsafe/__pycache__/{n.split('/')[-1][:-3]}.{tag}.pyc"
+                              for n in names if n.endswith(".py")) and got["wheels"] == {whl: len(pycs)}
+        for n in pycs:      # PEP 552 unchecked-hash (flags 0b01; the e2e test checks the hash in the page)
+            assert int.from_bytes(z.read(n)[4:8], "little") == 1, n
+    test_browser_wheel_record_matches_its_files(stage / whl)
+    after = set(zipfile.ZipFile(stage / "pyodide" / "python_stdlib.zip").namelist())
+    assert stdlib_before < after and "json/__init__.pyc" in after and "json/decoder.pyc" in after
+    assert all(n.endswith(".pyc") and n[:-1] in stdlib_before for n in after - stdlib_before)
+    assert "difflib.pyc" not in after and len(after - stdlib_before) == got["stdlib_modules"]
+
+
+def test_precompile_reports_a_syntax_error(pyodide_stage):
+    from build_wasm.build import precompile_bytecode
+    stage, whl = pyodide_stage("bad")
+    with zipfile.ZipFile(stage / whl, "a") as z:
+        z.writestr("markupsafe/broken.py", "def f(:\n    pass\n")
+    with pytest.raises(BuildError, match=r"(?s)SyntaxError.*broken\.py|broken\.py.*SyntaxError"):
+        precompile_bytecode(stage, [whl], imports=("markupsafe",))
+

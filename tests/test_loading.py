@@ -117,6 +117,8 @@ def worker_api(tmp_path_factory):
     loaded = json.loads(run(browser_api.api_load(json.dumps({"maxContext": 96, "model": {"url": "x"}}),
                                                  lambda done, total, name: ticks.append(done))))
     assert loaded["ok"] and loaded["info"]["maxContext"] == 96 and ticks and ticks[-1] == opened["tensors"]
+    steps = loaded["info"]["loadStepsS"]       # load_browser's own timeline (node_bench --ready reports it)
+    assert set(steps) == {"tokenizer", "device", "engine", "check"} and min(steps.values()) >= 0 < steps["engine"]
     yield browser_api
     browser_api.api_dispose()
     mp.undo()

@@ -10,11 +10,13 @@
 // --autotune on|off|force, --profile-tokens N, --steps-per-submit N, --trace-calls (host time per WebGPU method), --quick; and --webgpu PATH (the `webgpu` package folder or its index.js;
 // default: resolved as "webgpu"), --dawn FLAG (repeatable: Dawn's create() flags, e.g.
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
-// the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --json FILE.
+// the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --snapshot on|off (the Python
+// runtime's snapshot, kept like a page's in $WEBDRIFT_CACHE/node_dawn/python_snapshot; default on), --json FILE.
 // --ready --model FILE.gguf: instead of the protocol, what a page's createEngine() waits for, timed
 // from this script's start (Pyodide, the wheels, the model read and its sha256 checked, weights
 // uploaded, kernels built with the stored choices) to "ready", then one short greedy generation and
-// the background tuning a first visit starts (its choices stored: run twice for a returning visitor).
+// the background tuning a first visit starts (its choices stored: run twice for a returning visitor);
+// --ready-tokens N: that generation's length (default 16; 0: none).
 // The report is the desktop's schema (webdrift/profile/benchmark.py), machine.route "node (Pyodide+Dawn)".
 // Needs: Node >= 18 and a bundle (python -m build_wasm --out bundle/); this file lies in the bundle.
 
@@ -119,6 +121,22 @@ self.webdriftChoiceStore = {
     return Object.keys(choices).length;
   },
 };
+// the Python runtime's snapshot (worker.js: a page keeps it in the Cache API), one file per bundle;
+// --snapshot off: never restored nor stored (every run boots Python afresh)
+const snapshotDir = path.join(cacheRoot, "node_dawn", "python_snapshot");
+self.webdriftSnapshotStore = args.snapshot === "off" ? { async load() { return null; }, async store() { return false; } } : {
+  async load(key) {
+    try { return new Uint8Array(fs.readFileSync(path.join(snapshotDir, key + ".bin"))); } catch { return null; }
+  },
+  async store(key, bytes) {
+    fs.mkdirSync(snapshotDir, { recursive: true });
+    for (const f of fs.readdirSync(snapshotDir)) fs.rmSync(path.join(snapshotDir, f), { force: true });
+    if (!bytes) return false;
+    fs.writeFileSync(path.join(snapshotDir, key + ".tmp"), bytes);
+    fs.renameSync(path.join(snapshotDir, key + ".tmp"), path.join(snapshotDir, key + ".bin"));
+    return true;
+  },
+};
 const waiting = new Map();
 const phases = {};            // progress phase -> [first, last] seconds since T0 (--ready's timeline)
 const timeline = [];          // [seconds since T0, phase, message] of each progress message with a message
@@ -158,18 +176,21 @@ if (args.ready) {
   const readyS = (performance.now() - T0) / 1000;
   const callsAtReady = args.traceCalls ? tracedCalls() : undefined;
   const t1 = performance.now();
-  const gen = await request({ type: "generate", prompt: "The capital of France is",
-    opts: { maxNewTokens: 16, temperature: 0 } });
+  const tokens = args.readyTokens === undefined ? 16 : Number(args.readyTokens);   // --ready-tokens 0: no generation
+  const gen = tokens > 0 ? await request({ type: "generate", prompt: "The capital of France is",
+    opts: { maxNewTokens: tokens, temperature: 0 } }) : { text: null, stats: null };
   const firstS = (performance.now() - t1) / 1000;
   const tuned = await request({ type: "tuned" });      // background tuning (a first visit): stored for the next
   const out = { route: "node (Pyodide+Dawn)", adapter: info.adapter, model: path.basename(file),
     ready_s: Math.round(readyS * 1000) / 1000, engine_load_s: info.totalLoadS, fetch_s: info.fetchS,
+    load_steps_s: info.loadStepsS,
     tuning_at_ready: info.tuning, phases_s: phases, timeline_s: timeline, traced_calls_at_ready: callsAtReady,
     first_generate_s: Math.round(firstS * 1000) / 1000,
     first_generate: { text: gen.text, stats: gen.stats }, background_tuning: tuned,
     command: "node node_bench.mjs " + process.argv.slice(2).join(" "), date: new Date().toISOString() };
   console.log(JSON.stringify(out, null, 1));
   if (args.json) fs.writeFileSync(args.json, JSON.stringify(out, null, 1));
+  await request({ type: "dispose" });   // the device destroyed before exiting (exiting under its work crashed Dawn)
   process.exit(0);
 }
 

@@ -362,6 +362,12 @@ export async function clearModelCache(url) {
   return (await c.delete(new URL(url, pageBase()).href)) ? 1 : 0;
 }
 
+/** Forget the Python runtime's snapshot (worker.js: the next start boots Python afresh and stores a new one). */
+export async function clearRuntimeCache() {
+  if (!globalThis.caches) return false;
+  return await caches.delete("webdrift-runtime-v1");
+}
+
 /** Forget the kernel choices this browser measured (all adapters). */
 export async function clearKernelChoices() {
   if (!globalThis.indexedDB) return false;
@@ -373,4 +379,4 @@ export async function clearKernelChoices() {
 }
 
 export default { createEngine, createRuntime, bench, downloadJSON, checkWebGPU, clearModelCache, clearKernelChoices,
-                 WebdriftError, Engine };
+                 clearRuntimeCache, WebdriftError, Engine };

@@ -86,25 +86,93 @@ function boot(id) {
   return booting;
 }
 
+// -- the Python runtime's snapshot: a returning visitor's Python starts from memory ------------------
+// The first start of a bundle in this browser boots Pyodide, imports webdrift.browser_api and keeps
+// a copy of the interpreter's memory (Pyodide's makeMemorySnapshot, about 30 MB) in the Cache API
+// (RUNTIME_CACHE, keyed by the bundle's fingerprint); later starts restore it instead of booting
+// and importing again. The files (stdlib zip, wheels) are not in it: they are installed as always.
+// Python's random module is reseeded after a restore (the snapshot froze its state; unseeded
+// sampling must differ between page loads); str hashing keeps the first start's seed.
+// Another host (node_bench.mjs) may provide its own store: self.webdriftSnapshotStore {load(key), store(key, bytes)}.
+const RUNTIME_CACHE = "webdrift-runtime-v1";
+
+function snapshotUrl(key) { return new URL(`webdrift-python-snapshot/${key}`, BASE).href; }
+
+async function loadSnapshot(key) {
+  try {
+    if (self.webdriftSnapshotStore) return await self.webdriftSnapshotStore.load(key);
+    if (!self.caches) return null;
+    const hit = await (await caches.open(RUNTIME_CACHE)).match(snapshotUrl(key));
+    return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
+  } catch (e) { console.warn("[webdrift] could not read the Python snapshot:", e); return null; }
+}
+
+async function storeSnapshot(key, bytes) {
+  try {
+    if (self.webdriftSnapshotStore) return await self.webdriftSnapshotStore.store(key, bytes);
+    if (!self.caches) return false;
+    const c = await caches.open(RUNTIME_CACHE);
+    for (const old of await c.keys()) await c.delete(old);          // one bundle's snapshot at a time
+    await c.put(snapshotUrl(key), new Response(bytes, { headers: { "content-type": "application/octet-stream" } }));
+    return true;
+  } catch (e) { console.warn("[webdrift] could not store the Python snapshot:", e); return false; }
+}
+
+async function dropSnapshot(key) {
+  try {
+    if (self.webdriftSnapshotStore) { await self.webdriftSnapshotStore.store(key, null); return; }
+    if (self.caches) await (await caches.open(RUNTIME_CACHE)).delete(snapshotUrl(key));
+  } catch { /* nothing to drop */ }
+}
+
 async function bootPython(id) {
   progress(id, "runtime", { message: "starting Python (Pyodide)" });
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes(new URL("manifest.json", BASE), "the bundle's manifest")));
   const index = new URL("pyodide/", BASE);
-  const pyodide = await loadPyodide({
+  const base = {
     indexURL: index.protocol === "file:" ? decodeURIComponent(index.pathname) : index.href,   // Node: a path
     stdout: (s) => console.log("[webdrift py]", s),
     stderr: (s) => console.warn("[webdrift py]", s),
-  });
+  };
+  const key = manifest.fingerprint ? `${manifest.pyodide}-${manifest.fingerprint}` : null;
+  let pyodide = null, restored = false;
+  const snap = key ? await loadSnapshot(key) : null;
+  if (snap) {
+    progress(id, "runtime", { message: "restoring Python from its snapshot" });
+    try {
+      pyodide = await loadPyodide({ ...base, _loadSnapshot: snap });
+      restored = true;
+    } catch (e) {
+      console.warn("[webdrift] the Python snapshot did not restore, starting afresh:", e);
+      await dropSnapshot(key);
+      pyodide = null;
+    }
+  }
+  if (!pyodide) pyodide = await loadPyodide({ ...base, _makeSnapshot: !!key });
   const site = pyodide.runPython("import site; site.getsitepackages()[0]");
   let n = 0;
   for (const w of manifest.wheels) {
     progress(id, "runtime", { message: `installing ${w.split("/").pop()}`, loaded: n++, total: manifest.wheels.length });
     pyodide.unpackArchive(await fetchBytes(new URL(w, BASE), "installing webdrift"), "wheel", { extractDir: site });
   }
-  pyodide.runPython("import importlib; importlib.invalidate_caches()");
+  if (restored) {
+    pyodide.runPython("import importlib, random; importlib.invalidate_caches(); random.seed()");
+  } else {
+    pyodide.runPython("import importlib; importlib.invalidate_caches(); import webdrift.browser_api");
+    if (key) {
+      let bytes = null;
+      try { bytes = pyodide.makeMemorySnapshot(); } catch (e) { console.warn("[webdrift] no Python snapshot:", e); }
+      if (bytes) storeSnapshot(key, bytes);         // in the background
+      // _makeSnapshot gave Python's `js` module a recording proxy of globalThis, whose getters run
+      // with the proxy as `this` (a browser's navigator getter refuses that: "Illegal invocation");
+      // from here on `js` is globalThis itself (the restored runtimes get it so too)
+      pyodide.registerJsModule("js", globalThis);
+      pyodide.runPython("import sys; sys.modules.pop('js', None)");
+    }
+  }
   api = pyodide.pyimport("webdrift.browser_api");
   py = pyodide;
-  progress(id, "runtime", { message: "Python is ready", done: true });
+  progress(id, "runtime", { message: restored ? "Python is ready (restored)" : "Python is ready", done: true });
 }
 
 // Call an api_* function of webdrift.browser_api; it answers JSON ({ok, ...} or {error}).

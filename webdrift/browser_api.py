@@ -214,9 +214,11 @@ async def api_load(opts_json, progress=None) -> dict:
     if _state.engine is not None:
         _state.engine.dev.destroy()
         _state.engine = None
-    _state.engine = await load_browser(src, options, progress=cb)
+    steps: dict = {}
+    _state.engine = await load_browser(src, options, progress=cb, timings=steps)
     info = engine_info(_state.engine)
     info["tuning"]["imported"] = imported
+    info["loadStepsS"] = steps
     return {"info": info}
 
 

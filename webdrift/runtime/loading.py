@@ -21,6 +21,7 @@ desktop's); import webdrift.tools.
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidArgumentError, TokenizerError, shown
@@ -118,16 +119,25 @@ def load_desktop(model, options: EngineOptions | None = None, *, device=None, au
 
 
 async def load_browser(model, options: EngineOptions | None = None, *, name: str | None = None, device=None,
-                       progress=None) -> Engine:
+                       progress=None, timings: dict | None = None) -> Engine:
     """The browser path (webdrift.browser_api): the model (a GGUF file's bytes, or a source
     already opened with open_source) and its tokenizer, then the page's WebGPU device (unless
-    given), then the Engine; GPU validation errors raised during the upload surface here."""
+    given), then the Engine; GPU validation errors raised during the upload surface here.
+    timings: a dict given here gets the seconds of each step ("tokenizer", "device", "engine":
+    weights uploaded and converted, programs planned; "check": the device's errors awaited)."""
+    t = [time.perf_counter()]
     options = _options(options)
     source = open_source(model, name=name)
     tokenizer = make_tokenizer(source)
+    t.append(time.perf_counter())
     if device is None:
         from ..gpu.browser import create_browser_device
         device = await create_browser_device()
+    t.append(time.perf_counter())
     eng = assemble(source, options, device, tokenizer=tokenizer, progress=progress)
+    t.append(time.perf_counter())
     await device.check_errors()
+    t.append(time.perf_counter())
+    if timings is not None:
+        timings.update({k: t[i + 1] - t[i] for i, k in enumerate(("tokenizer", "device", "engine", "check"))})
     return eng
