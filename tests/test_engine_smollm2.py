@@ -200,7 +200,7 @@ def test_several_steps_per_submit_early_close(engine_steps5, smollm2_gguf_path):
     s = engine_steps5.stream(PROMPTS[0], max_new_tokens=30, temperature=0.0, stop_at_eos=False)
     [next(s) for _ in range(3)]
     s.close()
-    kw = dict(max_new_tokens=13, temperature=0.8, top_k=40, seed=11, stop_at_eos=False)
+    kw = {"max_new_tokens": 13, "temperature": 0.8, "top_k": 40, "seed": 11, "stop_at_eos": False}
     a = engine_steps5.generate(PROMPTS[0], **kw)
     one = webdrift.load(str(smollm2_gguf_path), max_context=256, steps_per_submit=1)
     b = one.generate(PROMPTS[0], **kw)

@@ -12,6 +12,8 @@
 // enable-dawn-features=allow_unsafe_apis), --choices FILE (kernel choices kept between runs, like
 // the browser's IndexedDB; default $WEBDRIFT_CACHE/autotune/node_dawn_choices.json), --snapshot on|off (the Python
 // runtime's snapshot, kept like a page's in $WEBDRIFT_CACHE/node_dawn/python_snapshot; default on), --json FILE.
+// --python FILE: run FILE in the worker's Pyodide (navigator.gpu from Dawn), then `await main()`, and print
+// its value (kernel checks on adapters only Dawn offers, e.g. scripts/dawn_mma_check.py: matrix units).
 // --ready --model FILE.gguf: instead of the protocol, what a page's createEngine() waits for, timed
 // from this script's start (Pyodide, the wheels, the model read and its sha256 checked, weights
 // uploaded, kernels built with the stored choices) to "ready", then one short greedy generation and
@@ -167,6 +169,18 @@ function request(msg) {                    // a message to worker.js, answered b
   });
 }
 await import(pathToFileURL(path.join(HERE, "worker.js")).href);
+
+// -- --python FILE: a Python file run in the worker's Pyodide (webdrift importable, navigator.gpu from
+// Dawn), then its `async def main()` awaited and the value printed (and written to --json)
+if (args.python) {
+  await request({ type: "init", opts: {} });
+  await request({ type: "python", code: fs.readFileSync(args.python, "utf8") });
+  const value = await request({ type: "python", code: "await main()" });
+  console.log(typeof value === "string" ? value : JSON.stringify(value));
+  if (args.json) fs.writeFileSync(args.json, typeof value === "string" ? value : JSON.stringify(value));
+  await request({ type: "dispose" });
+  process.exit(0);
+}
 
 // -- --ready: createEngine() as a page calls it, timed from this script's start ---------------------
 if (args.ready) {

@@ -90,6 +90,9 @@ class DeviceInfo:
     limits: dict = field(default_factory=dict)
     is_cpu: bool = False          # a software adapter (lavapipe, SwiftShader): prefers barrier-free kernels
     wgsl_features: set = field(default_factory=set)   # WGSL language extensions the compiler accepts
+    # matrix units (Dawn's chromium-experimental-subgroup-matrix): (component, result, M, N, K) each
+    matrix_configs: tuple = ()
+    subgroup_sizes: tuple = ()     # (min, max) subgroup size where the adapter says
 
 
 class Device:
@@ -120,6 +123,14 @@ class Device:
     def has_dp4a(self) -> bool:
         """WGSL's packed 4x8 integer dot products (dot4I8Packed, pack4xI8)."""
         return "packed_4x8_integer_dot_product" in self.info.wgsl_features
+
+    @property
+    def has_mma_f16(self) -> bool:
+        """Subgroup matrices of f16 with f32 results at 16 x 16 x 16 (the tensor cores through
+        Dawn's chromium-experimental-subgroup-matrix), with subgroups of 32 (the matrix-unit GEMM's
+        mapping of subgroups to tiles assumes it)."""
+        return ("chromium-experimental-subgroup-matrix" in self.info.features and self.has_f16
+                and ("f16", "f32", 16, 16, 16) in self.info.matrix_configs and self.info.subgroup_sizes == (32, 32))
 
     @property
     def has_timestamps(self) -> bool:

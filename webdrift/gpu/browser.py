@@ -47,7 +47,8 @@ from .base import (
 )
 
 _BIND = {READ: "read-only-storage", RW: "storage", UNI: "uniform"}
-_WANTED_FEATURES = ("shader-f16", "subgroups", "timestamp-query")
+_WANTED_FEATURES = ("shader-f16", "subgroups", "timestamp-query",
+                    "chromium-experimental-subgroup-matrix")   # Dawn's matrix units (allow_unsafe_apis)
 # Adapter limits requested at device creation (WebGPU's defaults, e.g. 128 MiB per storage
 # binding and 256 MiB per buffer, are far below what GPUs offer); camelCase as in JS.
 _LIMITS = ("maxStorageBufferBindingSize", "maxBufferSize", "maxComputeWorkgroupStorageSize",
@@ -114,6 +115,13 @@ _JS_HELPERS = r"""
             !!(i.isFallbackAdapter || adapter.isFallbackAdapter)];
   },
   features(obj) { return Array.from(obj.features); },
+  // the matrix units' configurations [component, result, M, N, K] and [min, max] subgroup size
+  matrixInfo(adapter) {
+    const i = adapter.info || {};
+    const cfgs = Array.from(i.subgroupMatrixConfigs || i.subgroupMatrixConfigurations || []);
+    return [cfgs.map((c) => [String(c.componentType), String(c.resultComponentType), c.M, c.N, c.K]),
+            [i.subgroupMinSize || 0, i.subgroupMaxSize || 0]];
+  },
   wgslFeatures() { return navigator.gpu.wgslLanguageFeatures ? Array.from(navigator.gpu.wgslLanguageFeatures) : []; },
   limit(obj, name) { const v = obj.limits[name]; return v === undefined ? -1 : v; },
 })
@@ -397,9 +405,12 @@ async def create_browser_device(power_preference: str = "high-performance") -> B
         v = h.limit(device, k)
         if v >= 0:
             dev_limits[_kebab(k)] = int(v)
+    configs, sizes = h.matrixInfo(adapter).to_py()
     info = DeviceInfo(adapter=name, backend="WebGPU (browser)", vendor=vendor,
                       features=set(h.features(device).to_py()), limits=dev_limits, is_cpu=software,
-                      wgsl_features=set(h.wgslFeatures().to_py()))
+                      wgsl_features=set(h.wgslFeatures().to_py()),
+                      matrix_configs=tuple((str(c[0]), str(c[1]), int(c[2]), int(c[3]), int(c[4])) for c in configs),
+                      subgroup_sizes=tuple(int(x) for x in sizes) if all(sizes) else ())
     dev = BrowserDevice(adapter, device, info)
     dev.architecture = arch
     dev.adapter_info = {"vendor": vendor, "architecture": arch, "device": dev_name, "description": desc,

@@ -76,6 +76,14 @@ GEMM_CANDIDATES = (
 )
 # f16 weights: the same tiles with f16 weight tiles in workgroup memory (shader-f16), tried first
 GEMM_F16_CANDIDATES = tuple(GemmVariant(**{**asdict(c), "f16_tiles": True}) for c in GEMM_CANDIDATES[:4])
+# matrix units (Device.has_mma_f16): a workgroup of one subgroup, tm x tn 16 x 16 results
+GEMM_MMA_CANDIDATES = (
+    GemmVariant(mma=True, bm=32, bn=32, tm=2, tn=2, kstep=8),
+    GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8),
+    GemmVariant(mma=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
+    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=4),
+    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=8),
+)
 GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=2, double=True),
@@ -799,7 +807,7 @@ def gemm_candidates(dev: Device, w, w2=None, int8: bool = False) -> list[GemmVar
         cands = GEMM_I8_CANDIDATES
     else:
         f16 = w.fmt == "f16" and (w2 is None or w2.fmt == "f16")
-        cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES
+        cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES + GEMM_MMA_CANDIDATES
     return [c for c in cands if c.fits(dev, w2 is not None)]
 
 

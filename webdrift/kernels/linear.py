@@ -25,7 +25,7 @@ from ..tensor import TensorDesc
 from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
-from .linear_gemm import GemmVariant, float_defines, int8_defines
+from .linear_gemm import GemmVariant, float_defines, int8_defines, mma_defines
 from .lora import LoraOut
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
@@ -165,9 +165,12 @@ class LinearKernel(Kernel):
             for u in (w, w2):
                 if u is not None:
                     gemm.check_weight(u.fmt)
-            v = "gemm_i8" if gemm.int8 else "gemm"
+            v = "gemm_i8" if gemm.int8 else "gemm_mma" if gemm.mma else "gemm"
             if qout is not None:
                 raise ValueError("the prefill GEMM has no quantizing epilogue")
+            if gemm.mma and not dev.has_mma_f16:
+                raise UnsupportedModelError("the matrix-unit GEMM needs chromium-experimental-subgroup-matrix with f16 "
+                                            "16 x 16 x 16 (f32 results), shader-f16 and subgroups of 32")
             if not gemm.fits(dev, w2 is not None, pre_norm is not None):
                 raise UnsupportedModelError(f"GEMM tile {gemm} needs more invocations or workgroup memory "
                                             f"({gemm.workgroup_bytes(w2 is not None, pre_norm is not None)} bytes) "
@@ -265,6 +268,8 @@ class LinearKernel(Kernel):
                                      x_partials=pre_norm.x_partials if pre_norm else None)
             d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
             d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")
+        elif gemm is not None and gemm.mma:
+            d.update(mma_defines(gemm, w2 is not None, pre_norm is not None))
         elif gemm is not None:
             d.update(float_defines(gemm, w2 is not None, pre_norm is not None))
         super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}"

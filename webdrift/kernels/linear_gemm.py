@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
 WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
+MMA_SUBGROUP = 32               # the matrix-unit GEMM's subgroup size (Device.has_mma_f16 checks it)
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,13 @@ class GemmVariant:
     kstep: int = 4            # per K step: float: 4-input slices; int8: 32-blocks
     double: bool = False      # double-buffered tiles, one barrier per K step
     f16_tiles: bool = False   # float: weight tiles as f16 in workgroup memory (needs shader-f16)
+    mma: bool = False         # matrix units (linear_gemm_mma.wgsl): one subgroup, tm x tn 16 x 16 results
 
     @property
     def wg(self) -> int:
-        """Invocations per workgroup."""
+        """Invocations per workgroup (mma: one subgroup)."""
+        if self.mma:
+            return MMA_SUBGROUP
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     def check(self) -> None:
@@ -49,6 +53,10 @@ class GemmVariant:
                              f"not {self.tm} x {self.tn}")
         if self.int8 and self.f16_tiles:
             raise ValueError("f16 tiles are a float-GEMM option")
+        if self.mma and (self.int8 or self.f16_tiles or self.double or self.bm != 16 * self.tm
+                         or self.bn != 16 * self.tn):
+            raise ValueError(f"a matrix-unit GEMM tile is float, single-buffered, tm x tn results of 16 x 16; "
+                             f"not {self}")
 
     def check_weight(self, fmt: str) -> None:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
@@ -58,6 +66,9 @@ class GemmVariant:
         """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
+        if self.mma:   # f16 tiles of 4 kstep inputs, the f32 results of the tile (each of w, w2)
+            per = 8 * self.kstep * (self.bm + nw * self.bn) + 4 * nw * self.bm * self.bn
+            return per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
             per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
             return nbuf * per + (4 * self.bm if pre_norm else 0)
@@ -71,7 +82,7 @@ class GemmVariant:
         return (self.wg <= int(lim.get("max-compute-invocations-per-workgroup", WG_LIMIT_DEFAULT))
                 and self.workgroup_bytes(dual, pre_norm) <= int(lim.get("max-compute-workgroup-storage-size",
                                                                         WGMEM_LIMIT_DEFAULT))
-                and (not self.f16_tiles or dev.has_f16))
+                and (not self.f16_tiles or dev.has_f16) and (not self.mma or dev.has_mma_f16))
 
 
 def _slots(n_items: int, wg: int) -> int:
@@ -192,3 +203,38 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
             "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4, "Q4K": fmt == "q4k", "Q6K": q6,
             **_bases(("xb", "wb", "xb2", "wb2"), ("2u * KS * BM", "2u * KS * BN", "KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
+
+
+def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
+    """Defines of wgsl/linear_gemm_mma.wgsl: the workgroup's one subgroup computes v.tm x v.tn
+    16 x 16 results (accumulators acc{i}_{j}, and acd{i}_{j} for w2), each 16-input slice of the
+    step a left load per row block, a right load per column block and a multiply-accumulate per
+    pair (1/rms is applied to x before its tile, so the store applies nothing)."""
+    v.check()
+    pairs = [(i, j) for i in range(v.tm) for j in range(v.tn)]
+    decl = [f"  var acc{i}_{j} = Acc();" for i, j in pairs] + ([f"  var acd{i}_{j} = Acc();" for i, j in pairs]
+                                                               if dual else [])
+    body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, {16 * i}u * KT + kk, false, KT);"
+            for i in range(v.tm)]
+    for arr, name, acc in (("ws", "b", "acc"), ("ws2", "e", "acd")) if dual else (("ws", "b", "acc"),):
+        body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, {16 * j}u * KT + kk, true, KT);"
+                 for j in range(v.tn)]
+        body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
+                 for i, j in pairs]
+    store = [f"  subgroupMatrixStore(&ys, {base}{16 * i}u * BN + {16 * j}u, {acc}{i}_{j}, false, BN);"
+             for base, acc in (("", "acc"), ("BM * BN + ", "acd"))[:2 if dual else 1] for i, j in pairs]
+    store += ["  workgroupBarrier();",
+              "  for (var e = lid; e < BM * BN; e += WG) {",
+              "    let t = e / BN;",
+              "    let o = e % BN;",
+              "    if (t0 + t < T && o0 + o < w_O) {",
+              "      let g = ys[e];",
+              f"      let u = {'ys[BM * BN + e]' if dual else 'g'};",
+              "      epilogue(t0 + t, o0 + o, g, u);",
+              "    }",
+              "  }"]
+    rp = max(1, v.wg // v.bm)
+    return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg,
+            "XS_N": 4 * v.kstep * v.bm, "WS_N": 4 * v.kstep * v.bn, "YS_N": (2 if dual else 1) * v.bm * v.bn,
+            "ACC_DECL": "\n".join(decl), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
+            "RP": rp, "RS": v.wg // rp}

@@ -1,0 +1,95 @@
+"""The matrix-unit prefill GEMM (wgsl/linear_gemm_mma.wgsl, GemmVariant(mma=True)): offered only
+where the adapter has Dawn's subgroup matrices in f16 (f32 results) at 16 x 16 x 16 with subgroups
+of 32, and its WGSL as specialised. No adapter here runs it (lavapipe and SwiftShader have no matrix
+units); its numbers against the SIMT GEMM come from the H100 through Dawn (docs/BENCHMARKS.md,
+session 12: largest difference 1.6-3.5e-4 of the largest output over 1B layers, f16 and q4,
+with and without the fused norm)."""
+
+import re
+
+import pytest
+
+from webdrift.errors import UnsupportedModelError
+from webdrift.gpu.base import Device, DeviceInfo, Pipeline
+from webdrift.kernels.autotune import GEMM_MMA_CANDIDATES, gemm_candidates, static_gemm
+from webdrift.kernels.linear import LinearKernel
+from webdrift.kernels.linear_gemm import GemmVariant
+from webdrift.kernels.norm import PreNorm
+from webdrift.kernels.weights import GPUWeight
+from webdrift.tensor import TensorDesc
+from webdrift.tensor.weight_layout import WeightLayout
+
+MMA = ("f16", "f32", 16, 16, 16)
+
+
+class SourceDevice(Device):
+    """Builds kernels without a GPU: keeps each pipeline's WGSL."""
+    wgsl_subgroup_enable = True
+
+    def __init__(self, features=("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix"),
+                 configs=(MMA,), sizes=(32, 32)):
+        self.info = DeviceInfo(adapter="fake", backend="WebGPU (browser)", vendor="nvidia", features=set(features),
+                               limits={"max-compute-workgroup-storage-size": 49152,
+                                       "max-compute-invocations-per-workgroup": 1024},
+                               matrix_configs=tuple(configs), subgroup_sizes=tuple(sizes))
+        self.sources = {}
+
+    def create_pipeline(self, wgsl, bindings, entry="main", label=""):
+        self.sources[label] = wgsl
+        return Pipeline(None, None, tuple(bindings), label)
+
+
+def weight(fmt, o, i):
+    return GPUWeight("w", fmt, o, i, layout=WeightLayout.named("OI", o, i) if fmt == "f16" else None)
+
+
+@pytest.mark.parametrize("dev,offered", [
+    (SourceDevice(), True),
+    (SourceDevice(configs=(("f16", "f16", 16, 16, 16), ("i8", "i32", 16, 16, 32))), False),   # no f32 results
+    (SourceDevice(sizes=(16, 64)), False),                       # subgroups not always 32 wide
+    (SourceDevice(features=("shader-f16", "subgroups")), False),   # no matrix feature
+    (SourceDevice(features=("subgroups", "chromium-experimental-subgroup-matrix")), False),   # no shader-f16
+])
+def test_offered_only_with_f16_matrix_units(dev, offered):
+    assert dev.has_mma_f16 is offered
+    w = weight("q4", 2048, 2048)
+    got = [c for c in gemm_candidates(dev, w) if c.mma]
+    assert got == (list(GEMM_MMA_CANDIDATES) if offered else [])
+    assert not static_gemm(dev, w).mma        # never the unmeasured default
+    if not offered:
+        with pytest.raises(UnsupportedModelError, match="subgroup-matrix"):
+            LinearKernel(dev, "prefill", TensorDesc("x", 2048, 64), TensorDesc("y", 2048, 64), w,
+                         variant=GEMM_MMA_CANDIDATES[0])
+
+
+def test_tile_shapes_are_checked():
+    for bad in ({"bm": 64, "bn": 32, "tm": 2, "tn": 2}, {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "double": True},
+                {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "int8": True}, {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "f16_tiles": True}):
+        with pytest.raises(ValueError):
+            GemmVariant(mma=True, kstep=8, **bad).check()
+    v = GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8)
+    assert v.wg == 32
+    # f16 tiles of 32 inputs for 64 rows and 2 x 32 outputs, two 64 x 32 f32 result tiles, the norm's scratch
+    assert v.workgroup_bytes(dual=True) == 2 * 32 * (64 + 2 * 32) + 2 * 4 * 64 * 32 + 4 * 64 + 4 * 32
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q4", "q8"])
+@pytest.mark.parametrize("dual", [False, True])
+def test_specialised_wgsl(fmt, dual):
+    dev = SourceDevice()
+    v = GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8)
+    w = weight(fmt, 256, 128)
+    k = LinearKernel(dev, "prefill", TensorDesc("x", 128, 70), TensorDesc("y", 256, 70), w,
+                     weight(fmt, 256, 128) if dual else None, variant=v, pre_norm=PreNorm(1e-5))
+    src = dev.sources[k.label]
+    assert "{{" not in src and "#if" not in src
+    assert src.startswith("enable f16;") and "enable chromium_experimental_subgroup_matrix;" in src
+    assert "@workgroup_size(32)" in src
+    nacc = 4 * 2 * (2 if dual else 1)
+    assert len(re.findall(r"subgroupMatrixMultiplyAccumulate\(", src)) == nacc
+    assert len(re.findall(r"subgroupMatrixStore\(", src)) == nacc
+    # every matrix offset is uniform (one subgroup a workgroup): constants, KT, BN and the loop's kk only
+    for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
+        assert re.fullmatch(r"[0-9u* +BMNKTk]+", call), call
+    # the fused norm: 1/rms and its weight applied before x's f16 tile, nothing at the store
+    assert "norm_w4(k0 + s) * xinv[t]" in src and "xinv[t]" not in src.split("workgroupBarrier();")[-1]
