@@ -32,10 +32,7 @@ var<workgroup> ws: array<{{WT}}, {{WS_N}}>;
 var<workgroup> ws2: array<{{WT}}, {{WS_N}}>;
 #endif
 #if PRE_NORM
-var<workgroup> xinv: array<f32, {{BM}}>;
-var<workgroup> nss: array<f32, {{WG}}>;
-const RP: u32 = {{RP}}u;   // invocations per row in the 1/rms prologue
-const RS: u32 = {{RS}}u;   // rows per pass
+#include linear_gemm_rms
 #endif
 
 // x slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads)
@@ -90,21 +87,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let ty = lid / NTX;
   let tx = lid % NTX;
 #if PRE_NORM
-  for (var r0 = 0u; r0 < BM; r0 += RS) {
-    let r = r0 + lid / RP;
-    var ss = 0.0;
-    if (t0 + r < T) {
-      for (var s = lid % RP; s < x_S; s += RP) { let v = x_read(0u, t0 + r, 0u, s); ss += dot(v, v); }
-    }
-    nss[lid] = ss;
-    workgroupBarrier();
-    if (lid % RP == 0u) {
-      var tot = 0.0;
-      for (var k = 0u; k < RP; k++) { tot += nss[lid + k]; }
-      xinv[r] = inverseSqrt(tot / f32(x_C) + EPS);
-    }
-    workgroupBarrier();
-  }
+  tile_inv_rms(lid, t0, T);
 #endif
 {{ACC_DECL}}
 #include linear_gemm_loop
