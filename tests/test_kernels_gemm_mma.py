@@ -69,8 +69,8 @@ def test_tile_shapes_are_checked():
             GemmVariant(mma=True, kstep=8, **bad).check()
     v = GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8)
     assert v.wg == 32
-    # f16 tiles of 32 inputs for 64 rows and 2 x 32 outputs, two 64 x 32 f32 result tiles, the norm's scratch
-    assert v.workgroup_bytes(dual=True) == 2 * 32 * (64 + 2 * 32) + 2 * 4 * 64 * 32 + 4 * 64 + 4 * 32
+    # f16 tiles of 32 inputs for 64 rows and 2 x 32 outputs, two f32 16 x 16 results, the norm's scratch
+    assert v.workgroup_bytes(dual=True) == 2 * 32 * (64 + 2 * 32) + 2 * 4 * 256 + 4 * 64 + 4 * 32
 
 
 @pytest.mark.parametrize("fmt", ["f16", "q4", "q8"])
@@ -88,6 +88,7 @@ def test_specialised_wgsl(fmt, dual):
     nacc = 4 * 2 * (2 if dual else 1)
     assert len(re.findall(r"subgroupMatrixMultiplyAccumulate\(", src)) == nacc
     assert len(re.findall(r"subgroupMatrixStore\(", src)) == nacc
+    assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1))
     # every matrix offset is uniform (one subgroup a workgroup): constants, KT, BN and the loop's kk only
     for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
         assert re.fullmatch(r"[0-9u* +BMNKTk]+", call), call

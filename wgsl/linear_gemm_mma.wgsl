@@ -11,7 +11,8 @@
 //   xs[t * KT + k] = x[t0 + t, k0 + k]            ws[o * KT + k] = W[o0 + o, k0 + k]
 // (zero past T, O and the row), then per 16 inputs each subgroup multiplies left (16 tokens x 16,
 // row-major) by right (16 x 16 outputs: W's rows, read column-major) into f32 results.
-// The results go through workgroup memory (ys, f32) to linear_common's epilogue(). f16 holds
+// The results go one 16 x 16 matrix at a time through workgroup memory (ys, f32) to
+// linear_common's epilogue(). f16 holds
 // the activations to ~3 significant digits (an H100 check against the SIMT GEMM: largest error
 // 2-4e-4 of the largest output); the tuner takes this kernel only where it measures faster
 // (kernels/autotune.py).

@@ -78,11 +78,11 @@ GEMM_CANDIDATES = (
 GEMM_F16_CANDIDATES = tuple(GemmVariant(**{**asdict(c), "f16_tiles": True}) for c in GEMM_CANDIDATES[:4])
 # matrix units (Device.has_mma_f16): a workgroup of one subgroup, tm x tn 16 x 16 results
 GEMM_MMA_CANDIDATES = (
-    GemmVariant(mma=True, bm=32, bn=32, tm=2, tn=2, kstep=8),
-    GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8),
-    GemmVariant(mma=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
     GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=4),
     GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=8),
+    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=16),
+    GemmVariant(mma=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
+    GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8),
 )
 GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),

@@ -66,8 +66,8 @@ class GemmVariant:
         """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
-        if self.mma:   # f16 tiles of 4 kstep inputs, the f32 results of the tile (each of w, w2)
-            per = 8 * self.kstep * (self.bm + nw * self.bn) + 4 * nw * self.bm * self.bn
+        if self.mma:   # f16 tiles of 4 kstep inputs, one f32 16 x 16 result (each of w, w2)
+            per = 8 * self.kstep * (self.bm + nw * self.bn) + 4 * nw * 256
             return per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
             per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
@@ -221,20 +221,19 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
                  for j in range(v.tn)]
         body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
                  for i, j in pairs]
-    store = [f"  subgroupMatrixStore(&ys, {base}{16 * i}u * BN + {16 * j}u, {acc}{i}_{j}, false, BN);"
-             for base, acc in (("", "acc"), ("BM * BN + ", "acd"))[:2 if dual else 1] for i, j in pairs]
-    store += ["  workgroupBarrier();",
-              "  for (var e = lid; e < BM * BN; e += WG) {",
-              "    let t = e / BN;",
-              "    let o = e % BN;",
-              "    if (t0 + t < T && o0 + o < w_O) {",
-              "      let g = ys[e];",
-              f"      let u = {'ys[BM * BN + e]' if dual else 'g'};",
-              "      epilogue(t0 + t, o0 + o, g, u);",
-              "    }",
-              "  }"]
+    store = []
+    for i, j in pairs:    # one 16 x 16 result at a time through ys (small: more workgroups fit an SM)
+        store += [f"  subgroupMatrixStore(&ys, 0u, acc{i}_{j}, false, 16u);"]
+        store += [f"  subgroupMatrixStore(&ys, 256u, acd{i}_{j}, false, 16u);"] if dual else []
+        store += ["  workgroupBarrier();",
+                  "  for (var e = lid; e < 256u; e += WG) {",
+                  f"    let t = t0 + {16 * i}u + e / 16u;",
+                  f"    let o = o0 + {16 * j}u + e % 16u;",
+                  f"    if (t < T && o < w_O) {{ epilogue(t, o, ys[e], {'ys[256u + e]' if dual else 'ys[e]'}); }}",
+                  "  }",
+                  "  workgroupBarrier();"]
     rp = max(1, v.wg // v.bm)
     return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg,
-            "XS_N": 4 * v.kstep * v.bm, "WS_N": 4 * v.kstep * v.bn, "YS_N": (2 if dual else 1) * v.bm * v.bn,
+            "XS_N": 4 * v.kstep * v.bm, "WS_N": 4 * v.kstep * v.bn, "YS_N": (2 if dual else 1) * 256,
             "ACC_DECL": "\n".join(decl), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
             "RP": rp, "RS": v.wg // rp}
