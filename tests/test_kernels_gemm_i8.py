@@ -241,6 +241,7 @@ class _Dev:
         self.info = _Info(is_cpu, {"max-compute-workgroup-storage-size": wgmem,
                                    "max-compute-invocations-per-workgroup": 256})
         self.has_f16 = f16
+        self.has_mma_f16 = False     # no matrix units (tests/test_kernels_gemm_mma.py has them)
 
 
 def test_static_gemm_rule():

@@ -120,8 +120,11 @@ def test_installed_serve_builds_and_serves_its_bundle(venv):
     _stand_in_downloads(Path(venv["env"]["WEBDRIFT_CACHE"]))
     model = venv["tmp"] / "tiny model.gguf"
     model.write_bytes(b"GGUF" + bytes(200))
+    # no Node.js on PATH: the stand-in Pyodide cannot precompile the bundle's Python, and without
+    # node the build skips that step (build_wasm.precompile_bytecode)
+    env = dict(venv["env"], PATH=str(Path(venv["python"]).parent))
     p = subprocess.Popen([str(venv["python"]), "-m", "webdrift", "serve", "--port", "0", "--model", str(model)],
-                         cwd=venv["cwd"], env=venv["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=venv["cwd"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = p.stdout.readline()          # "webdrift: open http://127.0.0.1:PORT/ ..." once listening
         m = re.search(r"http://127\.0\.0\.1:(\d+)/", line)

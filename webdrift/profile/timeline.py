@@ -197,10 +197,10 @@ def _host_summary(prof: Profiler) -> dict:
     for a, b in pairwise(reads):
         if b.t0 < a.t1 or any(a.t1 <= t < b.t1 for t in starts):
             continue
-        n = b.args.get("tokens", 1)      # a read brings the tokens of every step of its submit
-        step = (b.t1 - a.t1) / n
-        steps.append(step / 1e6)
-        overhead.append((step - b.dur_ns / n) / 1e3)
+        n = b.args.get("tokens", 1)      # a read brings the tokens of every step of its submit:
+        step = (b.t1 - a.t1) / n         # each of its steps counts once, at the submit's mean
+        steps += [step / 1e6] * n
+        overhead += [(step - b.dur_ns / n) / 1e3] * n
     out["decode_step_ms"] = _rstats(steps, 6)
     out["host_overhead_us_per_step"] = _rstats(overhead, 3)
     if steps:
