@@ -54,7 +54,10 @@ def test_offered_only_with_f16_matrix_units(dev, offered):
     assert dev.has_mma_f16 is offered
     w = weight("q4", 2048, 2048)
     got = [c for c in gemm_candidates(dev, w) if c.mma]
-    assert got == (list(GEMM_MMA_CANDIDATES) if offered else [])
+    assert got == ([c for c in GEMM_MMA_CANDIDATES if not c.direct] if offered else [])
+    # row-major f16 weights: also the tiles that load W straight from its buffer
+    f16 = [c for c in gemm_candidates(dev, weight("f16", 2048, 2048)) if c.mma]
+    assert f16 == (list(GEMM_MMA_CANDIDATES) if offered else []) and any(c.direct for c in GEMM_MMA_CANDIDATES)
     assert not static_gemm(dev, w).mma        # never the unmeasured default
     if not offered:
         with pytest.raises(UnsupportedModelError, match="subgroup-matrix"):
@@ -73,11 +76,24 @@ def test_tile_shapes_are_checked():
     assert v.workgroup_bytes(dual=True) == 2 * 32 * (64 + 2 * 32) + 2 * 4 * 256 + 4 * 64 + 4 * 32
 
 
-@pytest.mark.parametrize("fmt", ["f16", "q4", "q8"])
+def test_direct_loads_need_row_major_f16_rows_of_whole_steps():
+    dev, y = SourceDevice(), TensorDesc("y", 64, 16)
+    v = GemmVariant(mma=True, direct=True, bm=32, bn=64, tm=2, tn=4, kstep=8)
+    for w in (weight("q8", 64, 128), weight("f16", 64, 136),      # not f16; rows not a multiple of 32
+              GPUWeight("w", "f16", 64, 128, layout=WeightLayout.named("OI4O4", 64, 128))):
+        with pytest.raises(UnsupportedModelError, match="direct weight loads"):
+            LinearKernel(dev, "prefill", TensorDesc("x", w.i, 16), y, w, variant=v)
+    with pytest.raises(ValueError):
+        GemmVariant(direct=True).check()
+    k = LinearKernel(dev, "prefill", TensorDesc("x", 128, 16), y, weight("f16", 64, 128), variant=v)
+    assert k.binding_names[-1] == "wh" and "var<workgroup> ws" not in dev.sources[k.label]
+
+
+@pytest.mark.parametrize("fmt,direct", [("f16", False), ("q4", False), ("q8", False), ("f16", True)])
 @pytest.mark.parametrize("dual", [False, True])
-def test_specialised_wgsl(fmt, dual):
+def test_specialised_wgsl(fmt, direct, dual):
     dev = SourceDevice()
-    v = GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8)
+    v = GemmVariant(mma=True, direct=direct, bm=64, bn=32, tm=4, tn=2, kstep=8)
     w = weight(fmt, 256, 128)
     k = LinearKernel(dev, "prefill", TensorDesc("x", 128, 70), TensorDesc("y", 256, 70), w,
                      weight(fmt, 256, 128) if dual else None, variant=v, pre_norm=PreNorm(1e-5))
@@ -91,6 +107,6 @@ def test_specialised_wgsl(fmt, dual):
     assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1))
     # every matrix offset is uniform (one subgroup a workgroup): constants, KT, BN and the loop's kk only
     for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
-        assert re.fullmatch(r"[0-9u* +BMNKTk]+", call), call
+        assert re.fullmatch(r"[0-9u* +()BMNKTWIko]+", call), call
     # the fused norm: 1/rms and its weight applied before x's f16 tile, nothing at the store
     assert "norm_w4(k0 + s) * xinv[t]" in src and "xinv[t]" not in src.split("workgroupBarrier();")[-1]

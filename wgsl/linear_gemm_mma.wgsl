@@ -34,9 +34,16 @@ alias Left = subgroup_matrix_left<f16, 16, 16>;
 alias Right = subgroup_matrix_right<f16, 16, 16>;
 alias Acc = subgroup_matrix_result<f32, 16, 16>;
 var<workgroup> xs: array<f16, {{XS_N}}>;
+#if DIRECT_W
+// W (and W2) as f16 rows of WI inputs: the right matrices load from here, no W tile
+{{WH_DECL}}
+{{WH2_DECL}}
+const WI: u32 = {{WI}}u;
+#else
 var<workgroup> ws: array<f16, {{WS_N}}>;
 #if DUAL
 var<workgroup> ws2: array<f16, {{WS_N}}>;
+#endif
 #endif
 var<workgroup> ys: array<f32, {{YS_N}}>;
 #if PRE_NORM
@@ -60,6 +67,7 @@ fn load_x(idx: u32, t0: u32, k0: u32, T: u32) {
   xs[i] = h.x; xs[i + 1u] = h.y; xs[i + 2u] = h.z; xs[i + 3u] = h.w;
 }
 
+#if !DIRECT_W
 fn load_w(idx: u32, o0: u32, k0: u32) {
   if (idx >= BN * KS) { return; }
   let o = idx / KS;
@@ -82,6 +90,7 @@ fn load_w(idx: u32, o0: u32, k0: u32) {
   ws2[i] = hu.x; ws2[i + 1u] = hu.y; ws2[i + 2u] = hu.z; ws2[i + 3u] = hu.w;
 #endif
 }
+#endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -95,7 +104,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{ACC_DECL}}
   for (var k = 0u; k < NSTEPS; k++) {
     for (var i = lid; i < BM * KS; i += WG) { load_x(i, t0, k * KS, T); }
+#if !DIRECT_W
     for (var i = lid; i < BN * KS; i += WG) { load_w(i, o0, k * KS); }
+#endif
     workgroupBarrier();
     for (var kk = 0u; kk < KT; kk += 16u) {
 {{COMPUTE}}

@@ -83,6 +83,9 @@ GEMM_MMA_CANDIDATES = (
     GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=16),
     GemmVariant(mma=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
     GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8),
+    GemmVariant(mma=True, direct=True, bm=64, bn=64, tm=4, tn=4, kstep=8),      # f16 row-major weights
+    GemmVariant(mma=True, direct=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
+    GemmVariant(mma=True, direct=True, bm=64, bn=64, tm=4, tn=4, kstep=16),
 )
 GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),
@@ -807,7 +810,8 @@ def gemm_candidates(dev: Device, w, w2=None, int8: bool = False) -> list[GemmVar
         cands = GEMM_I8_CANDIDATES
     else:
         f16 = w.fmt == "f16" and (w2 is None or w2.fmt == "f16")
-        cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES + GEMM_MMA_CANDIDATES
+        cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES + tuple(
+            c for c in GEMM_MMA_CANDIDATES if not c.direct or all(c.reads_directly(u) for u in (w, w2) if u is not None))
     return [c for c in cands if c.fits(dev, w2 is not None)]
 
 

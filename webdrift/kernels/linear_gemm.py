@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tensor.weight_layout import WeightLayout
+
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
 WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
 MMA_SUBGROUP = 32               # the matrix-unit GEMM's subgroup size (Device.has_mma_f16 checks it)
@@ -39,6 +41,7 @@ class GemmVariant:
     double: bool = False      # double-buffered tiles, one barrier per K step
     f16_tiles: bool = False   # float: weight tiles as f16 in workgroup memory (needs shader-f16)
     mma: bool = False         # matrix units (linear_gemm_mma.wgsl): one subgroup, tm x tn 16 x 16 results
+    direct: bool = False      # mma: W's fragments loaded from its buffer (f16 row-major weights), no W tile
 
     @property
     def wg(self) -> int:
@@ -53,6 +56,8 @@ class GemmVariant:
                              f"not {self.tm} x {self.tn}")
         if self.int8 and self.f16_tiles:
             raise ValueError("f16 tiles are a float-GEMM option")
+        if self.direct and not self.mma:
+            raise ValueError("direct weight loads are a matrix-unit GEMM option")
         if self.mma and (self.int8 or self.f16_tiles or self.double or self.bm != 16 * self.tm
                          or self.bn != 16 * self.tn):
             raise ValueError(f"a matrix-unit GEMM tile is float, single-buffered, tm x tn results of 16 x 16; "
@@ -62,12 +67,17 @@ class GemmVariant:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
             raise ValueError(f"f16 GEMM tiles are for f16 weights, not {fmt}")
 
+    def reads_directly(self, w) -> bool:
+        """Whether `direct` applies to weight w: f16, row-major (OI), rows a whole number of K steps."""
+        return (w.fmt == "f16" and (w.layout is None or w.layout.order == WeightLayout.named("OI", 1, 1).order)
+                and w.i % (4 * self.kstep) == 0)
+
     def workgroup_bytes(self, dual: bool, pre_norm: bool = True) -> int:
         """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
-        if self.mma:   # f16 tiles of 4 kstep inputs, one f32 16 x 16 result (each of w, w2)
-            per = 8 * self.kstep * (self.bm + nw * self.bn) + 4 * nw * 256
+        if self.mma:   # f16 tiles of 4 kstep inputs (W's unless direct), one f32 16 x 16 result (each of w, w2)
+            per = 8 * self.kstep * (self.bm + (0 if self.direct else nw * self.bn)) + 4 * nw * 256
             return per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
             per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
@@ -217,8 +227,12 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
     body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, {16 * i}u * KT + kk, false, KT);"
             for i in range(v.tm)]
     for arr, name, acc in (("ws", "b", "acc"), ("ws2", "e", "acd")) if dual else (("ws", "b", "acc"),):
-        body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, {16 * j}u * KT + kk, true, KT);"
-                 for j in range(v.tn)]
+        if v.direct:    # W's rows o0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
+            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr.replace('ws', 'wh')}, "
+                     f"(o0 + {16 * j}u) * WI + k * KT + kk, true, WI);" for j in range(v.tn)]
+        else:
+            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, {16 * j}u * KT + kk, true, KT);"
+                     for j in range(v.tn)]
         body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
                  for i, j in pairs]
     store = []
@@ -233,7 +247,7 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
                   "  }",
                   "  workgroupBarrier();"]
     rp = max(1, v.wg // v.bm)
-    return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg,
+    return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "DIRECT_W": v.direct,
             "XS_N": 4 * v.kstep * v.bm, "WS_N": 4 * v.kstep * v.bn, "YS_N": (2 if dual else 1) * 256,
             "ACC_DECL": "\n".join(decl), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
             "RP": rp, "RS": v.wg // rp}
