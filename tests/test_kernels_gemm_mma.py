@@ -107,6 +107,6 @@ def test_specialised_wgsl(fmt, direct, dual):
     assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1))
     # every matrix offset is uniform (one subgroup a workgroup): constants, KT, BN and the loop's kk only
     for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
-        assert re.fullmatch(r"[0-9u* +()BMNKTWIko]+", call), call
+        assert re.fullmatch(r"[0-9u* +()BMNKTw_Iko]+", call), call
     # the fused norm: 1/rms and its weight applied before x's f16 tile, nothing at the store
     assert "norm_w4(k0 + s) * xinv[t]" in src and "xinv[t]" not in src.split("workgroupBarrier();")[-1]

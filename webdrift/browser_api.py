@@ -283,8 +283,8 @@ async def api_bench(opts_json, progress=None) -> dict:
     protocols = bm.parse_protocol(o["protocol"]) if o.get("protocol") else (bm.QUICK_PROTOCOL if quick else bm.PROTOCOL)
     repeats, chunk = int(o.get("repeats") or 1), int(o.get("prefillChunk") or 256)
     profile_tokens = int(o.get("profileTokens") or 0)
-    sps = o.get("stepsPerSubmit")        # checked by EngineOptions (a JS number may arrive as 4.0)
-    sps = int(sps) if isinstance(sps, float) and sps.is_integer() else sps
+    # the engine option (checked by EngineOptions), a whole number again if JS sent 4.0
+    sps = _from_js(o, {"stepsPerSubmit": "steps_per_submit"}).get("steps_per_submit")
     if repeats < 1 or chunk < 1 or profile_tokens < 0:
         raise InvalidArgumentError("repeats and prefillChunk must be >= 1, profileTokens >= 0")
     i8 = {"auto": None, "on": True, "off": False, None: None, True: True, False: False}.get(o.get("int8Activations"))

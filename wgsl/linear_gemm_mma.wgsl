@@ -6,16 +6,16 @@
 // uniform offset for subgroupMatrixStore and a subgroup's index within a workgroup is not (an
 // H100 run with four subgroups a workgroup failed to compile: "'subgroupMatrixStore' requires
 // argument 1 to be uniform", 2026-11-24). K advances KT = 4 KS inputs per step: x's slices
-// (normalised here with the fused norm: 1/rms and its weight, so f16 holds them) and W's slices
-// dequantized by w_read4 are stored as f16 into workgroup tiles,
+// (normalised here with the fused norm: 1/rms and its weight, so f16 holds them) and, unless
+// DIRECT_W, W's slices dequantized by w_read4 are stored as f16 into workgroup tiles,
 //   xs[t * KT + k] = x[t0 + t, k0 + k]            ws[o * KT + k] = W[o0 + o, k0 + k]
 // (zero past T, O and the row), then per 16 inputs each subgroup multiplies left (16 tokens x 16,
 // row-major) by right (16 x 16 outputs: W's rows, read column-major) into f32 results.
+// DIRECT_W (row-major f16 weights): the right matrices load straight from W's buffer (wh).
 // The results go one 16 x 16 matrix at a time through workgroup memory (ys, f32) to
-// linear_common's epilogue(). f16 holds
-// the activations to ~3 significant digits (an H100 check against the SIMT GEMM: largest error
-// 2-4e-4 of the largest output); the tuner takes this kernel only where it measures faster
-// (kernels/autotune.py).
+// linear_common's epilogue(). f16 holds the activations to ~3 significant digits (an H100
+// check against the SIMT GEMM: largest difference 1.6-3.5e-4 of the largest output); the tuner
+// takes this kernel only where it measures faster (kernels/autotune.py).
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
 enable chromium_experimental_subgroup_matrix;
 {{STEP_DECL}}
@@ -35,10 +35,9 @@ alias Right = subgroup_matrix_right<f16, 16, 16>;
 alias Acc = subgroup_matrix_result<f32, 16, 16>;
 var<workgroup> xs: array<f16, {{XS_N}}>;
 #if DIRECT_W
-// W (and W2) as f16 rows of WI inputs: the right matrices load from here, no W tile
+// W (and W2) as f16 rows of w_I inputs: the right matrices load from here, no W tile
 {{WH_DECL}}
 {{WH2_DECL}}
-const WI: u32 = {{WI}}u;
 #else
 var<workgroup> ws: array<f16, {{WS_N}}>;
 #if DUAL

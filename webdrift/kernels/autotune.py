@@ -811,7 +811,7 @@ def gemm_candidates(dev: Device, w, w2=None, int8: bool = False) -> list[GemmVar
     else:
         f16 = w.fmt == "f16" and (w2 is None or w2.fmt == "f16")
         cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES + tuple(
-            c for c in GEMM_MMA_CANDIDATES if not c.direct or all(c.reads_directly(u) for u in (w, w2) if u is not None))
+            c for c in GEMM_MMA_CANDIDATES if c.takes_weights(w, w2))
     return [c for c in cands if c.fits(dev, w2 is not None)]
 
 

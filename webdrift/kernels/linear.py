@@ -171,7 +171,7 @@ class LinearKernel(Kernel):
             if gemm.mma and not dev.has_mma_f16:
                 raise UnsupportedModelError("the matrix-unit GEMM needs chromium-experimental-subgroup-matrix with f16 "
                                             "16 x 16 x 16 (f32 results), shader-f16 and subgroups of 32")
-            if gemm.direct and not all(gemm.reads_directly(u) for u in (w, w2) if u is not None):
+            if not gemm.takes_weights(w, w2):
                 raise UnsupportedModelError(f"direct weight loads read row-major f16 weights with rows a multiple of "
                                             f"{4 * gemm.kstep} inputs; {w.name} is {w.fmt} ({w.o} x {w.i})")
             if not gemm.fits(dev, w2 is not None, pre_norm is not None):
@@ -272,7 +272,7 @@ class LinearKernel(Kernel):
             d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
             d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")
         elif gemm is not None and gemm.mma:
-            d.update(mma_defines(gemm, w2 is not None, pre_norm is not None), WI=w.i,
+            d.update(mma_defines(gemm, w2 is not None, pre_norm is not None),
                      WH_DECL=b.array("wh", "array<f16>", f"({w.o}, {w.i}) f16: w's buffer") if gemm.direct else "",
                      WH2_DECL=(b.array("wh2", "array<f16>", f"({w.o}, {w.i}) f16: w2's buffer")
                                if gemm.direct and w2 is not None else ""))

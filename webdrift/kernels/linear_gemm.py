@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..tensor.weight_layout import WeightLayout
+from ..tensor.weight_layout import NAMED_ORDERS
 
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
 WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
@@ -67,10 +67,11 @@ class GemmVariant:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
             raise ValueError(f"f16 GEMM tiles are for f16 weights, not {fmt}")
 
-    def reads_directly(self, w) -> bool:
-        """Whether `direct` applies to weight w: f16, row-major (OI), rows a whole number of K steps."""
-        return (w.fmt == "f16" and (w.layout is None or w.layout.order == WeightLayout.named("OI", 1, 1).order)
-                and w.i % (4 * self.kstep) == 0)
+    def takes_weights(self, w, w2=None) -> bool:
+        """Whether the tile reads weight w (and w2): with `direct`, only f16 row-major (OI) ones
+        with rows a whole number of K steps."""
+        return not self.direct or all(u.fmt == "f16" and (u.layout is None or u.layout.order == NAMED_ORDERS["OI"])
+                                      and u.i % (4 * self.kstep) == 0 for u in (w, w2) if u is not None)
 
     def workgroup_bytes(self, dual: bool, pre_norm: bool = True) -> int:
         """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
@@ -229,7 +230,7 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
     for arr, name, acc in (("ws", "b", "acc"), ("ws2", "e", "acd")) if dual else (("ws", "b", "acc"),):
         if v.direct:    # W's rows o0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
             body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr.replace('ws', 'wh')}, "
-                     f"(o0 + {16 * j}u) * WI + k * KT + kk, true, WI);" for j in range(v.tn)]
+                     f"(o0 + {16 * j}u) * w_I + k * KT + kk, true, w_I);" for j in range(v.tn)]
         else:
             body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, {16 * j}u * KT + kk, true, KT);"
                      for j in range(v.tn)]

@@ -136,12 +136,11 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
     g, _ = await timed(False)
     w, st = await timed(True)
     host, hst = await timed(False, kernels=False)
-    ph, steps = host["phases"], max(1, hst.new_tokens - 1)
-
-    step_us = 1e3 * host["decode_step_ms"].get("median", 0.0)
-    work_us = host["host_overhead_us_per_step"].get("median", 0.0)
     if not g or not w:
         return None
+    ph, steps = host["phases"], max(1, hst.new_tokens - 1)
+    step_us = 1e3 * host["decode_step_ms"].get("median", 0.0)
+    work_us = host["host_overhead_us_per_step"].get("median", 0.0)
     n, nw = g["submits"], w["submits"]
     return {"decode_steps": n, "kernels_per_step": round(g["kernels"] / n, 1),
             "gpu_us_per_step": round(1e3 * sum(f["total_ms"] for f in g["families"].values()) / n, 1),

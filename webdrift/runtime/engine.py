@@ -571,11 +571,12 @@ class Engine:
             lists[n] = ([self._advance] + decode_list) * n
         return lists[n]
 
-    def _submit_steps(self, decode_list: list, pos0: int, step0: int, n: int, sp: SamplingParams, slot: int,
-                      timestamps=None):
+    def _submit_steps(self, flight: deque, decode_list: list, pos0: int, step0: int, n: int, sp: SamplingParams,
+                      timestamps=None) -> None:
         """Submit n decode steps: step i reads its input token at cache slot pos0 + i and writes
-        token step0 + i; their n tokens are copied to ring[slot]. Returns the ticket. Several
-        steps: one pass, each step's uniform loaded on the GPU (`_steps_list`)."""
+        token step0 + i; their n tokens are copied to the next ring slot, and (step0, n, slot,
+        ticket) joins `flight`, the submits not read yet. Several steps: one pass, each step's
+        uniform loaded on the GPU (`_steps_list`)."""
         recs = [pack_step(1, pos0 + i, step0 + i, sp.seed, sp.temperature, sp.top_k, sp.top_p) for i in range(n)]
         if n == 1:
             self.dev.write_buffer(self.step_buf, recs[0])
@@ -583,7 +584,23 @@ class Engine:
         else:
             self.dev.write_buffer(self.step_records, StepAdvanceKernel.records(recs))
             disp = self._steps_list(decode_list, n)
-        return self.dev.submit(disp, [(self.out_tokens, 4 * step0, self.ring[slot], 0, 4 * n)], timestamps=timestamps)
+        slot = (flight[-1][2] + 1) % RING if flight else 0     # IN_FLIGHT < RING: never one in use
+        ticket = self.dev.submit(disp, [(self.out_tokens, 4 * step0, self.ring[slot], 0, 4 * n)], timestamps=timestamps)
+        flight.append((step0, n, slot, ticket))
+
+    async def _read_submit(self, flight: deque) -> tuple[int, tuple]:
+        """The oldest submit's first token index and its tokens, taken off `flight`."""
+        first, n, slot, ticket = flight[0]
+        with self.profiler.phase("readback", token=first + n - 1, tokens=n):
+            raw = await self.dev.map_read(self.ring[slot], 4 * n, ticket)
+        flight.popleft()
+        return first, struct.unpack(f"<{n}I", raw)
+
+    async def _drain(self, flight: deque) -> None:
+        """Wait for the submits still in flight (a generation closed early): their tokens are dropped."""
+        while flight:
+            _, n, slot, ticket = flight.popleft()
+            await self.dev.map_read(self.ring[slot], 4 * n, ticket)
 
     async def _plain_tokens(self, ids: list[int], sp: SamplingParams, budget: int):
         """The generated tokens, one decode step each, until `budget` or a stop request (the
@@ -604,31 +621,20 @@ class Engine:
         flight.append((0, 1, 0, ticket))
         pos = len(ids)
         decode_list = self.decode.dispatches(1)
-        submitted, submits = 1, 1    # tokens whose step has been submitted; submits so far
+        submitted = 1             # tokens whose step has been submitted
         try:
             while flight:
                 while submitted < budget and not self._stop_requested and len(flight) < IN_FLIGHT:
                     n = min(most, budget - submitted, submitted)
-                    slot = submits % RING
                     with prof.phase("decode.submit", step=submitted, steps=n):
-                        ticket = self._submit_steps(decode_list, pos + submitted - 1, submitted, n, sp, slot,
-                                                    prof.gpu_timer("decode", len(decode_list), step=submitted)
-                                                    if timed else None)
-                    flight.append((submitted, n, slot, ticket))
+                        self._submit_steps(flight, decode_list, pos + submitted - 1, submitted, n, sp,
+                                           prof.gpu_timer("decode", len(decode_list), step=submitted) if timed else None)
                     submitted += n
-                    submits += 1
-                first, n, slot, ticket = flight[0]
-                with prof.phase("readback", token=first + n - 1, tokens=n):
-                    raw = await dev.map_read(self.ring[slot], 4 * n, ticket)
-                flight.popleft()
-                for i, tok in enumerate(struct.unpack(f"<{n}I", raw)):
-                    if tok >= self.config.vocab_size:
-                        raise self._bad_token(tok, first + i, len(ids))
-                    yield tok
+                first, toks = await self._read_submit(flight)
+                for i, tok in enumerate(toks):
+                    yield self._check_token(tok, first + i, len(ids))
         finally:
-            while flight:
-                _, n, slot, ticket = flight.popleft()
-                await dev.map_read(self.ring[slot], 4 * n, ticket)
+            await self._drain(flight)
 
     # -- speculative decoding (runtime/speculative.py) ---------------------------------------
     async def _speculative_tokens(self, ids: list[int], sp: SamplingParams, budget: int, st: GenerationStats):
@@ -719,38 +725,31 @@ class Engine:
         Closing it early drains what is in flight."""
         self.dev.write_buffer(self.ids_buf, struct.pack("<I", last))
         decode_list = self.decode.dispatches(1)
-        flight = deque()          # (first step of the burst, steps, ring slot, ticket) per submit
-        submitted = submits = 0
+        flight = deque()          # (first token, tokens, ring slot, ticket) per submit not read yet
+        submitted = 0             # steps of this burst submitted
         want_tree = False
         try:
             while True:
                 while (emitted + submitted < budget and len(flight) < IN_FLIGHT and not want_tree
                        and not self._stop_requested):
                     n = min(self.steps_per_submit, budget - emitted - submitted, max(1, submitted))
-                    slot = submits % RING
-                    flight.append((submitted, n, slot, self._submit_steps(decode_list, pos + submitted,
-                                                                          emitted + submitted, n, sp, slot)))
+                    self._submit_steps(flight, decode_list, pos + submitted, emitted + submitted, n, sp)
                     submitted += n
-                    submits += 1
                 if not flight:
                     return
-                first, n, slot, ticket = flight[0]
-                with self.profiler.phase("readback", token=emitted + first + n - 1, tokens=n):
-                    raw = await self.dev.map_read(self.ring[slot], 4 * n, ticket)
-                flight.popleft()
-                for i, tok in enumerate(struct.unpack(f"<{n}I", raw)):
-                    tok = self._check_token(tok, emitted + first + i, prompt_tokens)
+                first, toks = await self._read_submit(flight)
+                for i, tok in enumerate(toks):
+                    k = first + i             # the token's index; its step read cache slot pos + k - emitted
+                    tok = self._check_token(tok, k, prompt_tokens)
                     backoff.plain_step()
                     yield tok
                     if not want_tree and backoff.may_draft():
-                        left = budget - emitted - first - i - 1
+                        left = budget - k - 1
                         # a tree of 2 nodes (the root alone with DS2D rows: its pass drafts) fits?
-                        nodes = self._tree_room(pos + first + i + 1) // (1 + fc)
+                        nodes = self._tree_room(pos + k - emitted + 1) // (1 + fc)
                         want_tree = left > 0 and drafter.propose(min(2, nodes), left) is not None
         finally:
-            while flight:
-                _, n, slot, ticket = flight.popleft()
-                await self.dev.map_read(self.ring[slot], 4 * n, ticket)
+            await self._drain(flight)
 
     def _check_token(self, tok: int, step: int, prompt_tokens: int) -> int:
         if tok >= self.config.vocab_size:
