@@ -176,8 +176,9 @@ if (args.python) {
   await request({ type: "init", opts: {} });
   await request({ type: "python", code: fs.readFileSync(args.python, "utf8") });
   const value = await request({ type: "python", code: "await main()" });
-  console.log(typeof value === "string" ? value : JSON.stringify(value));
-  if (args.json) fs.writeFileSync(args.json, typeof value === "string" ? value : JSON.stringify(value));
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  console.log(text);
+  if (args.json) fs.writeFileSync(args.json, text);
   await request({ type: "dispose" });
   process.exit(0);
 }
