@@ -207,6 +207,9 @@ def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
     gemm = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm")
     gemv = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     assert gemm.prefill.stage == "prefill" and gemv.prefill.stage == "decode"
+    # the GEMM prefill's attention is the one-pass kernel (no partials to combine)
+    labels = [d.label for d in gemm.prefill.dispatches(64)]
+    assert gemm.prefill.forward.flash and not any("combine" in x for x in labels) and not gemv.prefill.forward.flash
     a, b = gemm.logits(ids), gemv.logits(ids)
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
@@ -217,6 +220,32 @@ def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
     assert out_a == out_b == torch_greedy(ref, ids, 8)
     with pytest.raises(webdrift.InvalidArgumentError, match="prefill_kernels"):
         webdrift.load(str(d), prefill_kernels="fast")
+
+
+def test_matrix_unit_gemm_reads_a_normed_input(tmp_path, hf_tokenizer_dir, monkeypatch):
+    """Where the prefill QKV / gate-up GEMM is the matrix-unit one (kernels/linear_gemm.py, Dawn
+    only), the graph puts a Norm op before it instead of fusing the norm into the GEMM's tiles:
+    the decision (ForwardBuilder._mma) and the unfused graph's logits (here with the SIMT GEMM,
+    no local adapter has matrix units) against transformers."""
+    from webdrift.kernels.linear_gemm import GemmVariant
+    from webdrift.models import forward
+    d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
+    ids = list(range(11, 141))
+    plain = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm_float")
+    fb = plain.prefill.forward
+    assert not fb._mma(0, "qkv") and not plain.decode.forward._mma(0, "qkv")
+    mma = GemmVariant(mma=True, bm=64, bn=64, tm=2, tn=2, kstep=8, sgm=2, sgn=2)
+    with monkeypatch.context() as mp:
+        mp.setattr(forward, "choose_gemm", lambda *a, **k: mma)
+        assert fb._mma(0, "qkv") and fb._mma(0, "gateup") and not plain.decode.forward._mma(0, "qkv")
+    monkeypatch.setattr(forward.ForwardBuilder, "_mma", lambda self, i, role: self.stage == "prefill")
+    eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm_float")
+    labels = [x.label for x in eng.prefill.dispatches(64)]
+    assert "L0.attn_norm" in labels and "L0.ffn_norm" in labels
+    assert not any(x.label.endswith("norm") for x in plain.prefill.dispatches(64) if x.label.startswith("L0."))
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    assert np.abs(eng.logits(ids) - want).max() < 1e-3 * np.abs(want).max()
 
 
 def test_int8_roles_mixed_graph_and_bad_roles():

@@ -1,4 +1,5 @@
-"""AttentionKernel + AttentionCombineKernel (wgsl/attention.wgsl, attention_combine.wgsl) vs a
+"""AttentionKernel + AttentionCombineKernel (wgsl/attention.wgsl, attention_combine.wgsl), and the
+one-pass prefill attention (AttentionPrefillKernel, wgsl/attention_prefill.wgsl), vs a
 numpy causal softmax attention with GQA grouping: positions crossing the key chunks, sliding
 windows, attention soft-capping and the score scale. The caches are filled with random values
 directly: K (KVH, CAP, DH), V (KVH, DH, CAP); queries as q_rel (B = KVH, W = T * GROUP, C = DH)."""
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
-from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel
+from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel
 from webdrift.tensor import TensorDesc
 
 SENTINEL = 3.25
@@ -77,6 +78,63 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
 
 def assert_close(got, ref):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def run_prefill_attention(H, KVH, DH, cap, pos0, T, window=0, softcap=None, scale=None, t_cap=None, seed=0,
+                          out_layout="linear", q_layout="linear", kernel=None):
+    """AttentionPrefillKernel over T rows at positions pos0.. (their keys: cache rows 0 .. pos0 + T - 1)."""
+    group = H // KVH
+    scale = scale if scale is not None else DH ** -0.5
+    t_cap = t_cap or T
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    q_d = TensorDesc("q", DH, t_cap * group, b=KVH, layout=q_layout)
+    out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
+    k = AttentionPrefillKernel(device(), q_d, out_d, H, KVH, DH, cap, t_cap * group, scale, window, softcap,
+                               **(kernel or {}))
+    ob = upload(out_d, fill=SENTINEL)
+    run(k, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "out": ob}, T, pos0=pos0)
+    got = download(out_d, ob)
+    assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
+    return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap)
+
+
+@pytest.mark.parametrize("H,KVH,DH,pos0,T", [
+    (9, 3, 64, 0, 37),        # SmolLM2's heads, a first chunk whose length is no multiple of the tokens a workgroup
+    (9, 3, 64, 250, 20),      # a later chunk: keys before it, a window start that is no multiple of 4
+    (32, 8, 64, 0, 64),       # Llama-3.2-1B's
+    (8, 2, 128, 101, 9),      # 8B-like head size and grouping
+    (4, 4, 32, 3, 5),         # MHA, small heads
+    (4, 1, 256, 17, 6),       # MQA, Gemma-sized heads
+    (8, 2, 80, 60, 7),        # head size 80: fewer lanes (its 20 vec4s)
+])
+def test_prefill_attention(H, KVH, DH, pos0, T):
+    assert_close(*run_prefill_attention(H, KVH, DH, 512, pos0, T, t_cap=T + 3, q_layout="sliced" if DH == 80 else "linear"))
+
+
+@pytest.mark.parametrize("window,pos0,T", [(16, 250, 20), (4, 0, 9), (300, 200, 120), (1, 10, 3)])
+def test_prefill_attention_sliding_window(window, pos0, T):
+    assert_close(*run_prefill_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, out_layout="sliced"))
+
+
+def test_prefill_attention_softcap_and_scale():
+    got, ref = run_prefill_attention(4, 2, 32, 512, 250, 20, scale=1.0, softcap=5.0)
+    assert_close(got, ref)
+    assert np.abs(attention_ref(*random_inputs(2, 40, 32, 512, 0), 250, 2, 1.0) - ref).max() > 0.1
+
+
+@pytest.mark.parametrize("lanes,keys,rows", [(1, 4, 64), (2, 8, 256), (4, 4, 128)])
+def test_prefill_attention_knobs(lanes, keys, rows):
+    """The tuning knobs (lanes a query row, keys an iteration, invocations a workgroup) change the
+    speed, not the result; the workgroup holds whole tokens of every head."""
+    got, ref = run_prefill_attention(9, 3, 64, 512, 250, 20, t_cap=20, kernel={"lanes": lanes, "keys": keys, "rows": rows})
+    assert_close(got, ref)
+    assert AttentionPrefillKernel.lanes(64) == 4 and AttentionPrefillKernel.lanes(40) == 2 and AttentionPrefillKernel.lanes(36) == 1
+    k = AttentionPrefillKernel(device(), TensorDesc("q", 64, 60, b=3), TensorDesc("out", 9 * 64, 20), 9, 3, 64, 512, 60,
+                               0.125, lanes=lanes, keys=keys, rows=rows)
+    assert k.workgroups(37) == (-(-37 // k.bq), 3, 1) and k.bq == max(1, rows // (lanes * 3))
+    with pytest.raises(ValueError, match="lanes"):
+        AttentionPrefillKernel(device(), TensorDesc("q", 64, 60, b=3), TensorDesc("out", 9 * 64, 20), 9, 3, 64, 512, 60,
+                               0.125, lanes=3)
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 1), (5, 1), (63, 1), (64, 1), (255, 1), (256, 1), (250, 20), (0, 7), (300, 11)])

@@ -67,13 +67,26 @@ def test_offered_only_with_f16_matrix_units(dev, offered):
 
 def test_tile_shapes_are_checked():
     for bad in ({"bm": 64, "bn": 32, "tm": 2, "tn": 2}, {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "double": True},
-                {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "int8": True}, {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "f16_tiles": True}):
+                {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "int8": True}, {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "f16_tiles": True},
+                {"bm": 64, "bn": 64, "tm": 2, "tn": 2, "sgm": 2, "sgn": 1},     # bn != 16 tn sgn
+                {"bm": 16, "bn": 48, "tm": 1, "tn": 1, "sgm": 1, "sgn": 3},     # rows not a multiple of the subgroups
+                {"bm": 32, "bn": 32, "tm": 2, "tn": 2, "sgm": 0}):
         with pytest.raises(ValueError):
             GemmVariant(mma=True, kstep=8, **bad).check()
+    with pytest.raises(ValueError, match="subgroups per tile"):
+        GemmVariant(sgm=2).check()
     v = GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8)
     assert v.wg == 32
-    # f16 tiles of 32 inputs for 64 rows and 2 x 32 outputs, two f32 16 x 16 results, the norm's scratch
-    assert v.workgroup_bytes(dual=True) == 2 * 32 * (64 + 2 * 32) + 2 * 4 * 256 + 4 * 64 + 4 * 32
+    # f16 tiles of 32 inputs + 8 of padding for 64 rows and 2 x 32 outputs, two f32 16 x 16 results, the norm's scratch
+    assert v.workgroup_bytes(dual=True) == 2 * 40 * (64 + 2 * 32) + 2 * 4 * 256 + 4 * 64 + 4 * 32
+    v = GemmVariant(mma=True, bm=128, bn=128, tm=4, tn=2, kstep=8, sgm=2, sgn=4)
+    assert v.wg == 256 and v.workgroup_bytes(dual=False, pre_norm=False) == 2 * 40 * 256 + 8 * 4 * 256
+    # every candidate the tuner times fits 48 KiB (the H100's Dawn limit) with the norm's scratch;
+    # gate/up (two weights) gets those whose doubled tiles and results fit too
+    dev = SourceDevice()
+    assert all(c.fits(dev, dual=False) for c in GEMM_MMA_CANDIDATES)
+    dual = [c for c in gemm_candidates(dev, weight("q4", 2048, 2048), weight("q4", 2048, 2048)) if c.mma]
+    assert len(dual) >= 3 and all(c.workgroup_bytes(dual=True) <= 49152 and c.tm * c.tn <= 8 for c in dual)
 
 
 def test_direct_loads_need_row_major_f16_rows_of_whole_steps():
@@ -91,22 +104,31 @@ def test_direct_loads_need_row_major_f16_rows_of_whole_steps():
 
 @pytest.mark.parametrize("fmt,direct", [("f16", False), ("q4", False), ("q8", False), ("f16", True)])
 @pytest.mark.parametrize("dual", [False, True])
-def test_specialised_wgsl(fmt, direct, dual):
+@pytest.mark.parametrize("sgm,sgn", [(1, 1), (2, 4)])
+def test_specialised_wgsl(fmt, direct, dual, sgm, sgn):
     dev = SourceDevice()
-    v = GemmVariant(mma=True, direct=direct, bm=64, bn=32, tm=4, tn=2, kstep=8)
+    v = GemmVariant(mma=True, direct=direct, bm=64 * sgm, bn=32 * sgn, tm=4, tn=2, kstep=8, sgm=sgm, sgn=sgn)
     w = weight(fmt, 256, 128)
     k = LinearKernel(dev, "prefill", TensorDesc("x", 128, 70), TensorDesc("y", 256, 70), w,
                      weight(fmt, 256, 128) if dual else None, variant=v, pre_norm=PreNorm(1e-5))
     src = dev.sources[k.label]
     assert "{{" not in src and "#if" not in src
     assert src.startswith("enable f16;") and "enable chromium_experimental_subgroup_matrix;" in src
-    assert "@workgroup_size(32)" in src
+    # a subgroup's matrices sit at offsets of its index: Dawn's uniformity check is turned off
+    assert "diagnostic(off, chromium.subgroup_matrix_uniformity);" in src
+    assert f"@workgroup_size({32 * sgm * sgn})" in src and k.workgroups(70) == (-(-256 // v.bn), -(-70 // v.bm), 1)
     nacc = 4 * 2 * (2 if dual else 1)
     assert len(re.findall(r"subgroupMatrixMultiplyAccumulate\(", src)) == nacc
     assert len(re.findall(r"subgroupMatrixStore\(", src)) == nacc
-    assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1))
-    # every matrix offset is uniform (one subgroup a workgroup): constants, KT, BN and the loop's kk only
+    # each subgroup's 16 x 16 result(s) staged in its own part of ys
+    assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1) * sgm * sgn)
+    assert f"sg * {512 if dual else 256}u" in src and "let tm0 = (sg / SGN) * 64u;" in src
+    # matrix offsets: constants, the subgroup's corner (tm0, om0), the tile strides, the loop's k / kk
     for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
-        assert re.fullmatch(r"[0-9u* +()BMNKTw_Iko]+", call), call
+        assert re.fullmatch(r"(\(tm0|\(om0|\(o0 \+ om0|sg \*)[0-9u* +()STKkw_I]*", call), call
+    # the next step's slices are fetched into registers while this step's are multiplied
+    nx = -(-64 * sgm * 8 // (32 * sgm * sgn))
+    assert len(re.findall(r"  var fx\d+ = fetch_x\(", src)) == len(re.findall(r"  fx\d+ = fetch_x\(", src)) == nx
+    assert ("fetch_w(" in src) != direct
     # the fused norm: 1/rms and its weight applied before x's f16 tile, nothing at the store
     assert "norm_w4(k0 + s) * xinv[t]" in src and "xinv[t]" not in src.split("workgroupBarrier();")[-1]

@@ -142,3 +142,16 @@ def test_worker_api_is_the_engines_generate_and_chat(worker_api):
     assert bad["error"]["name"] == "InvalidArgumentError" and "messages" in bad["error"]["message"]
     bad = json.loads(asyncio.run(worker_api.api_generate(json.dumps("hi"), json.dumps({"topP": 2}))))
     assert bad["error"]["name"] == "InvalidArgumentError" and "top_p" in bad["error"]["message"]
+
+
+def test_synthetic_tensor_bytes_repeat_the_pool():
+    """A synthetic tensor larger than its type's pool is the pool repeated (block aligned), made
+    in one buffer of the tensor's size (the browser's WASM heap holds 8B shapes' tensors)."""
+    from webdrift.weights.synthetic import SyntheticTensor, _pool
+    for type_name, shape in (("Q8_0", (4096, 4096)), ("Q4_1", (1000, 4096)), ("F16", (3, 7))):
+        t = SyntheticTensor("w", shape, type_name)
+        raw, pool = t.raw(), _pool(type_name)
+        assert len(raw) == t.nbytes
+        for off in (0, len(pool) - 2, len(pool), t.nbytes - 40):
+            if 0 <= off < t.nbytes:
+                assert raw[off:off + 40] == (pool * 2)[off % len(pool):off % len(pool) + 40][:len(raw[off:off + 40])]

@@ -1,23 +1,29 @@
 // Prefill linear layer on the GPU's matrix units (Dawn's chromium_experimental_subgroup_matrix:
 // the tensor cores), the same maths and fusions as linear_gemm.wgsl: y[t, o] = x[t, :] . W[o, :]
 // (+bias) (DUAL: act(x.Wg) * x.Wu) (softcap) (+residual), any weight format.
-// A workgroup is one subgroup (32 invocations) and computes a BM-token x BN-output tile as
-// SM x SN 16 x 16 result matrices (BM = 16 SM, BN = 16 SN). One subgroup, because Dawn wants a
-// uniform offset for subgroupMatrixStore and a subgroup's index within a workgroup is not (an
-// H100 run with four subgroups a workgroup failed to compile: "'subgroupMatrixStore' requires
-// argument 1 to be uniform", 2026-11-24). K advances KT = 4 KS inputs per step: x's slices
-// (normalised here with the fused norm: 1/rms and its weight, so f16 holds them) and, unless
-// DIRECT_W, W's slices dequantized by w_read4 are stored as f16 into workgroup tiles,
-//   xs[t * KT + k] = x[t0 + t, k0 + k]            ws[o * KT + k] = W[o0 + o, k0 + k]
-// (zero past T, O and the row), then per 16 inputs each subgroup multiplies left (16 tokens x 16,
-// row-major) by right (16 x 16 outputs: W's rows, read column-major) into f32 results.
+// A workgroup computes a BM-token x BN-output tile with SGM x SGN subgroups of 32 invocations;
+// subgroup (sy, sx) owns the SM x SN 16 x 16 result matrices of tokens sy * 16 SM .. and outputs
+// sx * 16 SN .. of the tile (BM = 16 SM SGM, BN = 16 SN SGN). A subgroup's matrices sit at offsets
+// that depend on its index, which Dawn's uniformity analysis rejects by default ("requires
+// argument 1 to be uniform"); they are uniform within the subgroup, which is what the matrix units
+// need, so that check is turned off below. The index is lid / 32: Device.has_mma_f16 requires
+// subgroups of exactly 32, laid out in invocation order (the adapters that offer the feature do).
+// K advances KT = 4 KS inputs per step. x's slices (normalised here with the fused norm: 1/rms and
+// its weight, so f16 holds them) and, unless DIRECT_W, W's slices dequantized by w_read4 go into
+// workgroup tiles as f16, rows ST = KT + 8 apart (16 bytes of padding against bank conflicts):
+//   xs[t * ST + k] = x[t0 + t, k0 + k]            ws[o * ST + k] = W[o0 + o, k0 + k]
+// (zero past T, O and the row). The next step's slices are fetched into registers (NXF / NWF
+// vec4s an invocation) before this step's products, so their loads overlap the matrix work.
+// Per 16 inputs a subgroup multiplies its left matrices (16 tokens x 16, row-major) by its right
+// ones (16 x 16 outputs: W's rows, read column-major) into f32 results.
 // DIRECT_W (row-major f16 weights): the right matrices load straight from W's buffer (wh).
-// The results go one 16 x 16 matrix at a time through workgroup memory (ys, f32) to
-// linear_common's epilogue(). f16 holds the activations to ~3 significant digits (an H100
-// check against the SIMT GEMM: largest difference 1.6-3.5e-4 of the largest output); the tuner
-// takes this kernel only where it measures faster (kernels/autotune.py).
+// The results go one 16 x 16 matrix per subgroup at a time through workgroup memory (ys, f32) to
+// linear_common's epilogue(). f16 holds the activations to ~3 significant digits (an H100 check
+// against the SIMT GEMM: largest difference a few 1e-4 of the largest output); the tuner takes
+// this kernel only where it measures faster (kernels/autotune.py).
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
 enable chromium_experimental_subgroup_matrix;
+diagnostic(off, chromium.subgroup_matrix_uniformity);
 {{STEP_DECL}}
 {{X_DECL}}
 {{Y_DECL}}
@@ -28,7 +34,9 @@ const BM: u32 = {{BM}}u;
 const BN: u32 = {{BN}}u;
 const KS: u32 = {{KS}}u;
 const KT: u32 = 4u * KS;
+const ST: u32 = KT + 8u;
 const WG: u32 = {{WG}}u;
+const SGN: u32 = {{SGN}}u;
 const NSTEPS: u32 = (w_SI + KS - 1u) / KS;
 alias Left = subgroup_matrix_left<f16, 16, 16>;
 alias Right = subgroup_matrix_right<f16, 16, 16>;
@@ -49,46 +57,58 @@ var<workgroup> ys: array<f32, {{YS_N}}>;
 #include linear_gemm_rms
 #endif
 
-// slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads)
-fn load_x(idx: u32, t0: u32, k0: u32, T: u32) {
-  if (idx >= BM * KS) { return; }
+// x's slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads),
+// normalised; zero past the rows and the inputs
+fn fetch_x(idx: u32, t0: u32, k0: u32, T: u32) -> vec4<f32> {
   let t = idx / KS;
   let s = idx % KS;
   var v = vec4<f32>(0.0);
-  if (t0 + t < T && k0 + s < w_SI) {
+  if (idx < BM * KS && t0 + t < T && k0 + s < w_SI) {
     v = x_read(0u, t0 + t, 0u, k0 + s);
 #if PRE_NORM
     v = v * norm_w4(k0 + s) * xinv[t];
 #endif
   }
+  return v;
+}
+
+fn put_x(idx: u32, v: vec4<f32>) {
+  if (idx >= BM * KS) { return; }
   let h = vec4<f16>(v);
-  let i = t * KT + 4u * s;
+  let i = (idx / KS) * ST + 4u * (idx % KS);
   xs[i] = h.x; xs[i + 1u] = h.y; xs[i + 2u] = h.z; xs[i + 3u] = h.w;
 }
 
 #if !DIRECT_W
-fn load_w(idx: u32, o0: u32, k0: u32) {
-  if (idx >= BN * KS) { return; }
+fn fetch_w(idx: u32, o0: u32, k0: u32) -> vec4<f32> {
   let o = idx / KS;
   let s = idx % KS;
-  var g = vec4<f32>(0.0);
-#if DUAL
-  var u = vec4<f32>(0.0);
-#endif
-  if (o0 + o < w_O && k0 + s < w_SI) {
-    g = w_read4(o0 + o, k0 + s);
-#if DUAL
-    u = w2_read4(o0 + o, k0 + s);
-#endif
-  }
-  let i = o * KT + 4u * s;
-  let hg = vec4<f16>(g);
-  ws[i] = hg.x; ws[i + 1u] = hg.y; ws[i + 2u] = hg.z; ws[i + 3u] = hg.w;
-#if DUAL
-  let hu = vec4<f16>(u);
-  ws2[i] = hu.x; ws2[i + 1u] = hu.y; ws2[i + 2u] = hu.z; ws2[i + 3u] = hu.w;
-#endif
+  if (idx < BN * KS && o0 + o < w_O && k0 + s < w_SI) { return w_read4(o0 + o, k0 + s); }
+  return vec4<f32>(0.0);
 }
+
+fn put_w(idx: u32, v: vec4<f32>) {
+  if (idx >= BN * KS) { return; }
+  let h = vec4<f16>(v);
+  let i = (idx / KS) * ST + 4u * (idx % KS);
+  ws[i] = h.x; ws[i + 1u] = h.y; ws[i + 2u] = h.z; ws[i + 3u] = h.w;
+}
+
+#if DUAL
+fn fetch_w2(idx: u32, o0: u32, k0: u32) -> vec4<f32> {
+  let o = idx / KS;
+  let s = idx % KS;
+  if (idx < BN * KS && o0 + o < w_O && k0 + s < w_SI) { return w2_read4(o0 + o, k0 + s); }
+  return vec4<f32>(0.0);
+}
+
+fn put_w2(idx: u32, v: vec4<f32>) {
+  if (idx >= BN * KS) { return; }
+  let h = vec4<f16>(v);
+  let i = (idx / KS) * ST + 4u * (idx % KS);
+  ws2[i] = h.x; ws2[i + 1u] = h.y; ws2[i + 2u] = h.z; ws2[i + 3u] = h.w;
+}
+#endif
 #endif
 
 @compute @workgroup_size({{WG}})
@@ -100,13 +120,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if PRE_NORM
   tile_inv_rms(lid, t0, T);
 #endif
+  // this subgroup's results: tokens tm0 .., outputs om0 .. of the tile
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  let tm0 = (sg / SGN) * {{SUB_M}}u;
+  let om0 = (sg % SGN) * {{SUB_N}}u;
 {{ACC_DECL}}
+{{FETCH_DECL}}
   for (var k = 0u; k < NSTEPS; k++) {
-    for (var i = lid; i < BM * KS; i += WG) { load_x(i, t0, k * KS, T); }
-#if !DIRECT_W
-    for (var i = lid; i < BN * KS; i += WG) { load_w(i, o0, k * KS); }
-#endif
+{{PUT}}
     workgroupBarrier();
+    if (k + 1u < NSTEPS) {
+{{FETCH_NEXT}}
+    }
     for (var kk = 0u; kk < KT; kk += 16u) {
 {{COMPUTE}}
     }

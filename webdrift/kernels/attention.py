@@ -204,6 +204,95 @@ class AttentionKernel(Kernel):
         return (self.nsplit, t * self.group, self.n_kv)
 
 
+class AttentionPrefillKernel(Kernel):
+    """A prompt chunk's causal attention in one pass (wgsl/attention_prefill.wgsl: flash
+    attention with an online softmax; no partials, no combine): LANES invocations a query row,
+    BQ tokens x GROUP heads of one KV head a workgroup. For the prefill graph (one sequence:
+    cache row = position; no tree). Bindings:
+      step  the Step uniform
+      q     (B = KVH, W = rows_cap, C = DH) activation: RopeQKVKernel's relayout
+      kc    (KVH, cap, DH / 4) vec4<f32> K cache
+      vc    (KVH, DH, cap / 4) vec4<f32> V cache
+      out   (T_cap, H * DH) activation, token-major (as AttentionCombineKernel writes it)
+    Dispatch: workgroups(T) = (ceil(T / BQ), KVH)."""
+    template = "attention_prefill"
+    LANES = 4             # invocations a query row (H100, scripts/prefill_attention.py: 4 beat 8 and 16)
+    ROWS = 128            # invocations a workgroup aims at (LANES x GROUP x BQ)
+
+    @classmethod
+    def lanes(cls, head_dim: int, most: int = LANES) -> int:
+        """Invocations per query row: the largest power of two <= `most` (<= every adapter's
+        smallest subgroup, 4) that divides the row's vec4s."""
+        n = 1
+        while n * 2 <= most and (head_dim // 4) % (n * 2) == 0:
+            n *= 2
+        return n
+
+    @classmethod
+    def supported(cls, dev: Device, head_dim: int, n_heads: int, n_kv: int, cap: int) -> bool:
+        return (dev.has_subgroups and head_dim % 4 == 0 and cap % 4 == 0 and n_heads % n_kv == 0
+                and cls.LANES * (n_heads // n_kv) <= 256)
+
+    def __init__(self, dev: Device, q_rel: TensorDesc, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
+                 cap: int, rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
+                 lanes: int | None = None, keys: int = 8, rows: int = ROWS):
+        """lanes a query row (a power of two, at most the adapter's smallest subgroup; default
+        lanes(head_dim)), keys per iteration (4 or 8, dividing cap) and the invocations a workgroup
+        aims at (rows) are tuning knobs (scripts/prefill_attention.py)."""
+        if not self.supported(dev, head_dim, n_heads, n_kv, cap) or keys not in (4, 8) or cap % keys:
+            raise UnsupportedModelError(f"one-pass prefill attention needs subgroups, head_dim a multiple of 4, "
+                                        f"cache rows a multiple of the keys an iteration ({keys}: 4 or 8) and at "
+                                        f"most 256 invocations a KV head's rows; got head_dim {head_dim}, "
+                                        f"{n_heads}/{n_kv} heads, {cap} rows")
+        self.group, self.n_kv = n_heads // n_kv, n_kv
+        lanes = lanes or self.lanes(head_dim)
+        if (head_dim // 4) % lanes or lanes & (lanes - 1) or lanes * self.group > 256:
+            raise ValueError(f"{lanes} lanes a query row: a power of two dividing {head_dim // 4} vec4s")
+        nv = head_dim // 4 // lanes
+        self.bq = max(1, rows // (lanes * self.group))
+        b = Bindings()
+        j = "\n".join
+        kmath, smath, emath = [], [], []
+        for kk in range(keys):
+            terms = " + ".join(f"dot(q{i}, kc[(kb + k + {kk}u) * DH4 + lane + {i * lanes}u])" for i in range(nv))
+            kmath.append(f"    let a{kk} = row_sum({terms});")
+        for g in range(keys // 4):   # keys 4g .. 4g + 3: their visibility and scores
+            ks = [f"k + {4 * g + c}u" for c in range(4)]
+            smath.append(f"    let vis{g} = vec4<bool>(" + ", ".join(f"{x} <= p && {x} >= lo" for x in ks) + ");")
+            smath.append(f"    let s{g} = select(vec4<f32>(-3.0e38), vec4<f32>(" + ", ".join(
+                f"score(a{4 * g + c})" for c in range(4)) + f"), vis{g});")
+        mx = [f"max(max(s{g}.x, s{g}.y), max(s{g}.z, s{g}.w))" for g in range(keys // 4)]
+        smath.append(f"    let mn = max(m, {mx[0] if keys == 4 else f'max({mx[0]}, {mx[1]})'});")
+        for g in range(keys // 4):
+            emath.append(f"    let e{g} = select(vec4<f32>(0.0), exp(s{g} - vec4<f32>(mn)), vis{g});")
+            emath.append(f"    l += e{g}.x + e{g}.y + e{g}.z + e{g}.w;")
+        vmath = []
+        for i in range(nv):
+            vmath.append(f"    let vb{i} = (kvh * DH + 4u * (lane + {i * lanes}u)) * (CAP / 4u) + k / 4u;")
+            vmath.append(f"    o{i} = o{i} * corr + vec4<f32>(" + ", ".join(
+                " + ".join(f"dot(e{g}, vc[vb{i} + {c}u * (CAP / 4u) + {g}u])" for g in range(keys // 4))
+                for c in range(4)) + ");")
+        d = {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
+             "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
+                                writable=True),
+             "VC_DECL": b.array("vc", "array<vec4<f32>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
+                                writable=True),
+             "OUT_DECL": b.tensor("out", out),
+             "DH": head_dim, "DH4": head_dim // 4, "GROUP": self.group, "CAP": cap, "LANES": lanes, "BQ": self.bq,
+             "KB": keys, "WG": lanes * self.group * self.bq, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
+             "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
+             "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),
+             "Q_LOAD": j(f"  let q{i} = q_read(kvh, tc * GROUP + h, 0u, lane + {i * lanes}u);" for i in range(nv)),
+             "O_DECL": j(f"  var o{i} = vec4<f32>(0.0);" for i in range(nv)),
+             "K_MATH": j(kmath), "S_MATH": j(smath), "E_MATH": j(emath), "V_MATH": j(vmath),
+             "O_WRITE": j(f"    out_write1(0u, t, 0u, c0 + 4u * (lane + {i * lanes}u) + {c}u, o{i}.{'xyzw'[c]} * inv);"
+                          for i in range(nv) for c in range(4))}
+        super().__init__(dev, d, b, self.template)
+
+    def workgroups(self, t: int):
+        return (ceil_div(t, self.bq), self.n_kv, 1)
+
+
 class AttentionCombineKernel(Kernel):
     """Phase 2: merge each query row's nsplit partials (log-sum-exp) into out[t, h * DH + d].
     Bindings:

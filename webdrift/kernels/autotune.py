@@ -76,17 +76,22 @@ GEMM_CANDIDATES = (
 )
 # f16 weights: the same tiles with f16 weight tiles in workgroup memory (shader-f16), tried first
 GEMM_F16_CANDIDATES = tuple(GemmVariant(**{**asdict(c), "f16_tiles": True}) for c in GEMM_CANDIDATES[:4])
-# matrix units (Device.has_mma_f16): a workgroup of one subgroup, tm x tn 16 x 16 results
-GEMM_MMA_CANDIDATES = (
-    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=4),
-    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=8),
-    GemmVariant(mma=True, bm=64, bn=64, tm=4, tn=4, kstep=16),
-    GemmVariant(mma=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
-    GemmVariant(mma=True, bm=64, bn=32, tm=4, tn=2, kstep=8),
-    GemmVariant(mma=True, direct=True, bm=64, bn=64, tm=4, tn=4, kstep=8),      # f16 row-major weights
-    GemmVariant(mma=True, direct=True, bm=32, bn=64, tm=2, tn=4, kstep=8),
-    GemmVariant(mma=True, direct=True, bm=64, bn=64, tm=4, tn=4, kstep=16),
+# matrix units (Device.has_mma_f16): sgm x sgn subgroups a workgroup, each tm x tn 16 x 16
+# results; the big tiles for long prompts and wide layers, the small ones to fill the GPU on short
+# chunks; the `direct` ones load W's matrices from f16 row-major weights (no W tile)
+GEMM_MMA_CANDIDATES = (      # each the fastest on some 1B / 8B layer on the H100 (BENCHMARKS.md, session 13)
+    GemmVariant(mma=True, bm=128, bn=128, tm=4, tn=4, kstep=8, sgm=2, sgn=2),
+    GemmVariant(mma=True, bm=128, bn=128, tm=4, tn=2, kstep=8, sgm=2, sgn=4),
+    GemmVariant(mma=True, bm=128, bn=128, tm=2, tn=4, kstep=8, sgm=4, sgn=2),
+    GemmVariant(mma=True, bm=128, bn=128, tm=2, tn=2, kstep=8, sgm=4, sgn=4),
+    GemmVariant(mma=True, bm=128, bn=128, tm=4, tn=2, kstep=16, sgm=2, sgn=4),
+    GemmVariant(mma=True, bm=256, bn=128, tm=4, tn=4, kstep=8, sgm=4, sgn=2),
+    GemmVariant(mma=True, bm=128, bn=256, tm=4, tn=4, kstep=8, sgm=2, sgn=4),
+    GemmVariant(mma=True, bm=64, bn=128, tm=2, tn=4, kstep=8, sgm=2, sgn=2),
+    GemmVariant(mma=True, bm=64, bn=64, tm=2, tn=2, kstep=8, sgm=2, sgn=2),       # short prompt chunks
+    GemmVariant(mma=True, direct=True, bm=128, bn=128, tm=4, tn=4, kstep=8, sgm=2, sgn=2),
 )
+MMA_DUAL_RESULTS = 8          # gate/up (two weights): at most this many 16 x 16 results a subgroup each
 GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=1, double=True),
     GemmVariant(int8=True, bm=64, bn=128, tm=4, tn=8, kstep=2, double=True),
@@ -811,7 +816,8 @@ def gemm_candidates(dev: Device, w, w2=None, int8: bool = False) -> list[GemmVar
     else:
         f16 = w.fmt == "f16" and (w2 is None or w2.fmt == "f16")
         cands = (GEMM_F16_CANDIDATES if f16 else ()) + GEMM_CANDIDATES + tuple(
-            c for c in GEMM_MMA_CANDIDATES if c.takes_weights(w, w2))
+            c for c in GEMM_MMA_CANDIDATES if c.takes_weights(w, w2)
+            and (w2 is None or c.tm * c.tn <= MMA_DUAL_RESULTS))
     return [c for c in cands if c.fits(dev, w2 is not None)]
 
 

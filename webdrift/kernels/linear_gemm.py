@@ -40,14 +40,16 @@ class GemmVariant:
     kstep: int = 4            # per K step: float: 4-input slices; int8: 32-blocks
     double: bool = False      # double-buffered tiles, one barrier per K step
     f16_tiles: bool = False   # float: weight tiles as f16 in workgroup memory (needs shader-f16)
-    mma: bool = False         # matrix units (linear_gemm_mma.wgsl): one subgroup, tm x tn 16 x 16 results
+    mma: bool = False         # matrix units (linear_gemm_mma.wgsl): subgroups of tm x tn 16 x 16 results
     direct: bool = False      # mma: W's fragments loaded from its buffer (f16 row-major weights), no W tile
+    sgm: int = 1              # mma: subgroups along the tile's tokens (bm = 16 tm sgm)
+    sgn: int = 1              # and along its outputs (bn = 16 tn sgn)
 
     @property
     def wg(self) -> int:
-        """Invocations per workgroup (mma: one subgroup)."""
+        """Invocations per workgroup (mma: sgm x sgn subgroups)."""
         if self.mma:
-            return MMA_SUBGROUP
+            return MMA_SUBGROUP * self.sgm * self.sgn
         return (self.bm // self.tm) * (self.bn // self.tn)
 
     def check(self) -> None:
@@ -58,10 +60,14 @@ class GemmVariant:
             raise ValueError("f16 tiles are a float-GEMM option")
         if self.direct and not self.mma:
             raise ValueError("direct weight loads are a matrix-unit GEMM option")
-        if self.mma and (self.int8 or self.f16_tiles or self.double or self.bm != 16 * self.tm
-                         or self.bn != 16 * self.tn):
-            raise ValueError(f"a matrix-unit GEMM tile is float, single-buffered, tm x tn results of 16 x 16; "
-                             f"not {self}")
+        if min(self.sgm, self.sgn) < 1 or (not self.mma and (self.sgm, self.sgn) != (1, 1)):
+            raise ValueError(f"subgroups per tile (sgm x sgn) are a matrix-unit GEMM option, at least 1; not {self}")
+        if self.mma and (self.int8 or self.f16_tiles or self.double or self.bm != 16 * self.tm * self.sgm
+                         or self.bn != 16 * self.tn * self.sgn):
+            raise ValueError(f"a matrix-unit GEMM tile is float, fetched ahead through registers (not double), "
+                             f"sgm x sgn subgroups of tm x tn results of 16 x 16; not {self}")
+        if self.mma and self.bm % (self.sgm * self.sgn):   # the fused norm: a subgroup a row, whole passes
+            raise ValueError(f"a matrix-unit GEMM tile's rows are a multiple of its subgroups; not {self}")
 
     def check_weight(self, fmt: str) -> None:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
@@ -77,9 +83,10 @@ class GemmVariant:
         """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
-        if self.mma:   # f16 tiles of 4 kstep inputs (W's unless direct), one f32 16 x 16 result (each of w, w2)
-            per = 8 * self.kstep * (self.bm + (0 if self.direct else nw * self.bn)) + 4 * nw * 256
-            return per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
+        if self.mma:   # f16 tiles of 4 kstep (+8 padding) inputs a row (W's unless direct), a subgroup's
+            # f32 16 x 16 result (each of w, w2)
+            per = 2 * (4 * self.kstep + 8) * (self.bm + (0 if self.direct else nw * self.bn))
+            return per + 4 * nw * 256 * self.sgm * self.sgn + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
             per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
             return nbuf * per + (4 * self.bm if pre_norm else 0)
@@ -217,38 +224,56 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
 
 
 def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
-    """Defines of wgsl/linear_gemm_mma.wgsl: the workgroup's one subgroup computes v.tm x v.tn
-    16 x 16 results (accumulators acc{i}_{j}, and acd{i}_{j} for w2), each 16-input slice of the
-    step a left load per row block, a right load per column block and a multiply-accumulate per
-    pair (1/rms is applied to x before its tile, so the store applies nothing)."""
+    """Defines of wgsl/linear_gemm_mma.wgsl: each of the workgroup's sgm x sgn subgroups computes
+    v.tm x v.tn 16 x 16 results (accumulators acc{i}_{j}, and acd{i}_{j} for w2), each 16-input
+    slice of the step a left load per row block, a right load per column block and a
+    multiply-accumulate per pair; the next step's slices are fetched into registers fx{n} / fw{n} /
+    fv{n} (invocation lid's n-th: slice lid + n WG) while this step's are multiplied. 1/rms is
+    applied to x before its tile, so the store applies nothing."""
     v.check()
     pairs = [(i, j) for i in range(v.tm) for j in range(v.tn)]
     decl = [f"  var acc{i}_{j} = Acc();" for i, j in pairs] + ([f"  var acd{i}_{j} = Acc();" for i, j in pairs]
                                                                if dual else [])
-    body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, {16 * i}u * KT + kk, false, KT);"
+    body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, (tm0 + {16 * i}u) * ST + kk, false, ST);"
             for i in range(v.tm)]
     for arr, name, acc in (("ws", "b", "acc"), ("ws2", "e", "acd")) if dual else (("ws", "b", "acc"),):
-        if v.direct:    # W's rows o0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
+        if v.direct:    # W's rows o0 + om0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
             body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr.replace('ws', 'wh')}, "
-                     f"(o0 + {16 * j}u) * w_I + k * KT + kk, true, w_I);" for j in range(v.tn)]
+                     f"(o0 + om0 + {16 * j}u) * w_I + k * KT + kk, true, w_I);" for j in range(v.tn)]
         else:
-            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, {16 * j}u * KT + kk, true, KT);"
+            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, (om0 + {16 * j}u) * ST + kk, true, ST);"
                      for j in range(v.tn)]
         body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
                  for i, j in pairs]
+    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile)
+    slots = [("fx", "fetch_x", "put_x", v.bm * v.kstep, "t0", ", T")]
+    if not v.direct:
+        slots += [("fw", "fetch_w", "put_w", v.bn * v.kstep, "o0", "")]
+        slots += [("fv", "fetch_w2", "put_w2", v.bn * v.kstep, "o0", "")] if dual else []
+    fetch0, put, fetch = [], [], []
+    for reg, fn, pfn, n, base, extra in slots:
+        for s in range(_slots(n, v.wg)):
+            fetch0.append(f"  var {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, 0u{extra});")
+            fetch.append(f"      {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, (k + 1u) * KS{extra});")
+            put.append(f"    {pfn}(lid + {s * v.wg}u, {reg}{s});")
+    ysg = 512 if dual else 256     # each subgroup's 16 x 16 result(s) in ys
     store = []
-    for i, j in pairs:    # one 16 x 16 result at a time through ys (small: more workgroups fit an SM)
-        store += [f"  subgroupMatrixStore(&ys, 0u, acc{i}_{j}, false, 16u);"]
-        store += [f"  subgroupMatrixStore(&ys, 256u, acd{i}_{j}, false, 16u);"] if dual else []
+    up = f"ys[sg * {ysg}u + 256u + e]" if dual else f"ys[sg * {ysg}u + e]"    # epilogue's second value
+    for i, j in pairs:    # one 16 x 16 result a subgroup at a time through ys (small: more workgroups fit an SM)
+        store += [f"  subgroupMatrixStore(&ys, sg * {ysg}u, acc{i}_{j}, false, 16u);"]
+        store += [f"  subgroupMatrixStore(&ys, sg * {ysg}u + 256u, acd{i}_{j}, false, 16u);"] if dual else []
         store += ["  workgroupBarrier();",
-                  "  for (var e = lid; e < 256u; e += WG) {",
-                  f"    let t = t0 + {16 * i}u + e / 16u;",
-                  f"    let o = o0 + {16 * j}u + e % 16u;",
-                  f"    if (t < T && o < w_O) {{ epilogue(t, o, ys[e], {'ys[256u + e]' if dual else 'ys[e]'}); }}",
+                  "  for (var e = lane; e < 256u; e += 32u) {",
+                  f"    let t = t0 + tm0 + {16 * i}u + e / 16u;",
+                  f"    let o = o0 + om0 + {16 * j}u + e % 16u;",
+                  f"    if (t < T && o < w_O) {{ epilogue(t, o, ys[sg * {ysg}u + e], {up}); }}",
                   "  }",
                   "  workgroupBarrier();"]
-    rp = max(1, v.wg // v.bm)
-    return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "DIRECT_W": v.direct,
-            "XS_N": 4 * v.kstep * v.bm, "WS_N": 4 * v.kstep * v.bn, "YS_N": (2 if dual else 1) * 256,
-            "ACC_DECL": "\n".join(decl), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
+    rp = 32        # the fused norm's 1/rms: a subgroup's worth of invocations a row (coalesced reads)
+    st = 4 * v.kstep + 8
+    return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "SGN": v.sgn, "SUB_M": 16 * v.tm,
+            "SUB_N": 16 * v.tn, "DIRECT_W": v.direct,
+            "XS_N": st * v.bm, "WS_N": st * v.bn, "YS_N": ysg * v.sgm * v.sgn,
+            "ACC_DECL": "\n".join(decl), "FETCH_DECL": "\n".join(fetch0), "PUT": "\n".join(put),
+            "FETCH_NEXT": "\n".join(fetch), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
             "RP": rp, "RS": v.wg // rp}

@@ -19,7 +19,8 @@ in one arena; every op lists what it reads and writes:
     h{i}, h2_{i} (T, dim)        normed x (unfused norms only)
     qkv{i}     (T, q_dim + 2 kv_dim)   the QKV projection (when RoPE is a separate kernel)
     q{i}       (KVH, T * GROUP, DH)    RoPE'd queries, grouped by KV head
-    part{i}    (KVH, T * GROUP, NSPLIT * (DH + 2))  attention partials per key chunk
+    part{i}    (KVH, T * GROUP, NSPLIT * (DH + 2))  attention partials per key chunk (not in prefill
+               graphs with the one-pass attention)
     attn{i}    (T, q_dim)        attention output
     act{i}     (T, ffn_dim)      act(gate) * up
     proj{i}, ffo{i} (T, dim)     Gemma 3: O projection / FFN output before its post-norm
@@ -44,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from ..gpu.base import Buffer
 from ..graph import Graph, T
-from ..kernels.attention import AttentionCombineKernel, AttentionKernel, AttnChoice
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel, AttnChoice
 from ..kernels.autotune import (
     choose_attention,
     choose_cols,
@@ -178,6 +179,8 @@ class Attention(Op):
     kernel: AttnChoice           # AttentionKernel's variant, chunk (keys per workgroup: the partials'
                                  # nsplit = ceil(cache rows / chunk)) and V prefetch
     tree: bool = False           # each query row sees what its tree record allows (kernels/tree.py)
+    flash: bool = False          # prefill: AttentionPrefillKernel, the whole softmax in one pass (writes
+                                 # the token-major heads; no partials, no Combine)
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -244,6 +247,9 @@ class ForwardBuilder:
         self.combine_quant = (self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
                               and lora is None)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
+        # prefill (one sequence, no tree): the one-pass attention writes attn{i} itself
+        self.flash = stage == "prefill" and not tree and AttentionPrefillKernel.supported(
+            m.dev, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads, m.cap_stride)
         self.g = Graph(capacity, layout)
         self._attn = {}              # sliding window -> attn_kernel's choice
         self._tensors()
@@ -266,7 +272,9 @@ class ForwardBuilder:
             g.tensor(f"h{i}", cfg.dim)
             g.tensor(f"qkv{i}", cfg.q_dim + 2 * cfg.kv_dim)
             g.tensor(f"q{i}", cfg.head_dim, T * group, b=cfg.n_kv_heads)
-            g.tensor(f"part{i}", self.nsplit(i) * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads, layout="linear")
+            if not self.flash:
+                g.tensor(f"part{i}", self.nsplit(i) * (cfg.head_dim + 2), T * group, b=cfg.n_kv_heads,
+                         layout="linear")
             g.tensor(f"attn{i}", cfg.q_dim)
             g.tensor(f"h2_{i}", cfg.dim)
             g.tensor(f"act{i}", cfg.ffn_dim)
@@ -294,7 +302,7 @@ class ForwardBuilder:
     # -- one decoder layer ---------------------------------------------------------------------
     def layer(self, i: int, lw) -> None:
         q = self.qkv(i, lw)              # q = rope(norm(x) Wqkv + b); K, V appended to the cache
-        part = self.attention(i, lw, q)  # softmax(q K^T) V per key chunk
+        part = self.attention(i, lw, q)  # softmax(q K^T) V per key chunk (prefill: all of it, attn{i})
         o_in = self.combine(i, lw, part)
         self.o_proj(i, lw, o_in)         # x += attn Wo
         a = self.gate_up(i, lw)          # a = act(norm(x) Wg) * (norm(x) Wu)
@@ -352,13 +360,20 @@ class ForwardBuilder:
     def attention(self, i: int, lw, q: str) -> str:
         cfg = self.cfg
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
-        self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(f"part{i}",), k_cache=lw.k_cache,
-                             v_cache=lw.v_cache, window=window, kernel=self.attn_kernel(i), tree=self.tree))
-        return f"part{i}"
+        out = f"attn{i}" if self.flash else f"part{i}"
+        self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(out,), k_cache=lw.k_cache,
+                             v_cache=lw.v_cache, window=window, kernel=self.attn_kernel(i), tree=self.tree,
+                             flash=self.flash))
+        return out
 
     def combine(self, i: int, lw, part: str) -> str:
         """The attention chunks combined into attn{i}, or into the O projection's int8 row."""
         g = self.g
+        if self.flash:    # the attention wrote attn{i}
+            if self.int8["o"]:
+                g.add(Quantize(label=f"L{i}.quant_o", reads=(part,), writes=(f"xqo{i}",), fmt=lw.wo.fmt, norm=None))
+                return f"xqo{i}"
+            return part
         nsplit = self.nsplit(i)
         if self.combine_quant:
             g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt,
@@ -455,10 +470,20 @@ class ForwardBuilder:
                 g.add(Quantize(label=f"L{i}.{quant_label}", reads=(x,), writes=(xq,), fmt=self._weight(i, role).fmt,
                                norm=norm))
             return xq, None, True
-        if self.fuse:
+        if self.fuse and not self._mma(i, role):
             return x, norm, True
         g.add(Norm(label=f"L{i}.{norm_label}", reads=(x,), writes=(h,), weight=norm))
         return h, None, False
+
+    def _mma(self, i: int, role: str) -> bool:
+        """Whether the role's prefill GEMM is the matrix-unit one: it reads a normed input (a Norm
+        op before it) instead of fusing the norm, whose 1/rms would make every tile read its
+        rows twice (H100: the fused norm cost the 8B QKV GEMM a third of its speed)."""
+        if self.stage != "prefill":
+            return False
+        lw = self.m.layers[i]
+        v = self._variant(*((lw.wqkv,) if role == "qkv" else (lw.w_gate, lw.w_up)))
+        return isinstance(v, GemmVariant) and v.mma
 
     def _weight(self, i: int, role: str) -> GPUWeight:
         lw = self.m.layers[i]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from ..gpu.base import Buffer
 from ..graph import Graph
-from ..kernels.attention import AttentionCombineKernel, AttentionKernel
+from ..kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel
 from ..kernels.embedding import EmbeddingKernel
 from ..kernels.linear import Epilogue, LinearKernel, PreNorm, QuantOut, RopeOut
 from ..kernels.lora import LoraOut, LoraShrinkKernel
@@ -140,6 +140,12 @@ def _attention(op: F.Attention, c: LowerContext):
     cfg = c.cfg
     (q,), (part,) = op.reads, op.writes
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
+    if op.flash:
+        k = AttentionPrefillKernel(c.dev, c.desc(q), c.desc(part), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                   c.cap_stride, c.rows_cap, scale, window=op.window,
+                                   keys=8 if c.cap_stride % 8 == 0 else 4)
+        return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
+                   "out": c.arena_range(part)}
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
                         scale, window=op.window, **op.kernel._asdict(), tree=op.tree)
     return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,

@@ -135,12 +135,18 @@ class SyntheticTensor:
     def nbytes(self) -> int:
         return stored_bytes(self.type_name, self.shape)
 
-    def raw(self) -> bytes:
+    def raw(self) -> bytes | bytearray:
+        """The bytes: the type's pool repeated to the tensor's size, filled in place (one buffer of
+        the tensor's size at a time: the browser's WASM heap stays small for 8B shapes)."""
         n = self.nbytes
         pool = _pool(self.type_name)
         if n <= len(pool):
             return pool[:n]
-        return (pool * (n // len(pool) + 1))[:n]
+        out = bytearray(n)
+        mv, p = memoryview(out), len(pool)
+        for off in range(0, n, p):
+            mv[off:off + p] = pool[:min(p, n - off)]
+        return out
 
     def __repr__(self) -> str:
         return f"SyntheticTensor({self.name!r}, {self.shape}, {self.type_name})"
