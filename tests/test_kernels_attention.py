@@ -111,6 +111,15 @@ def test_prefill_attention(H, KVH, DH, pos0, T):
     assert_close(*run_prefill_attention(H, KVH, DH, 512, pos0, T, t_cap=T + 3, q_layout="sliced" if DH == 80 else "linear"))
 
 
+def test_prefill_attention_block_past_the_cache():
+    """Cache rows (500) no multiple of the key block: the last block loads zeros past them."""
+    assert_close(*run_prefill_attention(4, 2, 64, 500, 470, 25, kernel={"keys": 4}))
+    dev = device()
+    limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
+    bk = AttentionPrefillKernel.block_keys(dev, 128, 8)
+    assert bk in (8, 16, 32) and 2 * bk * 33 * 16 <= limit and (bk == 32 or 2 * 2 * bk * 33 * 16 > limit)
+
+
 @pytest.mark.parametrize("window,pos0,T", [(16, 250, 20), (4, 0, 9), (300, 200, 120), (1, 10, 3)])
 def test_prefill_attention_sliding_window(window, pos0, T):
     assert_close(*run_prefill_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, out_layout="sliced"))

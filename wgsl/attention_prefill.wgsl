@@ -6,15 +6,18 @@ diagnostic(off, subgroup_uniformity);
 // Causal attention of a prompt chunk in one pass (flash attention, no partials): each query row
 // (token t, query head h of KV head kvh) is owned by LANES consecutive invocations, lane l holding
 // the row's channels 4 (l + LANES i) .. + 3 (i < NV) of q and of its output in registers. The
-// keys are visited KB at a time with an online softmax: their scores are the lanes' partial dot
-// products summed with subgroup shuffles (a row's lanes lie in one subgroup), then
+// workgroup (BQ consecutive tokens x all GROUP heads of one KV head) walks the keys in blocks of
+// BK: each block's K rows and V columns are loaded once, coalesced, into workgroup memory
+//   ks[j][c] = K[k0 + j][4c .. 4c + 3]       vs[j][c] = V[4c .. 4c + 3][k0 + j]
+// (rows DH4 + 1 vec4s apart against bank conflicts), then every row visits them KB at a time
+// with an online softmax: their scores are the lanes' partial dot products summed with subgroup
+// shuffles (a row's lanes lie in one subgroup), then
 //   m' = max(m, s), o = o e^(m - m') + sum_j e^(s_j - m') V[:, k + j], l likewise,
-// and o / l is written token-major: out[t, (kvh GROUP + h) DH + d]. A workgroup holds BQ
-// consecutive tokens x all GROUP heads of one KV head (their K and V loads hit the same lines);
-// its key loop runs from the first key its first token's window sees (a multiple of 4; KB divides
-// the cache rows, which the kernel's caller checks) to its last token, each row
-// masking what it may not see, so the loop is uniform. Keys are cache rows (prefill: one sequence,
-// row k = position k); K (KVH, CAP, DH / 4) vec4, V transposed (KVH, DH, CAP / 4) vec4.
+// and o / l is written token-major: out[t, (kvh GROUP + h) DH + d]. The key loop runs from the
+// block holding the first key the first token's window sees to the last token, each row masking
+// what it may not see, so the loop (and its barriers and shuffles) is uniform. Keys are cache rows
+// (prefill: one sequence, row k = position k); K (KVH, CAP, DH / 4) vec4, V transposed
+// (KVH, DH, CAP / 4) vec4; a block reaching past CAP loads zeros there.
 // Dispatch: (ceil(T / BQ), KVH), WG = LANES GROUP BQ invocations.
 {{STEP_DECL}}
 {{Q_DECL}}
@@ -28,6 +31,11 @@ const CAP: u32 = {{CAP}}u;
 const LANES: u32 = {{LANES}}u;
 const BQ: u32 = {{BQ}}u;
 const KB: u32 = {{KB}}u;           // keys an iteration (4 or 8)
+const BK: u32 = {{BK}}u;           // keys a block in workgroup memory (a multiple of KB)
+const DH4P: u32 = DH4 + 1u;
+const WG: u32 = {{WG}}u;
+var<workgroup> ks: array<vec4<f32>, {{BK}} * {{DH4P}}>;
+var<workgroup> vs: array<vec4<f32>, {{BK}} * {{DH4P}}>;
 const SCALE: f32 = {{SCALE}};
 const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
 
@@ -63,22 +71,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let tc = min(t, T - 1u);                     // rows past the chunk compute row T - 1, write nothing
   let p = row_pos(tc);
   let lo = window_lo(p);
-  // the workgroup's keys: from its first token's window start (a multiple of 4) to its last token
-  let k_lo = window_lo(row_pos(t0)) / KB * KB;
+  // the workgroup's keys: from its first token's window start (rounded down to a block) to its last token
+  let k_lo = window_lo(row_pos(t0)) / BK * BK;
   let k_hi = row_pos(min(t0 + BQ, T) - 1u) + 1u;
 {{Q_LOAD}}
   var m = -3.0e38;
   var l = 0.0;
 {{O_DECL}}
-  let kb = kvh * CAP;
-  for (var k = k_lo; k < k_hi; k += KB) {
+  for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
+    workgroupBarrier();
+    for (var i = lid; i < BK * DH4; i += WG) {
+      let j = i / DH4;
+      let c = i % DH4;
+      ks[j * DH4P + c] = select(vec4<f32>(0.0), kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c], k0 + j < CAP);
+    }
+    for (var i = lid; i < DH * (BK / 4u); i += WG) {   // channel d, keys 4 g .. 4 g + 3
+      let d = i / (BK / 4u);
+      let g = i % (BK / 4u);
+      let v = select(vec4<f32>(0.0), vc[((kvh * DH + d) * CAP + min(k0 + 4u * g, CAP - 4u)) / 4u], k0 + 4u * g < CAP);
+      let o = 4u * g * DH4P + d / 4u;
+      vs[o][d % 4u] = v.x;
+      vs[o + DH4P][d % 4u] = v.y;
+      vs[o + 2u * DH4P][d % 4u] = v.z;
+      vs[o + 3u * DH4P][d % 4u] = v.w;
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < BK; kk += KB) {
+      let k = k0 + kk;
 {{K_MATH}}
 {{S_MATH}}
-    let corr = exp(m - mn);
-    l = l * corr;
+      let corr = exp(m - mn);
+      l = l * corr;
 {{E_MATH}}
-    m = mn;
+      m = mn;
 {{V_MATH}}
+    }
   }
   if (t < T) {
     let inv = 1.0 / l;

@@ -207,7 +207,8 @@ class AttentionKernel(Kernel):
 class AttentionPrefillKernel(Kernel):
     """A prompt chunk's causal attention in one pass (wgsl/attention_prefill.wgsl: flash
     attention with an online softmax; no partials, no combine): LANES invocations a query row,
-    BQ tokens x GROUP heads of one KV head a workgroup. For the prefill graph (one sequence:
+    BQ tokens x GROUP heads of one KV head a workgroup, K and V in blocks of BK keys staged in
+    workgroup memory. For the prefill graph (one sequence:
     cache row = position; no tree). Bindings:
       step  the Step uniform
       q     (B = KVH, W = rows_cap, C = DH) activation: RopeQKVKernel's relayout
@@ -217,7 +218,7 @@ class AttentionPrefillKernel(Kernel):
     Dispatch: workgroups(T) = (ceil(T / BQ), KVH)."""
     template = "attention_prefill"
     LANES = 4             # invocations a query row (H100, scripts/prefill_attention.py: 4 beat 8 and 16)
-    ROWS = 128            # invocations a workgroup aims at (LANES x GROUP x BQ)
+    ROWS = 256            # invocations a workgroup aims at (LANES x GROUP x BQ; 256 beat 128 on the H100)
 
     @classmethod
     def lanes(cls, head_dim: int, most: int = LANES) -> int:
@@ -230,8 +231,9 @@ class AttentionPrefillKernel(Kernel):
 
     @classmethod
     def supported(cls, dev: Device, head_dim: int, n_heads: int, n_kv: int, cap: int) -> bool:
+        limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
         return (dev.has_subgroups and head_dim % 4 == 0 and cap % 4 == 0 and n_heads % n_kv == 0
-                and cls.LANES * (n_heads // n_kv) <= 256)
+                and cls.LANES * (n_heads // n_kv) <= 256 and 2 * 8 * (head_dim // 4 + 1) * 16 <= limit)
 
     def __init__(self, dev: Device, q_rel: TensorDesc, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
                  cap: int, rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
@@ -252,9 +254,10 @@ class AttentionPrefillKernel(Kernel):
         self.bq = max(1, rows // (lanes * self.group))
         b = Bindings()
         j = "\n".join
+        self.bk = self.block_keys(dev, head_dim, keys)
         kmath, smath, emath = [], [], []
         for kk in range(keys):
-            terms = " + ".join(f"dot(q{i}, kc[(kb + k + {kk}u) * DH4 + lane + {i * lanes}u])" for i in range(nv))
+            terms = " + ".join(f"dot(q{i}, ks[(kk + {kk}u) * DH4P + lane + {i * lanes}u])" for i in range(nv))
             kmath.append(f"    let a{kk} = row_sum({terms});")
         for g in range(keys // 4):   # keys 4g .. 4g + 3: their visibility and scores
             ks = [f"k + {4 * g + c}u" for c in range(4)]
@@ -266,12 +269,9 @@ class AttentionPrefillKernel(Kernel):
         for g in range(keys // 4):
             emath.append(f"    let e{g} = select(vec4<f32>(0.0), exp(s{g} - vec4<f32>(mn)), vis{g});")
             emath.append(f"    l += e{g}.x + e{g}.y + e{g}.z + e{g}.w;")
-        vmath = []
-        for i in range(nv):
-            vmath.append(f"    let vb{i} = (kvh * DH + 4u * (lane + {i * lanes}u)) * (CAP / 4u) + k / 4u;")
-            vmath.append(f"    o{i} = o{i} * corr + vec4<f32>(" + ", ".join(
-                " + ".join(f"dot(e{g}, vc[vb{i} + {c}u * (CAP / 4u) + {g}u])" for g in range(keys // 4))
-                for c in range(4)) + ");")
+        vmath = [f"    o{i} = o{i} * corr + " + " + ".join(
+            f"e{j // 4}.{'xyzw'[j % 4]} * vs[(kk + {j}u) * DH4P + lane + {i * lanes}u]" for j in range(keys)) + ";"
+            for i in range(nv)]
         d = {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
              "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
                                 writable=True),
@@ -279,7 +279,7 @@ class AttentionPrefillKernel(Kernel):
                                 writable=True),
              "OUT_DECL": b.tensor("out", out),
              "DH": head_dim, "DH4": head_dim // 4, "GROUP": self.group, "CAP": cap, "LANES": lanes, "BQ": self.bq,
-             "KB": keys, "WG": lanes * self.group * self.bq, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
+             "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
              "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),
              "Q_LOAD": j(f"  let q{i} = q_read(kvh, tc * GROUP + h, 0u, lane + {i * lanes}u);" for i in range(nv)),
@@ -288,6 +288,18 @@ class AttentionPrefillKernel(Kernel):
              "O_WRITE": j(f"    out_write1(0u, t, 0u, c0 + 4u * (lane + {i * lanes}u) + {c}u, o{i}.{'xyzw'[c]} * inv);"
                           for i in range(nv) for c in range(4))}
         super().__init__(dev, d, b, self.template)
+
+    @staticmethod
+    def block_keys(dev: Device, head_dim: int, keys: int) -> int:
+        """Keys a block in workgroup memory: the most of 32, 16, 8 (multiples of `keys`) whose K and
+        V blocks (rows padded by a vec4) fit the adapter's workgroup memory (8 always fit 16 KiB
+        for head_dim <= 248)."""
+        limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
+        fits = [bk for bk in (32, 16, 8) if bk % keys == 0 and 2 * bk * (head_dim // 4 + 1) * 16 <= limit]
+        if not fits:
+            raise UnsupportedModelError(f"one-pass prefill attention: a block of 8 keys of head_dim {head_dim} "
+                                        f"needs more than the adapter's {limit} bytes of workgroup memory")
+        return fits[0]
 
     def workgroups(self, t: int):
         return (ceil_div(t, self.bq), self.n_kv, 1)
