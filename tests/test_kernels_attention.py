@@ -81,12 +81,16 @@ def assert_close(got, ref):
 
 
 def run_prefill_attention(H, KVH, DH, cap, pos0, T, window=0, softcap=None, scale=None, t_cap=None, seed=0,
-                          out_layout="linear", q_layout="linear", kernel=None):
-    """AttentionPrefillKernel over T rows at positions pos0.. (their keys: cache rows 0 .. pos0 + T - 1)."""
+                          out_layout="linear", q_layout="linear", kernel=None, poison=False):
+    """AttentionPrefillKernel over T rows at positions pos0.. (their keys: cache rows 0 .. pos0 + T - 1);
+    poison: the cache rows past them hold NaN (what an earlier sequence may leave must not reach the sums)."""
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    if poison:
+        kc[:, pos0 + T:] = np.nan
+        vc[:, :, pos0 + T:] = np.nan
     q_d = TensorDesc("q", DH, t_cap * group, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
     k = AttentionPrefillKernel(device(), q_d, out_d, H, KVH, DH, cap, t_cap * group, scale, window, softcap,
@@ -114,6 +118,7 @@ def test_prefill_attention(H, KVH, DH, pos0, T):
 def test_prefill_attention_block_past_the_cache():
     """Cache rows (500) no multiple of the key block: the last block loads zeros past them."""
     assert_close(*run_prefill_attention(4, 2, 64, 500, 470, 25, kernel={"keys": 4}))
+    assert_close(*run_prefill_attention(9, 3, 64, 512, 100, 37, poison=True))
     dev = device()
     limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
     bk = AttentionPrefillKernel.block_keys(dev, 128, 8)

@@ -1,5 +1,5 @@
-// Shared by attention.wgsl and attention_gqa.wgsl: bindings, shapes and the score (scaled,
-// optionally soft-capped) of phase 1 of the split-K attention.
+// Shared by attention.wgsl, attention_gqa.wgsl and attention_split.wgsl: bindings, shapes and
+// the score (attention_score.wgsl) of phase 1 of the split-K attention.
 {{STEP_DECL}}
 {{Q_DECL}}
 {{KC_DECL}}
@@ -14,18 +14,10 @@ const CHUNK: u32 = {{CHUNK}}u;
 const CHUNK4: u32 = {{CHUNK4}}u;
 const NSPLIT: u32 = {{NSPLIT}}u;
 const ROWS_CAP: u32 = {{ROWS_CAP}}u;
-const SCALE: f32 = {{SCALE}};
-const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
 const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
 const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
 
-fn score(a: f32) -> f32 {
-  var s = a * SCALE;
-#if SOFTCAP
-  s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
-#endif
-  return s;
-}
+#include attention_score
 
 // The position row t queries at: its cache slot, or with TREE its RoPE position (the record's
 // pos: keys are then read in the logical order of the row's path, key_slot).
@@ -73,11 +65,6 @@ fn visible(p: u32, lo: u32, k: u32) -> bool {
   return k <= p && k >= lo;
 }
 
-// The first key a sliding window lets a query at position p see.
-fn window_lo(p: u32) -> u32 {
-  if (WINDOW > 0u && p + 1u > WINDOW) { return p + 1u - WINDOW; }
-  return 0u;
-}
 
 // Whether the chunk whose keys sit at positions kp0 .. kp0 + CHUNK - 1 (kp0: key_pos of its first
 // cache row) holds a key the query at position p (window start lo) sees.

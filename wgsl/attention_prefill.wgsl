@@ -17,7 +17,8 @@ diagnostic(off, subgroup_uniformity);
 // block holding the first key the first token's window sees to the last token, each row masking
 // what it may not see, so the loop (and its barriers and shuffles) is uniform. Keys are cache rows
 // (prefill: one sequence, row k = position k); K (KVH, CAP, DH / 4) vec4, V transposed
-// (KVH, DH, CAP / 4) vec4; a block reaching past CAP loads zeros there.
+// (KVH, DH, CAP / 4) vec4; a block reaching past the workgroup's last key loads zeros there (so
+// whatever the cache holds past it, even from an earlier sequence, cannot reach the sums).
 // Dispatch: (ceil(T / BQ), KVH), WG = LANES GROUP BQ invocations.
 {{STEP_DECL}}
 {{Q_DECL}}
@@ -36,21 +37,7 @@ const DH4P: u32 = DH4 + 1u;
 const WG: u32 = {{WG}}u;
 var<workgroup> ks: array<vec4<f32>, {{BK}} * {{DH4P}}>;
 var<workgroup> vs: array<vec4<f32>, {{BK}} * {{DH4P}}>;
-const SCALE: f32 = {{SCALE}};
-const WINDOW: u32 = {{WINDOW}}u;   // 0: no sliding window
-
-fn score(a: f32) -> f32 {
-  var s = a * SCALE;
-#if SOFTCAP
-  s = {{CAP_ATTN}} * tanh(clamp(s / {{CAP_ATTN}}, -15.0, 15.0));
-#endif
-  return s;
-}
-
-fn window_lo(p: u32) -> u32 {
-  if (WINDOW > 0u && p + 1u > WINDOW) { return p + 1u - WINDOW; }
-  return 0u;
-}
+#include attention_score
 
 // the sum of a over the row's LANES lanes
 fn row_sum(a: f32) -> f32 {
@@ -83,12 +70,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = lid; i < BK * DH4; i += WG) {
       let j = i / DH4;
       let c = i % DH4;
-      ks[j * DH4P + c] = select(vec4<f32>(0.0), kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c], k0 + j < CAP);
+      ks[j * DH4P + c] = select(vec4<f32>(0.0), kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c], k0 + j < k_hi);
     }
     for (var i = lid; i < DH * (BK / 4u); i += WG) {   // channel d, keys 4 g .. 4 g + 3
       let d = i / (BK / 4u);
       let g = i % (BK / 4u);
-      let v = select(vec4<f32>(0.0), vc[((kvh * DH + d) * CAP + min(k0 + 4u * g, CAP - 4u)) / 4u], k0 + 4u * g < CAP);
+      let kg = k0 + 4u * g;
+      let v = select(vec4<f32>(0.0), vc[((kvh * DH + d) * CAP + min(kg, CAP - 4u)) / 4u],
+                     vec4<bool>(kg < k_hi, kg + 1u < k_hi, kg + 2u < k_hi, kg + 3u < k_hi));
       let o = 4u * g * DH4P + d / 4u;
       vs[o][d % 4u] = v.x;
       vs[o + DH4P][d % 4u] = v.y;

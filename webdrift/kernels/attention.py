@@ -208,8 +208,8 @@ class AttentionPrefillKernel(Kernel):
     """A prompt chunk's causal attention in one pass (wgsl/attention_prefill.wgsl: flash
     attention with an online softmax; no partials, no combine): LANES invocations a query row,
     BQ tokens x GROUP heads of one KV head a workgroup, K and V in blocks of BK keys staged in
-    workgroup memory. For the prefill graph (one sequence:
-    cache row = position; no tree). Bindings:
+    workgroup memory. For the prefill graph (one sequence: cache row = position; no tree).
+    Bindings:
       step  the Step uniform
       q     (B = KVH, W = rows_cap, C = DH) activation: RopeQKVKernel's relayout
       kc    (KVH, cap, DH / 4) vec4<f32> K cache
@@ -260,8 +260,8 @@ class AttentionPrefillKernel(Kernel):
             terms = " + ".join(f"dot(q{i}, ks[(kk + {kk}u) * DH4P + lane + {i * lanes}u])" for i in range(nv))
             kmath.append(f"    let a{kk} = row_sum({terms});")
         for g in range(keys // 4):   # keys 4g .. 4g + 3: their visibility and scores
-            ks = [f"k + {4 * g + c}u" for c in range(4)]
-            smath.append(f"    let vis{g} = vec4<bool>(" + ", ".join(f"{x} <= p && {x} >= lo" for x in ks) + ");")
+            at = [f"k + {4 * g + c}u" for c in range(4)]
+            smath.append(f"    let vis{g} = vec4<bool>(" + ", ".join(f"{x} <= p && {x} >= lo" for x in at) + ");")
             smath.append(f"    let s{g} = select(vec4<f32>(-3.0e38), vec4<f32>(" + ", ".join(
                 f"score(a{4 * g + c})" for c in range(4)) + f"), vis{g});")
         mx = [f"max(max(s{g}.x, s{g}.y), max(s{g}.z, s{g}.w))" for g in range(keys // 4)]
@@ -279,7 +279,8 @@ class AttentionPrefillKernel(Kernel):
                                 writable=True),
              "OUT_DECL": b.tensor("out", out),
              "DH": head_dim, "DH4": head_dim // 4, "GROUP": self.group, "CAP": cap, "LANES": lanes, "BQ": self.bq,
-             "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
+             "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq,
+             "SCALE": wgsl_float(scale), "WINDOW": window or 0,
              "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
              "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),
              "Q_LOAD": j(f"  let q{i} = q_read(kvh, tc * GROUP + h, 0u, lane + {i * lanes}u);" for i in range(nv)),
