@@ -306,6 +306,66 @@ def test_tiny_model_int8_prefill_end_to_end(tmp_path):
     assert np.abs(f - g).max() <= 1e-4 * np.abs(g).max()
 
 
+def test_prefill_int8_by_role(tmp_path, monkeypatch):
+    """The prefill's int8 choice is per layer role (choices.choose_prefill_int8: on a tuned adapter
+    each role's GEMM is timed both ways): a mixed graph (int8 QKV and gate/up, float O and down)
+    puts quantize ops before the int8 GEMMs only, and its logits are those of the same arithmetic in
+    the decode kernels (int8 activations on the same roles; as test_tiny_model_int8_prefill_end_to_end);
+    auto on a software adapter is float everywhere."""
+    import webdrift
+    from tests.tiny_model import write_tiny_gguf
+    from webdrift.models import loader
+    p = write_tiny_gguf(tmp_path / "tiny.gguf")
+    kw = {"max_context": 256, "prefill_chunk": 64, "weight_format": "q8", "autotune": False, "int8_activations": False}
+    auto = webdrift.load(p, prefill_kernels="gemm", **kw)
+    assert auto.model.prefill_int8_roles == dict.fromkeys(("qkv", "o", "gateup", "down"), False)
+    mixed_roles = {"qkv": True, "o": False, "gateup": True, "down": False}
+    monkeypatch.setattr(loader, "choose_prefill_int8", lambda model, wanted: dict(mixed_roles))
+    mixed = webdrift.load(p, prefill_kernels="gemm", **kw)
+    monkeypatch.undo()
+    ops = {op.label.split(".", 1)[1]: op for op in mixed.prefill.graph.ops if op.label.startswith("L0.")}
+    assert ops["norm+quant"] and ops["norm+quant_ffn"] and "quant_down" not in ops and "quant_o" not in ops
+    lin = [op for op in mixed.prefill.graph.ops if type(op).__name__ == "Linear" and not op.head]
+    assert [op.int8_input for op in lin[:4]] == [True, False, True, False]
+    from webdrift.profile.benchmark import prefill_kernels_used
+    assert prefill_kernels_used(mixed)[0] == "gemm_int8:qkv+gateup" and prefill_kernels_used(auto)[0] == "gemm_float"
+    blk = webdrift.load(p, prefill_kernels="gemv", **{**kw, "int8_activations": mixed_roles})
+    ids = list(range(5, 140))
+    a, b, c = mixed.logits(ids), blk.logits(ids), auto.logits(ids)
+    err = np.abs(a - b).max(axis=1) / np.abs(b).max()
+    assert (err <= 1e-4).mean() >= 0.97 and err.max() <= 1e-2, sorted(err)[-5:]
+    assert np.abs(a - c).max() > 10 * np.abs(a - b).max()    # not the float path's logits
+
+
+def test_prefill_int8_choice_times_each_role(monkeypatch):
+    """On a tuned GPU, choose_prefill_int8 asks gemm_int8_pays about each layer role's own
+    weights (gate/up as its pair) and follows each answer; forced values and software adapters
+    give one answer for every role."""
+    from types import SimpleNamespace
+
+    from webdrift.models import choices
+    lw = SimpleNamespace(**{n: SimpleNamespace(name=n, fmt="q4", i=256, o=256)
+                            for n in ("wqkv", "wo", "w_gate", "w_up", "w_down")})
+    gpu = SimpleNamespace(has_dp4a=True, has_timestamps=True, info=SimpleNamespace(is_cpu=False))
+    asked = []
+
+    def pays(dev, w, w2=None, enabled=True):
+        asked.append((w.name, w2 and w2.name))
+        return {"int8": w.name in ("wqkv", "w_gate")}
+    monkeypatch.setattr(choices, "gemm_int8_pays", pays)
+    model = SimpleNamespace(dev=gpu, layers=[lw], autotune=True)
+    got = choices.choose_prefill_int8(model, None)
+    assert got == {"qkv": True, "o": False, "gateup": True, "down": False}
+    assert asked == [("wqkv", None), ("wo", None), ("w_gate", "w_up"), ("w_down", None)]
+    assert choices.choose_prefill_int8(model, False) == dict.fromkeys(got, False)
+    assert choices.choose_prefill_int8(model, True) == dict.fromkeys(got, True)
+    untuned = SimpleNamespace(dev=gpu, layers=[lw], autotune=False)
+    assert choices.choose_prefill_int8(untuned, None) == dict.fromkeys(got, True)
+    cpu = SimpleNamespace(dev=SimpleNamespace(has_dp4a=True, has_timestamps=True, info=SimpleNamespace(is_cpu=True)),
+                          layers=[lw], autotune=True)
+    assert choices.choose_prefill_int8(cpu, None) == dict.fromkeys(got, False)
+
+
 @pytest.mark.parametrize("int8", [False, True])
 def test_gemm_lora_epilogue(int8):
     """The LoRA expand in the GEMM's epilogue (linear_common.wgsl's lora_delta): y = x W^T +

@@ -1,6 +1,6 @@
 """What one model runs on one adapter, decided once at load: int8 activations per GEMV role and
-the int8 chain (by measurement where the adapter can time kernels), and whether the prefill
-GEMMs take int8 rows. The decision is a typed
+the int8 chain (by measurement where the adapter can time kernels), and which prefill GEMMs
+take int8 rows. The decision is a typed
 value that models/forward.py copies into the ops it builds; nothing downstream re-derives it.
 Per-weight kernel choices (GEMV variant, weight layout, attention kernel) come from
 kernels/autotune.py, measured per adapter and shape and cached.
@@ -36,13 +36,15 @@ def _layer_int8(dev, lw) -> tuple[list, bool]:
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
 
-def choose_prefill_int8(model, wanted: bool | None) -> bool:
-    """Whether the layers' prefill GEMMs read int8 rows (QuantizeKernel + the integer-dot GEMM,
-    wgsl/linear_gemm_i8.wgsl). None (auto): where every layer weight is q4 / q8 / q4k / q6k with inputs a
-    multiple of 32 and the adapter has packed integer dot products, never on software adapters,
-    and where the adapter is tuned, if timing layer 0's gate/up GEMM both ways (with the
-    quantize dispatch) says int8 is faster (autotune.gemm_int8_pays; untimed: int8);
-    True: forced (UnsupportedModelError where impossible); False: the float GEMM.
+def choose_prefill_int8(model, wanted: bool | None) -> dict:
+    """Per layer role (qkv, o, gateup, down): whether its prefill GEMM reads int8 rows
+    (QuantizeKernel + the integer-dot GEMM, wgsl/linear_gemm_i8.wgsl). None (auto): where every
+    layer weight is q4 / q8 / q4k / q6k with inputs a multiple of 32 and the adapter has packed
+    integer dot products, never on software adapters, and where the adapter is tuned, per role
+    if timing layer 0's GEMM of that role both ways (the int8 one with its quantize dispatch)
+    says int8 is faster (autotune.gemm_int8_pays: e.g. the matrix-unit float GEMM may win O and
+    down while the int8 one wins QKV and gate/up; untimed: int8 everywhere); True: forced
+    everywhere (UnsupportedModelError where impossible); False: the float GEMM everywhere.
     `model`: dev, layers[0], autotune (a GPUModel)."""
     dev, lw = model.dev, model.layers[0]
     mats, ok = _layer_int8(dev, lw)
@@ -50,13 +52,12 @@ def choose_prefill_int8(model, wanted: bool | None) -> bool:
         raise UnsupportedModelError(
             "the int8 prefill GEMM needs q4/q8/q4k/q6k layer weights with inputs a multiple of 32 and WGSL's "
             f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
-    if wanted is not None:
-        return bool(wanted)
-    if not ok or dev.info.is_cpu:
-        return False
+    if wanted is not None or not ok or dev.info.is_cpu:
+        return dict.fromkeys(LAYER_ROLES, bool(wanted))
     if tunable(dev, model.autotune):
-        return bool(gemm_int8_pays(dev, lw.w_gate, lw.w_up, enabled=model.autotune)["int8"])
-    return True
+        by_role = {"qkv": (lw.wqkv, None), "o": (lw.wo, None), "gateup": (lw.w_gate, lw.w_up), "down": (lw.w_down, None)}
+        return {r: bool(gemm_int8_pays(dev, w, w2, enabled=model.autotune)["int8"]) for r, (w, w2) in by_role.items()}
+    return dict.fromkeys(LAYER_ROLES, True)
 
 
 def chain_possible(dev, cfg) -> bool:

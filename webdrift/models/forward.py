@@ -227,12 +227,12 @@ class ForwardBuilder:
         if tree and not all_logits:
             raise ValueError("tree verification needs every row's logits (all_logits)")
         # int8 activations per GEMV role (the model's choices): decode GEMVs by role; the prefill
-        # GEMMs of the layers all or none (a quantize op before each, as the decode GEMVs without
+        # GEMMs of the layers by role too (a quantize op before each, as the decode GEMVs without
         # the chain), the prefill head (decode kernels on the last row) keeps the float GEMV
         if stage == "decode":
             self.int8 = dict(m.int8_roles)
         else:
-            self.int8 = {r: m.prefill_int8 and r != "head" for r in m.int8_roles}
+            self.int8 = {r: m.prefill_int8_roles.get(r, False) for r in m.int8_roles}
         # every row's logits: the float head (scoring), but a tree verification in the decode
         # kernels keeps the decode steps' int8 head, so its logits round as theirs do
         self.int8["head"] = self.int8["head"] and (not all_logits or (tree and stage == "decode"))

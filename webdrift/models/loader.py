@@ -114,8 +114,13 @@ class GPUModel:
                                if cfg.rope_local_theta else self.inv_freq)
         self._tensors = None
         self.int8_choice: Int8Choice = choose_int8(self, int8_activations)
-        # the layers' prefill GEMMs on int8 rows (choices.choose_prefill_int8)
-        self.prefill_int8: bool = choose_prefill_int8(self, prefill_int8)
+        # the layers' prefill GEMMs on int8 rows, by role (choices.choose_prefill_int8)
+        self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8)
+
+    @property
+    def prefill_int8(self) -> bool:
+        """Whether any layer's prefill GEMM reads int8 rows."""
+        return any(self.prefill_int8_roles.values())
 
     @property
     def int8_roles(self) -> dict:
