@@ -20,6 +20,19 @@ from .quantize import block_defines, declare_rows, row_words
 from .tree import declare_tree
 
 
+def _attention_defines(b: Bindings, q_rel: TensorDesc, n_kv: int, group: int, head_dim: int, cap: int,
+                       scale: float, window: int, softcap: float | None) -> dict:
+    """What every attention kernel starts with: its first bindings (the step uniform, the queries,
+    the K and V caches) and the shapes, score scale, window and soft-cap (attention_score.wgsl)."""
+    return {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
+            "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
+                               writable=True),
+            "VC_DECL": b.array("vc", "array<vec4<f32>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
+                               writable=True),
+            "DH": head_dim, "DH4": head_dim // 4, "GROUP": group, "CAP": cap, "SCALE": wgsl_float(scale),
+            "WINDOW": window or 0, "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0)}
+
+
 class AttnChoice(NamedTuple):
     """An attention kernel (kernels/autotune.choose_attention's answer): AttentionKernel's
     variant, the split variant's chunk (keys per workgroup; 0: the variant's own) and whether it
@@ -103,18 +116,12 @@ class AttentionKernel(Kernel):
         if cap % 4:
             raise ValueError(f"attention reads V four keys at a time: cache rows {cap} must be a multiple of 4")
         b = Bindings()
-        d = {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
-             "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
-                                writable=True),
-             "VC_DECL": b.array("vc", "array<vec4<f32>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
-                                writable=True),
-             "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
-                                  "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
-             "CHUNK4": self.CHUNK // 4, "DH": head_dim, "DH4": head_dim // 4, "NJ": nj, "JL": jl,
-             "GROUP": self.group, "CAP": cap, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
-             "ROWS_CAP": rows_cap, "SCALE": wgsl_float(scale), "WINDOW": window or 0,
-             "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
-             "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""}
+        d = _attention_defines(b, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap)
+        d.update({"PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
+                                       "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
+                  "CHUNK4": self.CHUNK // 4, "NJ": nj, "JL": jl, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
+                  "ROWS_CAP": rows_cap, "TREE": tree,
+                  "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""})
         self.template = {"head": "attention", "grouped": "attention_gqa", "split": "attention_split"}[variant]
         if variant == "grouped":
             d.update(self._gqa_code(self.group, head_dim))
@@ -231,9 +238,8 @@ class AttentionPrefillKernel(Kernel):
 
     @classmethod
     def supported(cls, dev: Device, head_dim: int, n_heads: int, n_kv: int, cap: int) -> bool:
-        limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
         return (dev.has_subgroups and head_dim % 4 == 0 and cap % 4 == 0 and n_heads % n_kv == 0
-                and cls.LANES * (n_heads // n_kv) <= 256 and 2 * 8 * (head_dim // 4 + 1) * 16 <= limit)
+                and cls.LANES * (n_heads // n_kv) <= 256 and bool(cls._blocks(dev, head_dim, 4)))
 
     def __init__(self, dev: Device, q_rel: TensorDesc, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
                  cap: int, rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
@@ -272,34 +278,32 @@ class AttentionPrefillKernel(Kernel):
         vmath = [f"    o{i} = o{i} * corr + " + " + ".join(
             f"e{j // 4}.{'xyzw'[j % 4]} * vs[(kk + {j}u) * DH4P + lane + {i * lanes}u]" for j in range(keys)) + ";"
             for i in range(nv)]
-        d = {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
-             "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
-                                writable=True),
-             "VC_DECL": b.array("vc", "array<vec4<f32>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
-                                writable=True),
-             "OUT_DECL": b.tensor("out", out),
-             "DH": head_dim, "DH4": head_dim // 4, "GROUP": self.group, "CAP": cap, "LANES": lanes, "BQ": self.bq,
-             "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq,
-             "SCALE": wgsl_float(scale), "WINDOW": window or 0,
-             "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0),
-             "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),
-             "Q_LOAD": j(f"  let q{i} = q_read(kvh, tc * GROUP + h, 0u, lane + {i * lanes}u);" for i in range(nv)),
-             "O_DECL": j(f"  var o{i} = vec4<f32>(0.0);" for i in range(nv)),
-             "K_MATH": j(kmath), "S_MATH": j(smath), "E_MATH": j(emath), "V_MATH": j(vmath),
-             "O_WRITE": j(f"    out_write1(0u, t, 0u, c0 + 4u * (lane + {i * lanes}u) + {c}u, o{i}.{'xyzw'[c]} * inv);"
-                          for i in range(nv) for c in range(4))}
+        d = _attention_defines(b, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap)
+        d.update({"OUT_DECL": b.tensor("out", out), "LANES": lanes, "BQ": self.bq,
+                 "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq,
+                 "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),
+                 "Q_LOAD": j(f"  let q{i} = q_read(kvh, tc * GROUP + h, 0u, lane + {i * lanes}u);" for i in range(nv)),
+                 "O_DECL": j(f"  var o{i} = vec4<f32>(0.0);" for i in range(nv)),
+                 "K_MATH": j(kmath), "S_MATH": j(smath), "E_MATH": j(emath), "V_MATH": j(vmath),
+                 "O_WRITE": j(f"    out_write1(0u, t, 0u, c0 + 4u * (lane + {i * lanes}u) + {c}u, o{i}.{'xyzw'[c]} * inv);"
+                              for i in range(nv) for c in range(4))})
         super().__init__(dev, d, b, self.template)
 
     @staticmethod
-    def block_keys(dev: Device, head_dim: int, keys: int) -> int:
-        """Keys a block in workgroup memory: the most of 32, 16, 8 (multiples of `keys`) whose K and
-        V blocks (rows padded by a vec4) fit the adapter's workgroup memory (8 always fit 16 KiB
-        for head_dim <= 248)."""
+    def _blocks(dev: Device, head_dim: int, keys: int) -> list[int]:
+        """The key-block sizes (32, 16, 8; multiples of `keys`) whose K and V blocks (rows padded by
+        a vec4) fit the adapter's workgroup memory, largest first."""
         limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
-        fits = [bk for bk in (32, 16, 8) if bk % keys == 0 and 2 * bk * (head_dim // 4 + 1) * 16 <= limit]
+        return [bk for bk in (32, 16, 8) if bk % keys == 0 and 2 * bk * (head_dim // 4 + 1) * 16 <= limit]
+
+    @classmethod
+    def block_keys(cls, dev: Device, head_dim: int, keys: int) -> int:
+        """Keys a block in workgroup memory: the largest of _blocks (8 always fit 16 KiB for
+        head_dim <= 248)."""
+        fits = cls._blocks(dev, head_dim, keys)
         if not fits:
             raise UnsupportedModelError(f"one-pass prefill attention: a block of 8 keys of head_dim {head_dim} "
-                                        f"needs more than the adapter's {limit} bytes of workgroup memory")
+                                        "needs more than the adapter's workgroup memory")
         return fits[0]
 
     def workgroups(self, t: int):

@@ -29,6 +29,11 @@ class Int8Choice:
     chain: bool = False
 
 
+def layer_role_weights(lw) -> dict:
+    """A layer's GEMMs by role: (weight, second weight or None) of qkv, o, gateup, down."""
+    return {"qkv": (lw.wqkv, None), "o": (lw.wo, None), "gateup": (lw.w_gate, lw.w_up), "down": (lw.w_down, None)}
+
+
 def _layer_int8(dev, lw) -> tuple[list, bool]:
     """A layer's five weight matrices, and whether they can all read int8 rows on this adapter
     (q4 / q8 with inputs a multiple of 32, q4k / q6k, packed integer dot products)."""
@@ -55,8 +60,8 @@ def choose_prefill_int8(model, wanted: bool | None) -> dict:
     if wanted is not None or not ok or dev.info.is_cpu:
         return dict.fromkeys(LAYER_ROLES, bool(wanted))
     if tunable(dev, model.autotune):
-        by_role = {"qkv": (lw.wqkv, None), "o": (lw.wo, None), "gateup": (lw.w_gate, lw.w_up), "down": (lw.w_down, None)}
-        return {r: bool(gemm_int8_pays(dev, w, w2, enabled=model.autotune)["int8"]) for r, (w, w2) in by_role.items()}
+        return {r: bool(gemm_int8_pays(dev, w, w2, enabled=model.autotune)["int8"])
+                for r, (w, w2) in layer_role_weights(lw).items()}
     return dict.fromkeys(LAYER_ROLES, True)
 
 
@@ -77,8 +82,8 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     the int8 chain if chain_pays measures it faster (untimed: always); never on software adapters.
     `model`: dev, cfg, layers[0], output, autotune (a GPUModel)."""
     dev, cfg, lw = model.dev, model.cfg, model.layers[0]
-    roles = {"qkv": (lw.wqkv, None, True), "o": (lw.wo, None, False), "gateup": (lw.w_gate, lw.w_up, True),
-             "down": (lw.w_down, None, False), "head": (model.output, None, True)}
+    roles = {r: (w, w2, r in ("qkv", "gateup")) for r, (w, w2) in layer_role_weights(lw).items()}   # pre-normed?
+    roles["head"] = (model.output, None, True)
     mats, ok = _layer_int8(dev, lw)
     head_ok = dev.has_dp4a and linear_blk.supported(model.output.fmt, model.output.i)
     possible = chain_possible(dev, cfg)

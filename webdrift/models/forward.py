@@ -60,6 +60,7 @@ from ..kernels.lora import u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
+from .choices import layer_role_weights
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -481,8 +482,7 @@ class ForwardBuilder:
         rows twice (H100: the fused norm cost the 8B QKV GEMM a third of its speed)."""
         if self.stage != "prefill":
             return False
-        lw = self.m.layers[i]
-        v = self._variant(*((lw.wqkv,) if role == "qkv" else (lw.w_gate, lw.w_up)))
+        v = self._variant(*layer_role_weights(self.m.layers[i])[role])
         return isinstance(v, GemmVariant) and v.mma
 
     def _weight(self, i: int, role: str) -> GPUWeight:
