@@ -245,7 +245,7 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
                      for j in range(v.tn)]
         body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
                  for i, j in pairs]
-    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile)
+    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile, tile corner, extra fetch args)
     slots = [("fx", "fetch_x", "put_x", v.bm * v.kstep, "t0", ", T")]
     if not v.direct:
         slots += [("fw", "fetch_w", "put_w", v.bn * v.kstep, "o0", "")]
