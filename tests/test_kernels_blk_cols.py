@@ -302,8 +302,9 @@ def test_static_cols_rule():
 
 def test_cols_measured_where_tuned(monkeypatch, tmp_path):
     """choose_cols: untuned (autotune off, software adapters): the static rule; tuned (lavapipe
-    forced): the one-row kernel and the K-column forms for 4 and for the program's rows are timed
-    (plain and with the quantizing epilogue) and the fastest is cached per shape and row count."""
+    forced): the static rule's form first, then v and every one-row candidate of its kind at 2, 4
+    and 8 columns, then the one-row kernel, are timed (plain and with the quantizing epilogue)
+    and the fastest is cached per shape and row count."""
     from webdrift.kernels import autotune
     from webdrift.kernels.autotune import choose_cols
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
@@ -319,6 +320,12 @@ def test_cols_measured_where_tuned(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_search_cols", lambda *a: calls.append(a[3]) or real(*a))
     for var, qout in ((v, False), (q, True)):
         got = choose_cols(dev, gw, None, var, 16, qout=qout, enabled="force")
-        assert got in (var, blk_cols(var, 4, False, qout), blk_cols(var, 16, False, qout))
+        assert got in calls[-1]
         assert choose_cols(dev, gw, None, var, 16, qout=qout, enabled="force") == got      # cached
-    assert len(calls) == 2 and calls[0] == [blk_cols(v, 16, False), blk_cols(v, 4, False), v]
+    kinds = {False: (v, *autotune.BLK_CANDIDATES), True: (q, *autotune.QOUT_CANDIDATES)}
+    assert len(calls) == 2
+    for cands, qout in zip(calls, (False, True)):
+        assert cands[0] == blk_cols(kinds[qout][0], 16, False, qout) and cands[-1] == kinds[qout][0]
+        want = {blk_cols(k, c, False, qout) for k in kinds[qout] for c in (2, 4, 8)}
+        assert set(cands[1:-1]) | {cands[0]} == want and len(cands) == len(set(cands))
+        assert {c.cols for c in cands} == {1, 2, 4, 8}

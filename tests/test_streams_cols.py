@@ -36,16 +36,23 @@ def tiny_int8(request, tmp_path_factory):
 
 
 def test_programs_pick_columns(tiny_int8):
-    """The one-row decode program: one column everywhere; the streams' program (16 rows) and the
-    prefill over decode kernels (64): 8 (autotune.blk_cols), but for the prefill's LM head, which
-    reads the last row only."""
+    """The one-row decode program: one column everywhere; the streams' programs (one per stream
+    count rounded up to a power of two, built on first use): that many columns, at most 8
+    (autotune.blk_cols); the prefill over decode kernels (64 rows): 8, but for the prefill's LM
+    head, which reads the last row only."""
     eng = tiny_int8
     one = blk_cols(eng.decode)
     assert one and set(one.values()) == {1} and "L0.qkv+rope_kv" in one
-    eng.generate([5, 6, 7], max_new_tokens=2, n=2)          # builds the streams' program
-    many = blk_cols(eng._streams.program)
-    assert one.keys() <= many.keys()       # and the LM head, which runs on every stream's row
-    assert set(many.values()) == {8}
+    eng.generate([5, 6, 7], max_new_tokens=2, n=2)          # builds the 2-row program
+    assert set(eng._streams.programs) == {2}
+    two = blk_cols(eng._streams.program(2))
+    assert one.keys() <= two.keys()       # and the LM head, which runs on every stream's row
+    assert set(two.values()) == {2}
+    for n, rows, cols in ((3, 4, 4), (5, 8, 8), (16, 16, 8)):
+        eng.generate([5, 6, 7], max_new_tokens=2, n=n)
+        assert eng._streams.program(n) is eng._streams.programs[rows]
+        assert set(blk_cols(eng._streams.programs[rows]).values()) == {cols}
+    assert set(eng._streams.programs) == {2, 4, 8, 16}
     pre = blk_cols(eng.prefill)
     assert pre.pop("lm_head", 1) == 1 and set(pre.values()) == {8}   # the head: the prompt's last row only
 
@@ -72,9 +79,9 @@ def test_int8_chain_streams(tmp_path, hf_tokenizer_dir, monkeypatch):
     d, ref = make_model("llama_hd32_f32", tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=512, prefill_chunk=64, autotune=False, weight_format="q8",
                         int8_activations=True)
-    eng.generate([5, 6], max_new_tokens=2, n=2)
-    assert eng._streams.program.int8_chain
-    labels = blk_cols(eng._streams.program)
+    eng.generate([5, 6], max_new_tokens=2, n=8)
+    assert eng._streams.program(8).int8_chain
+    labels = blk_cols(eng._streams.program(8))
     assert labels["L0.gate_up+act+quant"] == 8 and labels["L0.down+residual+quant"] == 8
     ids = np.random.default_rng(5).integers(3, VOCAB, 67).tolist()
     rs = eng.generate(ids, max_new_tokens=5, n=3, stop_at_eos=False)
@@ -97,7 +104,7 @@ def test_int8_streams_with_lora(tmp_path, tok_dir):  # noqa: F811
                         prefill_chunk=64, autotune=False, weight_format="q4", int8_activations=True)
     ids = np.random.default_rng(13).integers(3, VOCAB, 20).tolist()
     rs = eng.generate(ids, max_new_tokens=5, n=4, lora="a", stop_at_eos=False)
-    assert eng._streams.program.int8_chain and set(blk_cols(eng._streams.program).values()) == {8}
+    assert eng._streams.program(4).int8_chain and set(blk_cols(eng._streams.program(4)).values()) == {4}
     for r in rs:
         single = eng.generate(ids + [r.token_ids[0]], max_new_tokens=4, lora="a", stop_at_eos=False)
         assert r.token_ids[1:] == single.token_ids

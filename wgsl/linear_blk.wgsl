@@ -47,6 +47,10 @@ const D4: u32 = {{D4}}u;            // first vec4 of the block scales, then of t
 const S4: u32 = {{S4}}u;
 const P0: u32 = {{P0}}u;            // first word of the partial sums of x^2 (XNORM)
 const NP: u32 = {{NP}}u;
+const XP: u32 = {{XP}}u;            // lanes of the partial sums' tree (linear_blk_xnorm.wgsl)
+#if COLS
+const XCG: u32 = {{XCG}}u;          // columns whose trees run side by side
+#endif
 var<workgroup> red: array<f32, {{RED}}>;
 
 // block b of the input row whose first vec4 is xr: its int8 values, scale and (q4) f32 sum
@@ -80,12 +84,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var invs: array<f32, NCOL>;
   for (var c = 0u; c < NCOL; c++) { invs[c] = 1.0; }
 #if XNORM
-  // linear_blk_xnorm.wgsl: the row at xr -> inv (the one-row kernel's text, so the same order)
-  for (var c = 0u; c < nc; c++) {
-    let xr = (t0 + c) * STRIDE4;
-    var inv = 1.0;
-#include linear_blk_xnorm
-    invs[c] = inv;
+  // each column's share of its row's partial sums of x^2, loaded before the block loop (their
+  // tree comes after it: linear_blk_xnorm.wgsl)
+  var ssq: array<f32, NCOL>;
+  for (var c = 0u; c < NCOL; c++) {
+    let xr = (t0 + min(c, nc - 1u)) * STRIDE4;
+    var ssp = 0.0;
+    for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
+    ssq[c] = ssp;
   }
 #endif
 {{XR_DECL}}
@@ -96,7 +102,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let o0 = wid.x * ROWS;
   var inv = 1.0;
 #if XNORM
-#include linear_blk_xnorm
+  // this lane's share of the row's partial sums of x^2 (the tree after the block loop)
+  var ssp = 0.0;
+  for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
 #endif
 #endif
 #if QOUT
@@ -110,6 +118,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 {{SG_STORE}}
   }
+#if XNORM
+#include linear_blk_xnorm
+#endif
   workgroupBarrier();
 #if COLS
   // WG / 32 columns at a time: invocations 32j .. 32j + 31 hold column c0 + j's 32 outputs
@@ -178,6 +189,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 {{ROW_BODY}}
   }
+#if XNORM
+#include linear_blk_xnorm
+#endif
 {{REDUCE}}
 #endif
 }

@@ -255,3 +255,27 @@ def test_bench_kernel_profile(tmp_path, capsys):
     assert f"| encode + submit a step | {kp['host']['submit_us']:.1f} |" in out
     assert main(["bench", "--quick", "--profile-tokens", "-1"]) == 2
     assert "--profile-tokens -1" in capsys.readouterr().err
+
+
+def test_bench_streams_kernel_profile(tmp_path):
+    """--streams K with --profile-tokens N: each K's kernel_profile covers N-1 steps of the
+    K-stream program's dispatches (one program per stream count rounded up to a power of two),
+    the best of --repeats aggregate tok/s beside it."""
+    from webdrift.profile.benchmark import agenerate_ids, build_engine
+    from webdrift.runtime.engine import _run
+    js = tmp_path / "s.json"
+    assert main(["bench", "--synthetic", "tiny", "--quant", "q4", "--no-peers", "--protocol", "16/4",
+                 "--roofline-mib", "8", "--streams", "3", "--repeats", "2", "--profile-tokens", "5",
+                 "--json", str(js)]) == 0
+    st = json.loads(js.read_text())["results"][0]["streams"]
+    assert st["3"]["decode_tps_total"] > 0
+    kp = st["3"]["kernel_profile"]
+    dev = get_device()
+    if not dev.has_timestamps:
+        assert kp is None
+        return
+    eng = build_engine(dev, synthetic_source("tiny", "q4"), 256)
+    _run(agenerate_ids(eng, [5, 6, 7], 2, n=3))
+    assert set(eng._streams.programs) == {4}
+    assert kp["decode_steps"] == 4 and kp["kernels_per_step"] == len(eng._streams.program(3).dispatches(3))
+    assert kp["gpu_us_per_step"] == pytest.approx(sum(kp["families_us_per_step"].values()), rel=0.01)

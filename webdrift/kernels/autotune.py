@@ -707,11 +707,28 @@ def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = Fa
     static = gemv_cols(v, tokens, dual, qout, sub, w.fmt)
     if static == v:
         return v
-    cands = list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, sub, w.fmt), v]))
+    cands = cols_candidates(v, tokens, dual, qout, sub, w.fmt)
     key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
            + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
     return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
                                  _as_dict(static)))
+
+
+def cols_candidates(v: GemvVariant, tokens: int, dual: bool, qout: bool, subgroups: bool,
+                    fmt: str) -> list[GemvVariant]:
+    """choose_cols's candidates, the static rule's first: for the integer-dot GEMV, v and every
+    one-row candidate of its kind (QOUT_CANDIDATES with the quantizing epilogue, else
+    BLK_CANDIDATES) at each power-of-two column count from 2 to the static NCOL (blk_cols caps
+    their accumulators), then the one-row kernel v. The fastest differ by shape and row count
+    (H100, 2026-11-24, scripts/streams_gemv.py, 1B q4 at 4 / 8 rows: gate/up 128 x 4 columns,
+    down 256 x 2, LM head 32 x 8, QKV one column; the static rule's was up to 1.5x slower).
+    The float variants: the static rule, its 4-column form and v."""
+    static = gemv_cols(v, tokens, dual, qout, subgroups, fmt)
+    if v.variant != "blk":
+        return list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, subgroups, fmt), v]))
+    counts = [c for c in (2, 4, 8, 16) if c <= static.cols]
+    kinds = [v, *(QOUT_CANDIDATES if qout else BLK_CANDIDATES)]
+    return list(dict.fromkeys([static, *(blk_cols(k, c, dual, qout, subgroups) for c in counts for k in kinds), v]))
 
 
 def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):

@@ -99,18 +99,23 @@ async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1, lora: 
     return await eng.agenerate(ids, sp)
 
 
-async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None = None) -> float:
+async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None = None, repeats: int = 1) -> float:
     """Aggregate decode tokens/s of k streams of m tokens after `ids` (lora: one adapter per
-    stream), after an untimed warm-up generation (without it the first k measured held its
-    programs' compile and tuning: 0.68x at k=4 vs 4.2x at k=8, H100 2026-11-23)."""
+    stream), the best of `repeats` generations, after an untimed warm-up generation (without it
+    the first k measured held its programs' compile and tuning: 0.68x at k=4 vs 4.2x at k=8,
+    H100 2026-11-23)."""
     await agenerate_ids(eng, ids, 2, n=k, lora=lora)   # builds (compiles, tunes) the k-row programs
-    rs = await agenerate_ids(eng, ids, m, n=k, lora=lora)
-    dec = rs[0].stats.decode_s
-    return sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0
+    best = 0.0
+    for _ in range(max(1, repeats)):
+        rs = await agenerate_ids(eng, ids, m, n=k, lora=lora)
+        dec = rs[0].stats.decode_s
+        best = max(best, sum(r.stats.new_tokens - 1 for r in rs) / dec if dec > 0 else 0.0)
+    return best
 
 
-async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
-    """Where a decode step's time goes, from three greedy generations of new_tokens after `ids`,
+async def akernel_profile(eng, ids: list[int], new_tokens: int, n: int = 1) -> dict | None:
+    """Where a decode step's time goes, from three greedy generations of new_tokens after `ids`
+    (n > 1: n streams decoded together, generate(n=n); a step then makes n tokens),
     or None where the adapter has no timestamp-query. First every dispatch timed in its own pass
     (profile/profiler.py): GPU us per step by kernel family (the per-kernel passes add their own
     cost, so compare families, not the total with the step); then each step timed whole (one
@@ -126,12 +131,12 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
         prof = Profiler(True, kernels=kernels, steps=steps)
         eng.profiler = prof
         try:
-            out = await agenerate_ids(eng, ids, new_tokens)
+            out = await agenerate_ids(eng, ids, new_tokens, n=n)
         finally:
             eng.profiler = DISABLED
         await prof.acollect(eng.dev)
         summary = summarize(prof)
-        return (summary["gpu"].get("decode") if kernels else summary["host"]), out.stats
+        return (summary["gpu"].get("decode") if kernels else summary["host"]), (out[0] if n > 1 else out).stats
 
     g, _ = await timed(False)
     w, st = await timed(True)
@@ -153,6 +158,16 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int) -> dict | None:
             "host": {"step_us": round(step_us, 1), "host_work_us": round(work_us, 1),
                      "submit_us": round(1e3 * ph["decode.submit"]["total_ms"] / steps, 1) if "decode.submit" in ph else None,
                      "readback_wait_us": round(step_us - work_us, 1), "steps_per_submit": eng.steps_per_submit}}
+
+
+def log_kernel_profile(log, what: str, kp: dict | None) -> None:
+    """One log line of a kernel_profile (akernel_profile): the step's GPU time timed whole, its
+    wall time, the per-kernel sum and the eight costliest kernel families."""
+    if kp:
+        log(f"  {what}: {kp['whole_step_gpu_us']} us of GPU time (timed whole) in a "
+            f"{kp['whole_step_wall_us']} us step; each kernel timed: {kp['gpu_us_per_step']} us in "
+            f"{kp['kernels_per_step']} dispatches: " +
+            ", ".join(f"{k} {v}" for k, v in list(kp["families_us_per_step"].items())[:8]))
 
 
 async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
@@ -196,20 +211,26 @@ def streams_needed_context(p: int, m: int, k: int) -> int:
     return p + k * (m + 256) + 256
 
 
-async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log) -> dict:
-    """Aggregate decode tokens/s of k streams decoded together (for each k of ks), and its ratio
-    to the single stream's decode tokens/s (astreams_tps). "gemv_cols": the token rows per
+async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: list[int], log,
+                         profile_tokens: int = 0, repeats: int = 1) -> dict:
+    """Aggregate decode tokens/s of k streams decoded together (for each k of ks; the best of
+    `repeats`, like the single stream's), and its ratio to the single stream's decode tokens/s
+    (astreams_tps); with profile_tokens > 1, each k's
+    kernel_profile (akernel_profile of k streams: where a step of k tokens goes). "gemv_cols": the token rows per
     workgroup of the streams' integer-dot GEMVs (GemvVariant.cols: 8 reads each weight block once
     for 8 streams; empty without int8 activations)."""
     out = {}
     for k in ks:
-        total = await astreams_tps(eng, ids, m, k)
+        total = await astreams_tps(eng, ids, m, k, repeats=repeats)
         out[str(k)] = {"decode_tps_total": round(total, 2),
                        "vs_single": round(total / single_tps, 3) if single_tps else None}
         log(f"    {k} streams: {total:.1f} tok/s together ({out[str(k)]['vs_single']}x one stream)")
+        if profile_tokens > 1:
+            out[str(k)]["kernel_profile"] = kp = await akernel_profile(eng, ids, profile_tokens, n=k)
+            log_kernel_profile(log, f"a step of {k} streams", kp)
     # token rows per workgroup of the streams' integer-dot GEMVs (GemvVariant.cols; [] without int8)
-    out["gemv_cols"] = sorted({op.variant.cols for op in eng._streams.program.graph.ops
-                               if getattr(op, "int8_input", False)}) if eng._streams is not None else []
+    out["gemv_cols"] = sorted({op.variant.cols for p in (eng._streams.programs.values() if eng._streams else ())
+                               for op in p.graph.ops if getattr(op, "int8_input", False)})
     return out
 
 
@@ -324,15 +345,13 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             log(f"  {p}/{m}: prefill {best.prefill_tokens_per_s:.1f} tok/s, decode {dtps:.1f} tok/s "
                 f"({rows[-1]['pct_roofline']}% of the {ceil:.0f} tok/s roofline)")
             if streams:
-                rows[-1]["streams"] = await abench_streams(eng, ids[:p], m, dtps, streams, log)
+                rows[-1]["streams"] = await abench_streams(eng, ids[:p], m, dtps, streams, log,
+                                                           profile_tokens if (p, m) == protocols[-1] else 0,
+                                                           repeats)
         if profile_tokens > 1:
             p = protocols[-1][0]
             rows[-1]["kernel_profile"] = kp = await akernel_profile(eng, ids[:p], profile_tokens)
-            if kp:
-                log(f"  decode step after {p} tokens: {kp['whole_step_gpu_us']} us of GPU time (timed whole) in a "
-                    f"{kp['whole_step_wall_us']} us step; each kernel timed: {kp['gpu_us_per_step']} us in "
-                    f"{kp['kernels_per_step']} dispatches: " +
-                    ", ".join(f"{k} {v}" for k, v in list(kp["families_us_per_step"].items())[:8]))
+            log_kernel_profile(log, f"decode step after {p} tokens", kp)
         peak = dev.peak_bytes - before
         for r in rows:
             r["peak_gpu_bytes"] = peak

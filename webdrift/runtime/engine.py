@@ -297,8 +297,8 @@ class Engine:
         if program.arena_bytes > self.arena.size:
             self.dev.release_buffer(self.arena)
             self.arena = self.dev.create_buffer(program.arena_bytes, STORAGE, "arena")
-            for other in (self.decode, self.prefill, self._score, self._streams and self._streams.program,
-                          self._verifier and self._verifier.program):
+            for other in (self.decode, self.prefill, self._score, self._verifier and self._verifier.program,
+                          *(self._streams.programs.values() if self._streams else ())):
                 if other is not None:
                     other.bind(self.arena)
         program.bind(self.arena)

@@ -81,17 +81,29 @@ def top_distinct(row: bytes, n: int) -> list[int]:
 
 
 class StreamRunner:
-    """The streams' decode program and the KV tail copies of one engine (built on first use)."""
+    """The streams' decode programs and the KV tail copies of one engine (built on first use).
+    A program per stream count rounded up to a power of two (2, 4, 8, 16), each built on first
+    use: its GEMVs' token rows per workgroup are chosen for that many rows (autotune.choose_cols),
+    as a 16-row program's choice ran 4 streams slower."""
 
     def __init__(self, eng):
         self.eng = eng
         m = eng.model
         self.chunk = AttentionKernel.chunk_for(m.cfg.head_dim)
-        self.program = eng._program("decode", MAX_STREAMS, False, streams=True)
-        eng._fit_arena(self.program)
+        self.programs: dict = {}     # rows -> Program
         k = KVSegmentCopyKernel(eng.dev, m.cfg.n_kv_heads, m.cfg.head_dim, m.cap_stride)
         self.copy = [(k, k.bind(eng.dev, {"step": eng.step_buf, "kc": lw.k_cache, "vc": lw.v_cache}))
                      for lw in m.layers]
+
+    def program(self, n: int):
+        """The decode program of n streams (its capacity: n rounded up to a power of two, >= 2)."""
+        rows = max(2, 1 << (n - 1).bit_length())
+        p = self.programs.get(rows)
+        if p is None:
+            p = self.eng._program("decode", rows, False, streams=True)
+            self.eng._fit_arena(p)
+            self.programs[rows] = p
+        return p
 
     def copy_dispatches(self, n: int, rows: int) -> list:
         return [k.dispatch(bg, k.workgroups(n, rows), f"L{i}.kv_segment_copy") for i, (k, bg) in enumerate(self.copy)]
@@ -205,7 +217,7 @@ async def events(eng, ids: list[int], sp, st):
         for ev in take(0, first):
             yield ev
     # -- decode steps: every stream's row in one pass; step j processes the tokens of step j - 1
-    decode_list = runner.program.dispatches(n)
+    decode_list = runner.program(n).dispatches(n)
     submitted = read = 1
     if adapters is not None:
         eng.lora_pool.assign_rows(list(adapters), sp.lora_scale)
