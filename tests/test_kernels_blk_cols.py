@@ -329,3 +329,39 @@ def test_cols_measured_where_tuned(monkeypatch, tmp_path):
         want = {blk_cols(k, c, False, qout) for k in kinds[qout] for c in (2, 4, 8)}
         assert set(cands[1:-1]) | {cands[0]} == want and len(cands) == len(set(cands))
         assert {c.cols for c in cands} == {1, 2, 4, 8}
+
+
+def test_fastest_confirms_its_leaders(monkeypatch):
+    """autotune._fastest with confirm=k: the k fastest candidates are timed once more and keep
+    their better time, so one slow timing of the true fastest does not lose it the choice; a
+    candidate that fails to build is skipped; without confirm the first timings decide."""
+    from webdrift.kernels import autotune
+
+    class Built:
+        def __init__(self, name):
+            self.name = name
+
+        def workgroups(self, t):
+            return (1, 1, 1)
+
+        def dispatch(self, binds, wg):
+            return self.name
+
+    timings = {}
+
+    def fake_time(dev, d):      # a generator like autotune._time: scripted ns per candidate
+        return timings[d].pop(0)
+        yield  # (makes this a generator)
+
+    def build(name):
+        if name == "broken":
+            raise ValueError("cannot run")
+        return Built(name)
+
+    monkeypatch.setattr(autotune, "_time", fake_time)
+    # first timings a 70, b 60, c 90; again: a 40, b 55
+    for confirm, want in ((0, ("b", 60)), (1, ("b", 55)), (2, ("a", 40))):
+        timings.update(a=[70, 40], b=[60, 55], c=[90, 90])
+        got = autotune._drive_sync(None, autotune._fastest(None, ["a", "broken", "b", "c"], build, {}, 1,
+                                                            confirm=confirm))
+        assert got == want
