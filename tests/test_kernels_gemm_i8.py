@@ -320,7 +320,7 @@ def test_prefill_int8_by_role(tmp_path, monkeypatch):
     auto = webdrift.load(p, prefill_kernels="gemm", **kw)
     assert auto.model.prefill_int8_roles == dict.fromkeys(("qkv", "o", "gateup", "down"), False)
     mixed_roles = {"qkv": True, "o": False, "gateup": True, "down": False}
-    monkeypatch.setattr(loader, "choose_prefill_int8", lambda model, wanted: dict(mixed_roles))
+    monkeypatch.setattr(loader, "choose_prefill_int8", lambda model, wanted, rows: dict(mixed_roles))
     mixed = webdrift.load(p, prefill_kernels="gemm", **kw)
     monkeypatch.undo()
     ops = {op.label.split(".", 1)[1]: op for op in mixed.prefill.graph.ops if op.label.startswith("L0.")}
@@ -349,14 +349,16 @@ def test_prefill_int8_choice_times_each_role(monkeypatch):
     gpu = SimpleNamespace(has_dp4a=True, has_timestamps=True, info=SimpleNamespace(is_cpu=False))
     asked = []
 
-    def pays(dev, w, w2=None, enabled=True):
-        asked.append((w.name, w2 and w2.name))
+    def pays(dev, w, w2=None, enabled=True, rows=None, normed=None):
+        asked.append((w.name, w2 and w2.name, rows, normed))
         return {"int8": w.name in ("wqkv", "w_gate")}
     monkeypatch.setattr(choices, "gemm_int8_pays", pays)
     model = SimpleNamespace(dev=gpu, layers=[lw], autotune=True)
-    got = choices.choose_prefill_int8(model, None)
+    got = choices.choose_prefill_int8(model, None, 1024)
     assert got == {"qkv": True, "o": False, "gateup": True, "down": False}
-    assert asked == [("wqkv", None), ("wo", None), ("w_gate", "w_up"), ("w_down", None)]
+    # timed over the prefill chunk's rows; QKV and gate/up with the norm their input needs
+    assert asked == [("wqkv", None, 1024, True), ("wo", None, 1024, False), ("w_gate", "w_up", 1024, True),
+                     ("w_down", None, 1024, False)]
     assert choices.choose_prefill_int8(model, False) == dict.fromkeys(got, False)
     assert choices.choose_prefill_int8(model, True) == dict.fromkeys(got, True)
     untuned = SimpleNamespace(dev=gpu, layers=[lw], autotune=False)
@@ -468,6 +470,24 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
     w2, _ = make_weight(_weights(64, 128, seed=2), "q4", name="w2")
     for int8 in (False, True):
         assert autotune.choose_gemm(dev, w, w2, enabled="force", int8=int8) in autotune.gemm_candidates(dev, w, w2, int8)
-    m = autotune.gemm_int8_pays(dev, w, w2)
+    timed = []
+    real = autotune._time
+
+    def record(dev_, d):
+        timed.append((d.label, d.workgroups))
+        return (yield from real(dev_, d))
+    monkeypatch.setattr(autotune, "_time", record)
+    m = autotune.gemm_int8_pays(dev, w, w2, rows=96, normed=True)
     assert m["float_ns"] > 0 and m["int8_ns"] > 0
     assert m["int8"] == (m["int8_ns"] + autotune.HOST_NS_PER_DISPATCH < m["float_ns"])
+    # the two winners and the quantize dispatch timed again over the 96 rows asked for; no norm
+    # pass (the float winner here is no matrix-unit GEMM, whose normed input would need one)
+    f, q = (autotune.choose_gemm(dev, w, w2, enabled="force", int8=i) for i in (False, True))   # (cached)
+    last = timed[-3:]
+    assert [lbl.split("_")[0] for lbl, _ in last] == ["quantize", "linear", "linear"]
+    assert last[1][1] == (-(-64 // q.bn), -(-96 // q.bm), 1) and last[2][1] == (-(-64 // f.bn), -(-96 // f.bm), 1)
+    assert not any(lbl.startswith("rms_norm") for lbl, _ in timed)
+    assert autotune.gemm_int8_pays(dev, w, w2, rows=96, normed=True) == m          # cached per rows
+    n = len(timed)
+    autotune.gemm_int8_pays(dev, w, w2, rows=64, normed=True)
+    assert len(timed) == n + 3

@@ -35,6 +35,7 @@ from .attention import AttentionCombineKernel, AttentionKernel, AttnChoice
 from .base import ceil_div
 from .flush import L2FlushKernel
 from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
+from .norm import RMSNormKernel
 from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
 from .weights import wide_slices, wide_supported
@@ -875,36 +876,58 @@ def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> Ge
         return GemmVariant(**static)
 
 
-def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True) -> dict:
-    """Time one layer's prefill GEMM both ways (GEMM_TUNE_ROWS tokens): the best float tile
-    against QuantizeKernel + the best int8 tile. Returns {"float_ns", "int8_ns", "int8"};
+def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, rows: int = GEMM_TUNE_ROWS,
+                   normed: bool = False) -> dict:
+    """Time one layer's prefill GEMM both ways over `rows` tokens (the prefill chunk): the best
+    float tile against QuantizeKernel + the best int8 tile (the tiles chosen at GEMM_TUNE_ROWS,
+    choose_gemm); normed (QKV, gate/up: the norm is fused in the int8 side's quantize): where the
+    float winner is the matrix-unit GEMM, which reads a normed input (forward.py's Norm op before
+    it), that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"};
     cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
     FORCE): models/choices.py calls it only where the adapter is tuned."""
-    key = f"{dev.info.adapter}|{dev.info.backend}|gemm_int8_pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-    return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2),
+    key = (f"{dev.info.adapter}|{dev.info.backend}|gemm_int8_pays2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
+           f"{rows}|{int(normed)}")
+    return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
                    {"float_ns": None, "int8_ns": None, "int8": static})
 
 
-def _measure_gemm_int8(dev: Device, w, w2):
+def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
     f = yield from _sub(_gemm_key(dev, w, w2, False), lambda: _search_gemm(dev, w, w2, False))
     q = yield from _sub(_gemm_key(dev, w, w2, True), lambda: _search_gemm(dev, w, w2, True))
-    rows = GEMM_TUNE_ROWS
-    x, xq = TensorDesc("x", w.i, rows), xq_desc("xq", w.i, rows)
-    xb, qb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(xq.nbytes, label="tune.xq")
+    if not f.get("best_ns") or not q.get("best_ns"):
+        return {"float_ns": f.get("best_ns"), "int8_ns": q.get("best_ns"), "int8": bool(q.get("best_ns"))}
+    fv, qv = (GemmVariant(**{k: v for k, v in c.items() if not k.endswith("_ns")}) for c in (f, q))
+    x, xq, y = TensorDesc("x", w.i, rows), xq_desc("xq", w.i, rows), TensorDesc("y", w.o, rows)
+    if y.nbytes > dev.max_binding_size:
+        return {"float_ns": None, "int8_ns": None, "int8": True}
+    bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, xq, y, x)] + [dev.create_buffer(4 * w.i)]
+    xb, qb, yb, nb, wb = bufs
     sb = _step_buffer(dev, tokens=rows)
+    ws = _weights(w, w2)
+    errors = (GPUError, UnsupportedModelError, ValueError)
     try:
-        qk = QuantizeKernel(dev, x, xq, w.fmt)
-        yield CHECK
-        t_q = yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)))
-    except (GPUError, UnsupportedModelError, ValueError):
-        return {"float_ns": None, "int8_ns": None, "int8": False}
+        try:     # the int8 side: its quantize dispatch and GEMM (neither runs: the float GEMM)
+            qk = QuantizeKernel(dev, x, xq, w.fmt)
+            ik = LinearKernel(dev, "prefill", xq, y, w, w2, variant=qv)
+            yield CHECK
+            t_i = yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)))
+            t_i += yield from _time(dev, ik.dispatch({"step": sb, "x": qb, "y": yb, **ws}, ik.workgroups(rows)))
+        except errors:
+            return {"float_ns": None, "int8_ns": None, "int8": False}
+        try:     # the float side, with the Norm pass a matrix-unit GEMM of a normed role reads
+            fk = LinearKernel(dev, "prefill", x, y, w, w2, variant=fv)
+            nk = RMSNormKernel(dev, x, x, 1e-5) if normed and fv.mma else None
+            yield CHECK
+            t_f = yield from _time(dev, fk.dispatch({"step": sb, "x": xb, "y": yb, **ws}, fk.workgroups(rows)))
+            if nk is not None:
+                t_f += yield from _time(dev, nk.dispatch({"step": sb, "x": xb, "out": nb, "w": wb}, nk.workgroups(rows)))
+                t_f += HOST_NS_PER_DISPATCH
+        except errors:
+            return {"float_ns": None, "int8_ns": t_i, "int8": True}
     finally:
-        for b in (xb, qb, sb):
+        for b in bufs + [sb]:
             dev.release_buffer(b)
-    f_ns, q_ns = f.get("best_ns"), q.get("best_ns")
-    if not f_ns or not q_ns:
-        return {"float_ns": f_ns, "int8_ns": q_ns, "int8": bool(q_ns)}
-    return {"float_ns": f_ns, "int8_ns": q_ns + t_q, "int8": q_ns + t_q + HOST_NS_PER_DISPATCH < f_ns}
+    return {"float_ns": t_f, "int8_ns": t_i, "int8": t_i + HOST_NS_PER_DISPATCH < t_f}
 
 
 def _search_gemm(dev: Device, w, w2, int8: bool):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..kernels import linear_blk
 from ..kernels.attention import AttentionCombineKernel
-from ..kernels.autotune import chain_pays, gemm_int8_pays, int8_pays, tunable
+from ..kernels.autotune import GEMM_TUNE_ROWS, chain_pays, gemm_int8_pays, int8_pays, tunable
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -41,13 +41,14 @@ def _layer_int8(dev, lw) -> tuple[list, bool]:
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
 
-def choose_prefill_int8(model, wanted: bool | None) -> dict:
+def choose_prefill_int8(model, wanted: bool | None, rows: int = GEMM_TUNE_ROWS) -> dict:
     """Per layer role (qkv, o, gateup, down): whether its prefill GEMM reads int8 rows
     (QuantizeKernel + the integer-dot GEMM, wgsl/linear_gemm_i8.wgsl). None (auto): where every
     layer weight is q4 / q8 / q4k / q6k with inputs a multiple of 32 and the adapter has packed
     integer dot products, never on software adapters, and where the adapter is tuned, per role
-    if timing layer 0's GEMM of that role both ways (the int8 one with its quantize dispatch)
-    says int8 is faster (autotune.gemm_int8_pays: e.g. the matrix-unit float GEMM may win O and
+    if timing layer 0's GEMM of that role both ways over `rows` tokens (the prefill chunk; the
+    int8 one with its quantize dispatch, a matrix-unit QKV / gate-up with its Norm pass) says
+    int8 is faster (autotune.gemm_int8_pays: e.g. the matrix-unit float GEMM may win O and
     down while the int8 one wins QKV and gate/up; untimed: int8 everywhere); True: forced
     everywhere (UnsupportedModelError where impossible); False: the float GEMM everywhere.
     `model`: dev, layers[0], autotune (a GPUModel)."""
@@ -60,7 +61,8 @@ def choose_prefill_int8(model, wanted: bool | None) -> dict:
     if wanted is not None or not ok or dev.info.is_cpu:
         return dict.fromkeys(LAYER_ROLES, bool(wanted))
     if tunable(dev, model.autotune):
-        return {r: bool(gemm_int8_pays(dev, w, w2, enabled=model.autotune)["int8"])
+        return {r: bool(gemm_int8_pays(dev, w, w2, enabled=model.autotune, rows=rows,
+                                       normed=r in ("qkv", "gateup"))["int8"])
                 for r, (w, w2) in layer_role_weights(lw).items()}
     return dict.fromkeys(LAYER_ROLES, True)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device
-from ..kernels.autotune import choose_layout
+from ..kernels.autotune import GEMM_TUNE_ROWS, choose_layout
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
 from ..kernels.weights import GPUWeight
 from .choices import Int8Choice, choose_int8, choose_prefill_int8
@@ -78,9 +78,10 @@ class GPUModel:
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
                  progress=None, autotune: bool = True, int8_activations: bool | dict | None = None,
                  prefill_int8: bool | None = None,
-                 max_binding_bytes: int | None = None):
+                 max_binding_bytes: int | None = None, prefill_rows: int = GEMM_TUNE_ROWS):
         """max_binding_bytes: hold no weight buffer larger than this (below the adapter's limits):
-        the token embedding / LM head split into row shards at this size, other weights must fit."""
+        the token embedding / LM head split into row shards at this size, other weights must fit.
+        prefill_rows: the prefill chunk (the rows the int8-or-float GEMM choice is timed over)."""
         self.dev, self.cfg, self.cap = dev, source.config, max_context
         self.cap_stride = (max_context + 3) // 4 * 4   # KV cache rows per head (attention reads V as vec4)
         cfg = self.cfg
@@ -115,7 +116,7 @@ class GPUModel:
         self._tensors = None
         self.int8_choice: Int8Choice = choose_int8(self, int8_activations)
         # the layers' prefill GEMMs on int8 rows, by role (choices.choose_prefill_int8)
-        self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8)
+        self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8, prefill_rows)
 
     @property
     def prefill_int8(self) -> bool:
