@@ -53,6 +53,14 @@ const XCG: u32 = {{XCG}}u;          // columns whose trees run side by side
 #endif
 var<workgroup> red: array<f32, {{RED}}>;
 
+// an invocation's share of the partial sums of x^2 of the row at xr (partials first, first + WG, ...;
+// their tree: linear_blk_xnorm.wgsl)
+fn x_partials(xr: u32, first: u32) -> f32 {
+  var s = 0.0;
+  for (var k = first; k < NP; k += WG) { s += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
+  return s;
+}
+
 // block b of the input row whose first vec4 is xr: its int8 values, scale and (q4) f32 sum
 struct XBlock { lo: vec4<u32>, hi: vec4<u32>, d: f32, s: f32 }
 fn x_block(xr: u32, b: u32) -> XBlock {
@@ -87,12 +95,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // each column's share of its row's partial sums of x^2, loaded before the block loop (their
   // tree comes after it: linear_blk_xnorm.wgsl)
   var ssq: array<f32, NCOL>;
-  for (var c = 0u; c < NCOL; c++) {
-    let xr = (t0 + min(c, nc - 1u)) * STRIDE4;
-    var ssp = 0.0;
-    for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
-    ssq[c] = ssp;
-  }
+  for (var c = 0u; c < NCOL; c++) { ssq[c] = x_partials((t0 + min(c, nc - 1u)) * STRIDE4, lid); }
 #endif
 {{XR_DECL}}
 #else
@@ -102,9 +105,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let o0 = wid.x * ROWS;
   var inv = 1.0;
 #if XNORM
-  // this lane's share of the row's partial sums of x^2 (the tree after the block loop)
-  var ssp = 0.0;
-  for (var k = lid; k < NP; k += WG) { ssp += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
+  let ssp = x_partials(xr, lid);   // (the tree after the block loop)
 #endif
 #endif
 #if QOUT

@@ -1,5 +1,5 @@
   // 1/rms of the input row(s) from the NP partial sums of x^2 their producer left in them: lane k
-  // summed partials k, k + WG, ... (ssp; ssq[c] per column), then a tree over the first XP lanes
+  // summed partials k, k + WG, ... (x_partials: ssp; ssq[c] per column), then a tree over the first XP lanes
   // (XP: min(WG, NP rounded up to a power of two); the lanes past it hold 0, so this is the tree
   // over all WG lanes, bit for bit). Several columns: XCG columns' trees side by side, sharing
   // their barriers; each column's 1/rms is the one-row kernel's, bit for bit.

@@ -906,7 +906,7 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
     ws = _weights(w, w2)
     errors = (GPUError, UnsupportedModelError, ValueError)
     try:
-        try:     # the int8 side: its quantize dispatch and GEMM (neither runs: the float GEMM)
+        try:     # the int8 side: its quantize dispatch and GEMM (where either cannot run: float)
             qk = QuantizeKernel(dev, x, xq, w.fmt)
             ik = LinearKernel(dev, "prefill", xq, y, w, w2, variant=qv)
             yield CHECK

@@ -215,10 +215,10 @@ async def abench_streams(eng, ids: list[int], m: int, single_tps: float, ks: lis
                          profile_tokens: int = 0, repeats: int = 1) -> dict:
     """Aggregate decode tokens/s of k streams decoded together (for each k of ks; the best of
     `repeats`, like the single stream's), and its ratio to the single stream's decode tokens/s
-    (astreams_tps); with profile_tokens > 1, each k's
-    kernel_profile (akernel_profile of k streams: where a step of k tokens goes). "gemv_cols": the token rows per
-    workgroup of the streams' integer-dot GEMVs (GemvVariant.cols: 8 reads each weight block once
-    for 8 streams; empty without int8 activations)."""
+    (astreams_tps); with profile_tokens > 1, each k's kernel_profile (akernel_profile of k
+    streams: where a step of k tokens goes). "gemv_cols": the token rows per workgroup of the
+    streams' integer-dot GEMVs, over every stream count's program (GemvVariant.cols: 8 reads each
+    weight block once for 8 streams; empty without int8 activations)."""
     out = {}
     for k in ks:
         total = await astreams_tps(eng, ids, m, k, repeats=repeats)
