@@ -138,3 +138,55 @@ def test_cli_chat_ctrl_c_stops_the_reply_not_the_session(tiny):
     assert "reply stopped (Ctrl-C)" in err and "Traceback" not in err, err
     summaries = [ln for ln in err.splitlines() if re.match(r"webdrift: \d+ tokens? in ", ln)]
     assert len(summaries) == 1, err                     # the second reply ran to its end
+
+
+def test_the_sync_api_keeps_one_loop_per_thread(monkeypatch):
+    """The sync API's private event loop is made once per thread and kept: nothing is closed after
+    each call (a Ctrl-C that landed inside a per-call loop's close() left it half closed, and
+    collecting it printed "Exception ignored ... Invalid file descriptor: -1": seen in
+    test_sigint_at_many_points_of_generate's sweep on a loaded machine). A KeyboardInterrupt
+    raised inside a run leaves the loop usable; one that leaves a task pending closes that loop
+    (the task never resumes); another thread gets a loop of its own."""
+    import asyncio
+    import gc
+
+    from webdrift.runtime import engine
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+
+    async def answer(x):
+        await asyncio.sleep(0)
+        return x
+
+    async def interrupted():
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    assert engine._run(answer(1)) == 1
+    loop = engine._loops.loop
+    with pytest.raises(KeyboardInterrupt):
+        engine._run(interrupted())
+    assert engine._run(answer(2)) == 2 and engine._loops.loop is loop and not loop.is_closed()
+    resumed = []
+
+    async def later():
+        await asyncio.sleep(0.01)
+        resumed.append(True)
+
+    async def interrupted_with_a_task_pending():
+        asyncio.ensure_future(later())
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine._run(interrupted_with_a_task_pending())
+    assert loop.is_closed() and engine._run(answer(4)) == 4 and engine._loops.loop is not loop
+    assert engine._run(asyncio.sleep(0.05, 5)) == 5 and resumed == []
+    other = []
+    t = threading.Thread(target=lambda: other.append((engine._run(answer(3)), engine._loops.loop)))
+    t.start()
+    t.join()
+    assert other[0][0] == 3 and other[0][1] is not loop and other[0][1] is not engine._loops.loop
+    other.clear()
+    gc.collect()
+    assert not [u for u in unraisable if "loop" in repr(u.object).lower()], unraisable

@@ -17,6 +17,7 @@ import random
 import struct
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -843,10 +844,34 @@ class Engine:
         return out
 
 
+_loops = threading.local()      # this thread's private event loop (_run)
+_all_loops = weakref.WeakSet()  # every thread's, closed at exit (a finished thread's goes with it)
+
+
+def _close_loops() -> None:
+    for loop in list(_all_loops):
+        if not loop.is_closed() and not loop.is_running():
+            loop.close()
+
+
 def _run(coro):
-    """Run a coroutine to completion on a private loop (desktop sync API)."""
-    loop = asyncio.new_event_loop()
+    """Run a coroutine to completion on this thread's private event loop (desktop sync API). The
+    loop is made once per thread and kept (closed at exit): with a loop made and closed per call,
+    a Ctrl-C that landed inside BaseEventLoop.close() left its self-pipe half closed, and
+    collecting it printed "Exception ignored ... Invalid file descriptor: -1"
+    (tests/test_interrupt.py's sweep, on a loaded machine). A run that leaves tasks pending (an
+    interrupt between two of their steps) closes its loop with them, as every call did before:
+    they never resume in a later call, and the next call makes a new loop."""
+    loop = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+        if not _all_loops:
+            import atexit
+            atexit.register(_close_loops)
+        _all_loops.add(loop)
     try:
         return loop.run_until_complete(coro)
     finally:
-        loop.close()
+        if any(not t.done() for t in asyncio.all_tasks(loop)):
+            _loops.loop = None
+            loop.close()
