@@ -124,8 +124,13 @@ def test_specialised_wgsl(fmt, direct, dual, sgm, sgn):
     assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1) * sgm * sgn)
     assert f"sg * {512 if dual else 256}u" in src and "let tm0 = (sg / SGN) * 64u;" in src
     # matrix offsets: constants, the subgroup's corner (tm0, om0), the tile strides, the loop's k / kk
+    # (W2's tile: after W's in ws, WS_N on)
     for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
-        assert re.fullmatch(r"(\(tm0|\(om0|\(o0 \+ om0|sg \*)[0-9u* +()STKkw_I]*", call), call
+        assert re.fullmatch(r"(WS_N \+ )?(\(tm0|\(om0|\(o0 \+ om0|sg \*)[0-9u* +()STKkw_I]*", call), call
+    w2_loads = len(re.findall(r"subgroupMatrixLoad<Right>\(&ws, WS_N \+ ", src))
+    assert w2_loads == (2 if dual and not direct else 0)
+    assert len(re.findall(r"put_w\([^;]*, 1u\);", src)) == (len(re.findall(r"put_w\([^;]*, 0u\);", src))
+                                                             if dual else 0)
     # the next step's slices are fetched into registers while this step's are multiplied
     nx = -(-64 * sgm * 8 // (32 * sgm * sgn))
     assert len(re.findall(r"  var fx\d+ = fetch_x\(", src)) == len(re.findall(r"  fx\d+ = fetch_x\(", src)) == nx

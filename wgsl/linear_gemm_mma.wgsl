@@ -12,6 +12,7 @@
 // its weight, so f16 holds them) and, unless DIRECT_W, W's slices dequantized by w_read4 go into
 // workgroup tiles as f16, rows ST = KT + 8 apart (16 bytes of padding against bank conflicts):
 //   xs[t * ST + k] = x[t0 + t, k0 + k]            ws[o * ST + k] = W[o0 + o, k0 + k]
+//                                                 ws[WS_N + o * ST + k] = W2[o0 + o, k0 + k] (DUAL)
 // (zero past T, O and the row). The next step's slices are fetched into registers (NXF / NWF
 // vec4s an invocation) before this step's products, so their loads overlap the matrix work.
 // Per 16 inputs a subgroup multiplies its left matrices (16 tokens x 16, row-major) by its right
@@ -47,10 +48,8 @@ var<workgroup> xs: array<f16, {{XS_N}}>;
 {{WH_DECL}}
 {{WH2_DECL}}
 #else
-var<workgroup> ws: array<f16, {{WS_N}}>;
-#if DUAL
-var<workgroup> ws2: array<f16, {{WS_N}}>;
-#endif
+const WS_N: u32 = {{WS_N}}u;
+var<workgroup> ws: array<f16, {{WS_ALL}}>;     // W's tile, then (DUAL) W2's
 #endif
 var<workgroup> ys: array<f32, {{YS_N}}>;
 #if PRE_NORM
@@ -80,35 +79,25 @@ fn put_x(idx: u32, v: vec4<f32>) {
 }
 
 #if !DIRECT_W
-fn fetch_w(idx: u32, o0: u32, k0: u32) -> vec4<f32> {
+// W's slice idx = (o, s) of the step starting at slice k0 (tile 1: W2's), dequantized; zero past
+// the outputs and the inputs
+fn fetch_w(idx: u32, o0: u32, k0: u32, tile: u32) -> vec4<f32> {
   let o = idx / KS;
   let s = idx % KS;
-  if (idx < BN * KS && o0 + o < w_O && k0 + s < w_SI) { return w_read4(o0 + o, k0 + s); }
-  return vec4<f32>(0.0);
+  if (idx >= BN * KS || o0 + o >= w_O || k0 + s >= w_SI) { return vec4<f32>(0.0); }
+#if DUAL
+  if (tile == 1u) { return w2_read4(o0 + o, k0 + s); }
+#endif
+  return w_read4(o0 + o, k0 + s);
 }
 
-fn put_w(idx: u32, v: vec4<f32>) {
+// into W's tile (tile 1: W2's, WS_N halves further on)
+fn put_w(idx: u32, v: vec4<f32>, tile: u32) {
   if (idx >= BN * KS) { return; }
   let h = vec4<f16>(v);
-  let i = (idx / KS) * ST + 4u * (idx % KS);
+  let i = tile * WS_N + (idx / KS) * ST + 4u * (idx % KS);
   ws[i] = h.x; ws[i + 1u] = h.y; ws[i + 2u] = h.z; ws[i + 3u] = h.w;
 }
-
-#if DUAL
-fn fetch_w2(idx: u32, o0: u32, k0: u32) -> vec4<f32> {
-  let o = idx / KS;
-  let s = idx % KS;
-  if (idx < BN * KS && o0 + o < w_O && k0 + s < w_SI) { return w2_read4(o0 + o, k0 + s); }
-  return vec4<f32>(0.0);
-}
-
-fn put_w2(idx: u32, v: vec4<f32>) {
-  if (idx >= BN * KS) { return; }
-  let h = vec4<f16>(v);
-  let i = (idx / KS) * ST + 4u * (idx % KS);
-  ws2[i] = h.x; ws2[i + 1u] = h.y; ws2[i + 2u] = h.z; ws2[i + 3u] = h.w;
-}
-#endif
 #endif
 
 @compute @workgroup_size({{WG}})

@@ -236,26 +236,28 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
                                                                if dual else [])
     body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, (tm0 + {16 * i}u) * ST + kk, false, ST);"
             for i in range(v.tm)]
-    for arr, name, acc in (("ws", "b", "acc"), ("ws2", "e", "acd")) if dual else (("ws", "b", "acc"),):
+    # the right matrices: W's (b, into acc) and W2's (e, into acd; tile 1 of ws, or wh2)
+    for tile, name, acc in ((0, "b", "acc"), (1, "e", "acd")) if dual else ((0, "b", "acc"),):
         if v.direct:    # W's rows o0 + om0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
-            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr.replace('ws', 'wh')}, "
+            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{('wh', 'wh2')[tile]}, "
                      f"(o0 + om0 + {16 * j}u) * w_I + k * KT + kk, true, w_I);" for j in range(v.tn)]
         else:
-            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{arr}, (om0 + {16 * j}u) * ST + kk, true, ST);"
-                     for j in range(v.tn)]
+            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&ws, {'WS_N + ' if tile else ''}"
+                     f"(om0 + {16 * j}u) * ST + kk, true, ST);" for j in range(v.tn)]
         body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
                  for i, j in pairs]
-    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile, tile corner, extra fetch args)
-    slots = [("fx", "fetch_x", "put_x", v.bm * v.kstep, "t0", ", T")]
+    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile, tile corner,
+    # extra fetch args, extra put args)
+    slots = [("fx", "fetch_x", "put_x", v.bm * v.kstep, "t0", ", T", "")]
     if not v.direct:
-        slots += [("fw", "fetch_w", "put_w", v.bn * v.kstep, "o0", "")]
-        slots += [("fv", "fetch_w2", "put_w2", v.bn * v.kstep, "o0", "")] if dual else []
+        slots += [("fw", "fetch_w", "put_w", v.bn * v.kstep, "o0", ", 0u", ", 0u")]
+        slots += [("fv", "fetch_w", "put_w", v.bn * v.kstep, "o0", ", 1u", ", 1u")] if dual else []
     fetch0, put, fetch = [], [], []
-    for reg, fn, pfn, n, base, extra in slots:
+    for reg, fn, pfn, n, base, extra, pextra in slots:
         for s in range(_slots(n, v.wg)):
             fetch0.append(f"  var {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, 0u{extra});")
             fetch.append(f"      {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, (k + 1u) * KS{extra});")
-            put.append(f"    {pfn}(lid + {s * v.wg}u, {reg}{s});")
+            put.append(f"    {pfn}(lid + {s * v.wg}u, {reg}{s}{pextra});")
     ysg = 512 if dual else 256     # each subgroup's 16 x 16 result(s) in ys
     store = []
     up = f"ys[sg * {ysg}u + 256u + e]" if dual else f"ys[sg * {ysg}u + e]"    # epilogue's second value
@@ -273,7 +275,7 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
     st = 4 * v.kstep + 8
     return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "SGN": v.sgn, "SUB_M": 16 * v.tm,
             "SUB_N": 16 * v.tn, "DIRECT_W": v.direct,
-            "XS_N": st * v.bm, "WS_N": st * v.bn, "YS_N": ysg * v.sgm * v.sgn,
+            "XS_N": st * v.bm, "WS_N": st * v.bn, "WS_ALL": st * v.bn * (2 if dual else 1), "YS_N": ysg * v.sgm * v.sgn,
             "ACC_DECL": "\n".join(decl), "FETCH_DECL": "\n".join(fetch0), "PUT": "\n".join(put),
             "FETCH_NEXT": "\n".join(fetch), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
             "RP": rp, "RS": v.wg // rp}
