@@ -1,15 +1,8 @@
 // Shared by attention.wgsl, attention_gqa.wgsl and attention_split.wgsl: bindings, shapes and
 // the score (attention_score.wgsl) of phase 1 of the split-K attention.
-{{STEP_DECL}}
-{{Q_DECL}}
-{{KC_DECL}}
-{{VC_DECL}}
+#include attention_inputs
 {{PART_DECL}}
 {{TREE_DECL}}
-const DH: u32 = {{DH}}u;
-const DH4: u32 = {{DH4}}u;
-const GROUP: u32 = {{GROUP}}u;
-const CAP: u32 = {{CAP}}u;
 const CHUNK: u32 = {{CHUNK}}u;
 const CHUNK4: u32 = {{CHUNK4}}u;
 const NSPLIT: u32 = {{NSPLIT}}u;

@@ -20,15 +20,8 @@ diagnostic(off, subgroup_uniformity);
 // (KVH, DH, CAP / 4) vec4; a block reaching past the workgroup's last key loads zeros there (so
 // whatever the cache holds past it, even from an earlier sequence, cannot reach the sums).
 // Dispatch: (ceil(T / BQ), KVH), WG = LANES GROUP BQ invocations.
-{{STEP_DECL}}
-{{Q_DECL}}
-{{KC_DECL}}
-{{VC_DECL}}
+#include attention_inputs
 {{OUT_DECL}}
-const DH: u32 = {{DH}}u;
-const DH4: u32 = {{DH4}}u;
-const GROUP: u32 = {{GROUP}}u;
-const CAP: u32 = {{CAP}}u;
 const LANES: u32 = {{LANES}}u;
 const BQ: u32 = {{BQ}}u;
 const KB: u32 = {{KB}}u;           // keys an iteration (4 or 8)

@@ -23,7 +23,8 @@ from .tree import declare_tree
 def _attention_defines(b: Bindings, q_rel: TensorDesc, n_kv: int, group: int, head_dim: int, cap: int,
                        scale: float, window: int, softcap: float | None) -> dict:
     """What every attention kernel starts with: its first bindings (the step uniform, the queries,
-    the K and V caches) and the shapes, score scale, window and soft-cap (attention_score.wgsl)."""
+    the K and V caches, wgsl/attention_inputs.wgsl) and the shapes, score scale, window and
+    soft-cap (attention_score.wgsl)."""
     return {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
             "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
                                writable=True),

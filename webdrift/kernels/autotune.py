@@ -716,10 +716,10 @@ def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = Fa
     (cached per shape, variant and row count). Every candidate sums a row in the same order, so
     the choice changes the speed only, never a stream's tokens."""
     dual, sub = w2 is not None, dev.has_subgroups
-    static = gemv_cols(v, tokens, dual, qout, sub, w.fmt)
+    cands = cols_candidates(v, tokens, dual, qout, sub, w.fmt)
+    static = cands[0]
     if static == v:
         return v
-    cands = cols_candidates(v, tokens, dual, qout, sub, w.fmt)
     key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
            + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
     return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
