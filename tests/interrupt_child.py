@@ -38,9 +38,12 @@ def main(mode: str, n: int) -> None:
         return eng.generate(prompt, max_new_tokens=24, stop_at_eos=False).token_ids
 
     ref = gen()
-    t = time.perf_counter()
-    assert gen() == ref
-    span = time.perf_counter() - t
+    spans = []
+    for _ in range(3):     # one generation's duration: the least of 3 (one timed during a load
+        t = time.perf_counter()          # spike stretched the sweep past the generations: 13 of
+        assert gen() == ref              # 30 signals fell after them on a loaded 2-core machine)
+        spans.append(time.perf_counter() - t)
+    span = min(spans)
     bytes0 = dev.bytes_allocated
     where: dict[str, int] = {}
     wrong = completed = 0
