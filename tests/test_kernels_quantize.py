@@ -58,3 +58,27 @@ def test_quantize_norm_partials():
     np.testing.assert_allclose(parts.sum(1), (x.astype(np.float64) ** 2).sum(1), rtol=1e-5)
     u = (x * (nw + 0.5)).reshape(T, nb, 32)
     np.testing.assert_allclose(words[:, 8 * nb: 8 * nb + nb].view(np.float32), np.abs(u).max(-1) / 127, rtol=1e-6)
+
+
+def test_quantize_whole_row_norm():
+    """whole=True (the LM head's input): every workgroup reads the whole row for 1/rms, so the
+    block scales and sums are those of the fully normalised row x / rms(x) * (nw + offset), and no
+    partial sums are written (the GEMV applies nothing)."""
+    T, I = 2, 2080                      # nine workgroups per row, the last one partly idle
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((T, I)) * np.array([[1.0], [7.0]])).astype(np.float32)
+    nw = rng.standard_normal(I).astype(np.float32)
+    xd, qd = TensorDesc("x", I, CAP), xq_desc("xq", I, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    k = QuantizeKernel(device(), xd, qd, "q4", pre_norm=PreNorm(1e-5, 0.5), whole=True)
+    run(k, {"x": xb, "xq": qb, "nw": f32_buffer(nw)}, T)
+    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T]
+    nb, nbp = I // 32, (I // 32 + 3) // 4 * 4
+    x64 = x.astype(np.float64)
+    u = (x64 / np.sqrt((x64 ** 2).mean(1, keepdims=True) + 1e-5) * (nw + 0.5)).reshape(T, nb, 32)
+    np.testing.assert_allclose(words[:, 8 * nb: 8 * nb + nb].view(np.float32), np.abs(u).max(-1) / 127, rtol=1e-5)
+    np.testing.assert_allclose(words[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32), u.sum(-1),
+                               rtol=1e-4, atol=1e-4)
+    assert not words[:, 8 * nb + 2 * nbp:].any()       # no partial sums (the buffer started zeroed)
+    with pytest.raises(ValueError, match="needs pre_norm"):
+        QuantizeKernel(device(), xd, qd, "q4", whole=True)

@@ -52,6 +52,14 @@ const XP: u32 = {{XP}}u;            // lanes of the partial sums' tree (linear_b
 const XCG: u32 = {{XCG}}u;          // columns whose trees run side by side
 #endif
 var<workgroup> red: array<f32, {{RED}}>;
+#if COLS
+#if XNORM
+var<workgroup> xinv: array<f32, NCOL>;   // each column's 1/rms (linear_blk_xnorm.wgsl)
+fn col_inv(c: u32) -> f32 { return xinv[c]; }
+#else
+fn col_inv(c: u32) -> f32 { return 1.0; }
+#endif
+#endif
 
 // an invocation's share of the partial sums of x^2 of the row at xr (partials first, first + WG, ...;
 // their tree: linear_blk_xnorm.wgsl)
@@ -60,6 +68,10 @@ fn x_partials(xr: u32, first: u32) -> f32 {
   for (var k = first; k < NP; k += WG) { s += bitcast<f32>(xq[xr + (P0 + k) / 4u][(P0 + k) % 4u]); }
   return s;
 }
+
+#if XNORM
+fn rms_inv(ss: f32) -> f32 { return inverseSqrt(ss / {{XC}}.0 + {{XEPS}}); }
+#endif
 
 // block b of the input row whose first vec4 is xr: its int8 values, scale and (q4) f32 sum
 struct XBlock { lo: vec4<u32>, hi: vec4<u32>, d: f32, s: f32 }
@@ -89,15 +101,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (t0 >= {{NT}}) { return; }
   let nc = min(NCOL, {{NT}} - t0);   // this workgroup's columns
   let o0 = wid.x * ROWS;
-  var invs: array<f32, NCOL>;
-  for (var c = 0u; c < NCOL; c++) { invs[c] = 1.0; }
-#if XNORM
-  // each column's share of its row's partial sums of x^2, loaded before the block loop (their
-  // tree comes after it: linear_blk_xnorm.wgsl)
-  var ssq: array<f32, NCOL>;
-  for (var c = 0u; c < NCOL; c++) { ssq[c] = x_partials((t0 + min(c, nc - 1u)) * STRIDE4, lid); }
-#endif
 {{XR_DECL}}
+#if XNORM
+  // each column's share of its row's partial sums of x^2 (named values: a register array indexed
+  // in loops can live in local memory), loaded before the block loop (their tree comes after it:
+  // linear_blk_xnorm.wgsl)
+{{SSQ_DECL}}
+#endif
 #else
   let t = wid.y;
   if (t >= {{NT}}) { return; }
@@ -134,7 +144,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var v = 0.0;
     var u = 0.0;
     if (ok) {
-      v = epilogue_value(t, o0 + r, invs[cc] * res[cc * 2u * ROWS + r], invs[cc] * res[cc * 2u * ROWS + ROWS + r]);
+      v = epilogue_value(t, o0 + r, col_inv(cc) * res[cc * 2u * ROWS + r], col_inv(cc) * res[cc * 2u * ROWS + ROWS + r]);
 #if !QSKIP_Y
       y_write1(0u, t, 0u, o0 + r, v);
 #endif

@@ -5,7 +5,10 @@
 //   (quantize_block.wgsl, shared with the kernels that write such rows in their epilogues).
 // With PRE_NORM each workgroup also writes its partial sum of x^2; the GEMV adds those up and
 // scales its result by 1/rms (the int8 values do not depend on that scalar), so no pass over the
-// whole row is needed here.
+// whole row is needed here. WHOLE (the LM head, whose GEMV has many small workgroups for which the
+// 1/rms tree of several rows was a third of their time): each workgroup reads the whole row for
+// its sum of x^2 (all in the same order, so every workgroup's 1/rms is the same) and quantizes
+// the normalised u = x / rms(x) * (nw + W_OFFSET); the GEMV applies nothing.
 // Row layout (u32 words, row stride QSTRIDE, a multiple of 4): [8 NB: q, four int8 per word,
 // PACKING order][NBP: d][NBP: s][NBP: partial sums of x^2], NBP = NB rounded up to 4.
 //   natural (q8 weights): word k holds q[4k .. 4k+3];
@@ -43,9 +46,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if PRE_NORM
   if (valid) { u = x * (nw[c] + W_OFFSET); }
 #endif
+#if WHOLE
+  var ss = 0.0;
+  for (var k = lid; k < x_C; k += QWG) {
+    let v = x_read1(0u, t, 0u, k);
+    ss += v * v;
+  }
+  qa[lid] = ss;
+  workgroupBarrier();
+  for (var h = QWG / 2u; h > 0u; h >>= 1u) {
+    if (lid < h) { qa[lid] += qa[lid + h]; }
+    workgroupBarrier();
+  }
+  u *= inverseSqrt(qa[0] / f32(x_C) + {{EPS}});
+  workgroupBarrier();
+#endif
   let base = t_out * QSTRIDE;
   quant_blocks(lid, u, valid, base, c / 32u);
-#if PRE_NORM
+#if PARTIALS
   workgroupBarrier();
   qa[lid] = x * x;
   workgroupBarrier();

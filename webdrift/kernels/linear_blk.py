@@ -271,11 +271,11 @@ def _reduce_cols(rows: int, dual: bool, subgroups: bool, rope: bool, cols: int) 
     L.append("    if (o0 + r < w_O) {")
     if rope:
         L.append("      let ix = o0 + r;")
-        L.append("      rope_out(t0 + c, ix, epilogue_value(t0 + c, rperm(ix), invs[c] * red[(k + r) * S], 0.0),")
-        L.append("               epilogue_value(t0 + c, rperm(ix ^ 1u), invs[c] * red[(k + (r ^ 1u)) * S], 0.0));")
+        L.append("      rope_out(t0 + c, ix, epilogue_value(t0 + c, rperm(ix), col_inv(c) * red[(k + r) * S], 0.0),")
+        L.append("               epilogue_value(t0 + c, rperm(ix ^ 1u), col_inv(c) * red[(k + (r ^ 1u)) * S], 0.0));")
     else:
-        acc2 = "invs[c] * red[(k + ROWS + r) * S]" if dual else "0.0"
-        L.append(f"      epilogue(t0 + c, o0 + r, invs[c] * red[(k + r) * S], {acc2});")
+        acc2 = "col_inv(c) * red[(k + ROWS + r) * S]" if dual else "0.0"
+        L.append(f"      epilogue(t0 + c, o0 + r, col_inv(c) * red[(k + r) * S], {acc2});")
     L.append("    }")
     L.append("  }")
     return "\n".join(L)
@@ -290,6 +290,25 @@ def red_floats(rows: int, dual: bool, wg: int, subgroups: bool, cols: int, qout:
     if cols == 1:
         return max(wg, n * wg)
     return max(wg, n * cols * (wg // 4 if subgroups else wg))
+
+
+def xnorm_cols(cols: int, xp: int, xcg: int) -> str:
+    """linear_blk_xnorm.wgsl for several columns: each column's partial sums (ssq{c}, lane k's
+    share) summed by the one-row kernel's tree over XP lanes, xcg columns' trees side by side
+    sharing their barriers; lane 0 writes column c's 1/rms to xinv[c]. Named values, no loop
+    over columns: an array indexed in a loop can live in local memory."""
+    L = []
+    for c0 in range(0, cols, xcg):
+        js = range(c0, min(cols, c0 + xcg))
+        L += ["  if (lid < XP) {", *(f"    red[{j - c0}u * XP + lid] = ssq{j};" for j in js), "  }",
+              "  workgroupBarrier();",
+              "  for (var k = XP / 2u; k > 0u; k >>= 1u) {",
+              "    if (lid < k) {", *(f"      red[{j - c0}u * XP + lid] += red[{j - c0}u * XP + lid + k];" for j in js), "    }",
+              "    workgroupBarrier();",
+              "  }",
+              "  if (lid == 0u) {", *(f"    xinv[{j}u] = rms_inv(red[{j - c0}u * XP]);" for j in js), "  }",
+              "  workgroupBarrier();"]
+    return "\n".join(L)
 
 
 XNORM_TREE_FLOATS = 1024   # workgroup floats for the side-by-side trees of several columns' 1/rms
@@ -313,6 +332,8 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
             # columns past the workgroup's last token row read (and compute) its last row again:
             # no branch between the loads, and only columns < nc are written
             "XR_DECL": "\n".join(f"  let xr{c} = (t0 + min({c}u, nc - 1u)) * STRIDE4;" for c in range(cols)),
+            "SSQ_DECL": "\n".join(f"  let ssq{c} = x_partials(xr{c}, lid);" for c in range(cols)),
+            "XNORM_COLS": xnorm_cols(cols, xp, xcg),
             "SG_STORE": sg_store(rps, dual, cols) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
             "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),

@@ -65,20 +65,25 @@ class QuantizeKernel(Kernel):
       x     (T_cap, C) activation
       xq    (T_cap, row_words(C)) u32 int8 rows (the layout above)
       nw    (C) f32 norm weight, only with pre_norm (the norm weight applied here; the GEMV
-            applies 1/rms from the partial sums of x^2 written here)
+            applies 1/rms from the partial sums of x^2 written here; whole: the whole RMSNorm
+            is applied here and no partial sums are written)
     Dispatch: (n_partials(C), T)."""
     template = "quantize"
 
     def __init__(self, dev: Device, x: TensorDesc, xq: TensorDesc, fmt: str, pre_norm: PreNorm | None = None,
-                 last_row: bool = False):
-        """fmt: the consuming weight's format; last_row: read row step.last_row, write row 0."""
+                 last_row: bool = False, whole: bool = False):
+        """fmt: the consuming weight's format; last_row: read row step.last_row, write row 0;
+        whole (with pre_norm): every workgroup reads the whole row for 1/rms and quantizes the
+        normalised row (the GEMV then takes no pre_norm)."""
         if x.c % 32 or xq.c != row_words(x.c) or fmt not in FORMATS:
             raise ValueError(f"cannot quantize {x.name} ({x.c} channels) into {xq.name} ({xq.c} words) for {fmt}")
+        if whole and pre_norm is None:
+            raise ValueError("a whole-row quantize applies an RMSNorm: it needs pre_norm")
         b = Bindings()
         d = {"STEP_DECL": b.step(), "X_DECL": b.tensor("x", x), "XQ_DECL": declare_rows(b, "xq", xq),
              "NW_DECL": b.array("nw", "array<f32>", f"({x.c}) norm weight") if pre_norm is not None else "",
              "PRE_NORM": pre_norm is not None, "W_OFFSET": wgsl_float(pre_norm.w_offset if pre_norm else 0.0),
-             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **block_defines(fmt, x.c, QWG)}
+             "WHOLE": whole, "PARTIALS": pre_norm is not None and not whole, "EPS": wgsl_float(pre_norm.eps if pre_norm else 0.0), "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **block_defines(fmt, x.c, QWG)}
         self.n_groups = n_partials(x.c)
         super().__init__(dev, d, b, f"quantize_{fmt}")
 

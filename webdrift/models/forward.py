@@ -90,10 +90,11 @@ class Norm(Op):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Quantize(Op):
-    """x (optionally times the norm weight; 1/rms is applied by the GEMV) -> int8 blocks for a
-    GEMV over weights of format `fmt`."""
+    """x (optionally times the norm weight; 1/rms is applied by the GEMV, or with `whole` here)
+    -> int8 blocks for a GEMV over weights of format `fmt`."""
     fmt: str
     norm: Buffer | None
+    whole: bool = False
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -426,8 +427,10 @@ class ForwardBuilder:
         last = not (self.all_logits or self.streams)   # only the last row's logits
         head = {"head": True, "last_row": last}
         if self.int8["head"]:
+            # the whole norm in the quantize: 1/rms in the GEMV's many small workgroups took a
+            # quarter of the 1B q4 head's time at 8 rows (H100, 2026-11-24: 178 against 131 us)
             g.add(Quantize(label="norm+quant_head", reads=("x",), writes=("xql",), fmt=m.output.fmt,
-                           norm=m.output_norm, **head))
+                           norm=m.output_norm, whole=True, **head))
             x, norm, label = "xql", None, "lm_head"
         elif self.fuse and self.stage != "decode":   # decode: a separate norm (the LM head has many workgroups)
             x, norm, label = "x", m.output_norm, "norm+lm_head"
@@ -448,7 +451,7 @@ class ForwardBuilder:
             else:   # every row's logits: the float GEMM (the vocabulary's y is too big to time)
                 variant = static_gemm(m.dev, w)
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
-                         variant=variant, norm=norm, pre_norm=x != "xl", softcap=cfg.final_logit_softcap,
+                         variant=variant, norm=norm, pre_norm=x == "x", softcap=cfg.final_logit_softcap,
                          columns=(w.row0, w.o) if sharded else None, head=True, last_row=last and x != "xl"))
         if self.tree:
             g.add(Argmax(label="argmax_rows", reads=("logits",), writes=("amax",), per_row=True, head=True,

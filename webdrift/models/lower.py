@@ -73,7 +73,7 @@ def _norm(op: F.Norm, c: LowerContext):
 def _quantize(op: F.Quantize, c: LowerContext):
     (x,), (xq,) = op.reads, op.writes
     pre = PreNorm(c.cfg.norm_eps, c.cfg.norm_weight_offset) if op.norm is not None else None
-    k = QuantizeKernel(c.dev, c.desc(x), c.desc(xq), op.fmt, pre_norm=pre, last_row=op.last_row)
+    k = QuantizeKernel(c.dev, c.desc(x), c.desc(xq), op.fmt, pre_norm=pre, last_row=op.last_row, whole=op.whole)
     return k, {"step": c.step, "x": c.arena_range(x), "xq": c.arena_range(xq)} | ({"nw": op.norm} if pre else {})
 
 
