@@ -92,14 +92,6 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
     ns = autotune._memory[next(k for k in autotune._memory if "|attn3|" in k)]["ns"]
     assert set(ns) == {c.name for c in attention_candidates(dev, 8, 2)} and min(ns.values()) > 0
-    # a program of 4 query rows (the streams): its own measurement, every candidate over 4 rows
-    rows = []
-    monkeypatch.setattr(autotune, "_measure_attention", lambda *a: rows.append(a[-1]) or real(*a))
-    four = choose_attention(dev, 8, 2, 64, 512, kc, vc, rows=4)
-    assert four in attention_candidates(dev, 8, 2) and rows == [4]
-    assert choose_attention(dev, 8, 2, 64, 512, kc, vc, rows=4) == four and rows == [4]    # cached apart
-    ns4 = autotune._memory[next(k for k in autotune._memory if k.endswith("|rows4"))]["ns"]
-    assert set(ns4) == set(ns) and min(ns4.values()) > 0
 
 
 def _returns(value):

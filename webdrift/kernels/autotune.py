@@ -513,7 +513,7 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool):
 
 
 def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, k_cache, v_cache,
-                     window: int = 0, enabled=True, rows: int = 1) -> AttnChoice:
+                     window: int = 0, enabled=True) -> AttnChoice:
     """The decode attention kernel: "head" (attention.wgsl: a workgroup per query head),
     "grouped" (attention_gqa.wgsl: one per KV head serving its query heads) or "split"
     (attention_split.wgsl: grouped, 16- to 64-key chunks, subgroups, V loaded before or after the
@@ -522,20 +522,16 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth
     1024, level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on
     software adapters (what lavapipe's timings chose for all of the 20 shapes they were taken on,
-    1.05x to 4x faster than per-head), else per-head.
-    rows: query rows per step (the streams' programs: one per stream), each timed at the depth;
-    the best chunk differs (H100, 2026-11-24, 1B q4: the choice of one row left 8 streams'
-    attention at 415 us a step where another took 445, and the reverse for one row: 238 / 189)."""
+    1.05x to 4x faster than per-head), else per-head."""
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]
-    key = (f"{dev.info.adapter}|{dev.info.backend}|attn3|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
-           + (f"|rows{rows}" if rows > 1 else ""))
+    key = f"{dev.info.adapter}|{dev.info.backend}|attn3|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     static = AttnChoice("split", 32)
     if dev.info.is_cpu or static not in cands:
         static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
     got = _decide(dev, key, enabled,
-                  lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands, rows),
+                  lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands),
                   static._asdict())
     return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"])
 
@@ -553,13 +549,11 @@ def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoic
     return cands
 
 
-def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands, rows: int = 1):
+def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands):
     group = n_heads // n_kv
-    rows = max(1, min(rows, cap))
-    q = TensorDesc("q", head_dim, group * rows, b=n_kv)
-    out = TensorDesc("o", n_heads * head_dim, rows)
-    steps = [_step_buffer(dev, min(cap, ctx) - rows, tokens=rows) for ctx in sorted({min(cap, max(1024, rows)),
-                                                                                      min(cap, max(4096, rows))})]
+    q = TensorDesc("q", head_dim, group, b=n_kv)
+    out = TensorDesc("o", n_heads * head_dim)
+    steps = [_step_buffer(dev, min(cap, ctx) - 1) for ctx in sorted({min(cap, 1024), min(cap, 4096)})]
     qb = dev.create_buffer(q.nbytes, label="tune.q")
     ob = dev.create_buffer(out.nbytes, label="tune.o")
     times = {}
@@ -567,16 +561,16 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
         for c in cands:
             pb = None
             try:
-                k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group * rows, 0.125, window,
-                                    variant=c.variant, chunk=c.chunk or 32, prefetch_v=c.prefetch_v)
-                comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group * rows)
+                k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, variant=c.variant,
+                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v)
+                comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group)
                 yield CHECK
-                pb = dev.create_buffer(n_kv * group * rows * k.nsplit * (head_dim + 2) * 4, label="tune.part")
+                pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
                 t = 0
                 for sb in steps:
                     t += yield from _time(dev, k.dispatch({"step": sb, "q": qb, "kc": k_cache, "vc": v_cache,
-                                                           "part": pb}, k.workgroups(rows)))
-                    t += yield from _time(dev, comb.dispatch({"step": sb, "part": pb, "out": ob}, comb.workgroups(rows)))
+                                                           "part": pb}, k.workgroups(1)))
+                    t += yield from _time(dev, comb.dispatch({"step": sb, "part": pb, "out": ob}, comb.workgroups(1)))
                 times[c.name] = t
             except (GPUError, UnsupportedModelError):
                 continue

@@ -338,7 +338,7 @@ class ForwardBuilder:
 
     def attn_kernel(self, i: int) -> AttnChoice:
         """Layer i's attention kernel, its chunk filled in. Decode: the adapter's choice
-        (kernels/autotune.choose_attention) for the layer's window (the streams: for their rows); prefill: PREFILL_ATTENTION
+        (kernels/autotune.choose_attention) for the layer's window; prefill: PREFILL_ATTENTION
         where a KV head serves several query heads (grouped: each K and V chunk read once for
         them), else per head."""
         cfg, m = self.cfg, self.m
@@ -349,8 +349,7 @@ class ForwardBuilder:
             if self.stage == "decode":
                 lw = m.layers[i]
                 c = choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
-                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune,
-                                     rows=self.capacity if self.streams else 1)
+                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune)
             chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
                      else AttentionKernel.chunk_for(cfg.head_dim))
             self._attn[window] = c._replace(chunk=chunk)
