@@ -274,6 +274,42 @@ def test_formats_and_int8_paths(setup, fmt):
         assert row[tok] >= row.max() - 0.02 * (row.max() - row.mean())
 
 
+def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
+    """With LoRA and int8 activations the attention combine writes the O projection's int8 row and
+    the f32 rows the O shrink reads (no quantize dispatch per layer): decode logits bit-identical
+    to the build where the combine writes f32 rows and a quantize dispatch the int8 row (the
+    graph builder told the combine cannot quantize; the rest of the int8 chain unchanged)."""
+    from webdrift.kernels.attention import AttentionCombineKernel
+    from webdrift.models import forward
+
+    class FloatCombine(AttentionCombineKernel):
+        @staticmethod
+        def quant_supported(head_dim):
+            return False
+
+    def load():
+        return webdrift.load(str(setup["base"]), loras={"a": str(setup["dirs"]["a"])}, max_lora_rank=16,
+                             max_context=128, prefill_chunk=64, autotune=False, weight_format="q8",
+                             int8_activations=True)
+
+    def decode_logits(eng):
+        ids = ids_for(12, seed=21)
+        eng.generate(ids, max_new_tokens=3, lora="a", stop_at_eos=False)
+        return np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)[eng.decode.graph.tensors["logits"].offset:][
+            :4 * eng.model.cfg.vocab_size].view(np.float32).copy()
+    both = load()
+    labels = [d.label for d in both.decode.dispatches(1)]
+    assert "L0.attn_combine+quant" in labels and not any("quant_o" in x for x in labels)
+    a = decode_logits(both)
+    monkeypatch.setattr(forward, "AttentionCombineKernel", FloatCombine)
+    sep = load()
+    sep_labels = [d.label for d in sep.decode.dispatches(1)]
+    assert "L0.quant_o" in sep_labels and len(sep_labels) == len(labels) + len(both.model.layers)
+    b = decode_logits(sep)
+    assert np.isfinite(a).all() and np.abs(a).max() > 0
+    np.testing.assert_array_equal(a, b)
+
+
 # -- bad adapters -----------------------------------------------------------------------------------
 def test_bad_adapters_are_refused_and_the_engine_stays_usable(setup, tmp_path, tok_dir):
     eng = setup["eng"]

@@ -12,10 +12,12 @@ enable subgroups;
 // long context (hundreds of short chunks) costs a few rounds of loads, not one per chunk.
 // QUANT: instead of f32, write the slice as an int8 32-block in QuantizeKernel's row layout
 // (the O projection's integer-dot GEMV input; saves a quantize dispatch). Needs SL == 32.
+// QUANT_F: also the f32 rows, `outf` (with LoRA: the O projection's shrink reads them).
 // Dispatch: (T * GROUP, KVH, DH / SL), WG threads per workgroup.
 {{STEP_DECL}}
 {{PART_DECL}}
 {{OUT_DECL}}
+{{OUTF_DECL}}
 #if QUANT
 const QNB: u32 = {{QNB}}u;
 const QNBP: u32 = {{QNBP}}u;
@@ -139,6 +141,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 #if QUANT
   quant_blocks(lid, tot, lid < SL, t * QSTRIDE, (h * DH + d) / 32u);
+#if QUANT_F
+  if (lid < SL) { outf_write1(0u, t, 0u, h * DH + d, tot); }
+#endif
 #else
   if (lid < SL) { out_write1(0u, t, 0u, h * DH + d, tot); }
 #endif

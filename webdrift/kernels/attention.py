@@ -317,15 +317,17 @@ class AttentionCombineKernel(Kernel):
       step  the Step uniform
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials of AttentionKernel
       out   (T_cap, H * DH) activation; with quant, (T_cap, row_words(H * DH)) u32 int8 rows
+      outf  with quant and out_f: (T_cap, H * DH) activation, the f32 rows as well
     Dispatch: (T * GROUP, KVH, DH / SL), SL = 32 channels per workgroup (head_dim where it is
     not a multiple of 32)."""
     template = "attention_combine"
     WG = 256
 
     def __init__(self, dev: Device, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int, nsplit: int,
-                 rows_cap: int, quant: str | None = None):
+                 rows_cap: int, quant: str | None = None, out_f: TensorDesc | None = None):
         """quant ("q8" / "q4"): out is a QuantizeKernel row tensor for n_heads * head_dim channels
-        and the heads are written as int8 blocks for that weight format."""
+        and the heads are written as int8 blocks for that weight format; out_f (with quant): the
+        f32 rows are written to it as well."""
         self.group, self.n_kv = n_heads // n_kv, n_kv
         self.sl = 32 if head_dim % 32 == 0 else head_dim
         self.slices = head_dim // self.sl
@@ -334,7 +336,10 @@ class AttentionCombineKernel(Kernel):
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
              "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "NSPLIT4": -(-nsplit // 4) * 4, "ROWS_CAP": rows_cap,
-             "WG": self.WG, "SL": self.sl, "NG": self.WG // self.sl, "QUANT": quant is not None}
+             "WG": self.WG, "SL": self.sl, "NG": self.WG // self.sl, "QUANT": quant is not None,
+             "QUANT_F": out_f is not None, "OUTF_DECL": ""}
+        if out_f is not None and quant is None:
+            raise ValueError("the combine's second, f32 output comes with its int8 rows (quant)")
         if quant is None:
             d["OUT_DECL"] = b.tensor("out", out)
         else:
@@ -342,6 +347,8 @@ class AttentionCombineKernel(Kernel):
                 raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
                                  f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
             d.update(block_defines(quant, n_heads * head_dim, self.WG), OUT_DECL=declare_rows(b, "out", out))
+            if out_f is not None:
+                d["OUTF_DECL"] = b.tensor("outf", out_f)
         super().__init__(dev, d, b, "attention_combine")
 
     @staticmethod

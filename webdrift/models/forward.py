@@ -188,6 +188,7 @@ class Attention(Op):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Combine(Op):
     quant: str | None            # write the O projection's int8 row for weights of this format
+                                 # (with two writes: the f32 rows too, the second)
     nsplit: int                  # the attention's chunks per query row
 
 
@@ -244,10 +245,9 @@ class ForwardBuilder:
         # one, or the float one where its variant computes rows in subgroups
         self.rope_epilogue = not cfg.qk_norm and not tree and stage == "decode" and (
             self.int8["qkv"] or (fuse and self._float_rope_epilogue()))
-        # the O projection's int8 row written by the attention combine; not with LoRA, whose
-        # shrink reads the float attention rows (a quantize op makes the int8 row instead)
-        self.combine_quant = (self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
-                              and lora is None)
+        # the O projection's int8 row written by the attention combine (with LoRA also the f32
+        # rows its shrink reads)
+        self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         # prefill (one sequence, no tree): the one-pass attention writes attn{i} itself
         self.flash = stage == "prefill" and not tree and AttentionPrefillKernel.supported(
@@ -377,8 +377,9 @@ class ForwardBuilder:
                 return f"xqo{i}"
             return part
         nsplit = self.nsplit(i)
-        if self.combine_quant:
-            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=(f"xqo{i}",), quant=lw.wo.fmt,
+        if self.combine_quant:   # with LoRA also attn{i}, the O shrink's input
+            writes = (f"xqo{i}", f"attn{i}") if self.lora is not None else (f"xqo{i}",)
+            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=writes, quant=lw.wo.fmt,
                           nsplit=nsplit))
             return f"xqo{i}"
         g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None, nsplit=nsplit))

@@ -154,10 +154,11 @@ def _attention(op: F.Attention, c: LowerContext):
 
 def _combine(op: F.Combine, c: LowerContext):
     cfg = c.cfg
-    (part,), (out,) = op.reads, op.writes
+    (part,), (out, *outf) = op.reads, op.writes
     k = AttentionCombineKernel(c.dev, c.desc(out), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, op.nsplit, c.rows_cap,
-                               quant=op.quant)
-    return k, {"step": c.step, "part": c.arena_range(part), "out": c.arena_range(out)}
+                               quant=op.quant, out_f=c.desc(outf[0]) if outf else None)
+    return k, {"step": c.step, "part": c.arena_range(part), "out": c.arena_range(out)} | (
+        {"outf": c.arena_range(outf[0])} if outf else {})
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
