@@ -32,10 +32,10 @@ LoRA (models/lora.py's pool, when the engine has LoRA enabled): each of a layer'
 (q|k|v, o, gate|up, down) gets a LoraShrink op (u = scale * x_in A^T, x_in the GEMV's input as
 the GEMV sees it: for q|k|v and gate|up the RMS-normed x, computed from the float residual
 stream) and a LoraEpilogue (+ u B^T on each output, before the bias, the activation, RoPE and any
-quantizing epilogue). Two fusions change with LoRA, because the shrink reads float inputs: the
-attention combine writes float rows (then a quantize op) instead of the O projection's int8 row,
-and the int8 chain's gate/up GEMV also writes act (the down shrink's input). Without a pool the
-ops are exactly those of a build without LoRA.
+quantizing epilogue). Two fusions write one more output with LoRA, because the shrink reads
+float inputs: the attention combine writes the float rows as well as the O projection's int8
+row, and the int8 chain's gate/up GEMV also writes act (the down shrink's input). Without a pool
+the ops are exactly those of a build without LoRA.
 Must not: import numpy or wgpu; allocate GPU memory (program.py binds, lower.py builds kernels).
 """
 
