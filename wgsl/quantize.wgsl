@@ -6,7 +6,7 @@
 // With PRE_NORM each workgroup also writes its partial sum of x^2; the GEMV adds those up and
 // scales its result by 1/rms (the int8 values do not depend on that scalar), so no pass over the
 // whole row is needed here. WHOLE (the LM head, whose GEMV has many small workgroups for which the
-// 1/rms tree of several rows was a third of their time): each workgroup reads the whole row for
+// 1/rms trees of several rows took a quarter of their time): each workgroup reads the whole row for
 // its sum of x^2 (all in the same order, so every workgroup's 1/rms is the same) and quantizes
 // the normalised u = x / rms(x) * (nw + W_OFFSET); the GEMV applies nothing.
 // Row layout (u32 words, row stride QSTRIDE, a multiple of 4): [8 NB: q, four int8 per word,

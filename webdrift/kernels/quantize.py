@@ -83,7 +83,9 @@ class QuantizeKernel(Kernel):
         d = {"STEP_DECL": b.step(), "X_DECL": b.tensor("x", x), "XQ_DECL": declare_rows(b, "xq", xq),
              "NW_DECL": b.array("nw", "array<f32>", f"({x.c}) norm weight") if pre_norm is not None else "",
              "PRE_NORM": pre_norm is not None, "W_OFFSET": wgsl_float(pre_norm.w_offset if pre_norm else 0.0),
-             "WHOLE": whole, "PARTIALS": pre_norm is not None and not whole, "EPS": wgsl_float(pre_norm.eps if pre_norm else 0.0), "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **block_defines(fmt, x.c, QWG)}
+             "WHOLE": whole, "PARTIALS": pre_norm is not None and not whole,
+             "EPS": wgsl_float(pre_norm.eps if pre_norm else 0.0),
+             "LAST_ROW": last_row, "NT": "1u" if last_row else "step.n_tokens", **block_defines(fmt, x.c, QWG)}
         self.n_groups = n_partials(x.c)
         super().__init__(dev, d, b, f"quantize_{fmt}")
 
