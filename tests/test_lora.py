@@ -137,6 +137,26 @@ def test_scale_zero_and_no_adapter_equal_the_base_model(setup):
     assert_matches(base, ref_logits(setup["base_ref"], ids))
 
 
+def test_requests_without_an_adapter_run_the_programs_without_slots(setup):
+    """An engine with LoRA slots also holds its decode / prefill programs without them (built at
+    load, sharing the arena): a request with no adapter, or lora_scale 0, runs those (no shrink
+    dispatch, the speed of an engine without LoRA; greedy tokens equal a plain engine's), one with
+    an adapter the slotted ones (their logits vs peft: the tests above); switching back and forth
+    rebuilds nothing."""
+    eng, ids = setup["eng"], ids_for(30, seed=8)
+    plain = webdrift.load(str(setup["base"]), max_context=256, prefill_chunk=64, autotune=False)
+    want = plain.generate(ids, max_new_tokens=6, stop_at_eos=False).token_ids
+    progs = {id(p) for p in (*eng._plain, *eng._slotted)}
+    for lora, scale, slotted in ((None, 1.0, False), ("a", 1.0, True), ("a", 0.0, False), (None, 1.0, False)):
+        res = eng.generate(ids, max_new_tokens=6, stop_at_eos=False, lora=lora, lora_scale=scale)
+        has_shrink = any(".lora_" in d.label for d in eng.decode.dispatches(1))
+        assert has_shrink == slotted and (eng.decode, eng.prefill) == (eng._slotted if slotted else eng._plain)
+        if not slotted:
+            assert res.token_ids == want
+    assert {id(p) for p in (*eng._plain, *eng._slotted)} == progs            # nothing rebuilt
+    assert plain._plain is None and not any(".lora_" in d.label for d in plain.decode.dispatches(1))
+
+
 def test_lora_scale_scales_the_adapter(setup):
     """lora_scale s = the adapter with B * s (peft's scaling set to s times its own)."""
     eng, ids = setup["eng"], ids_for(40, seed=4)
