@@ -135,8 +135,9 @@ def random_lora(cfg, rank: int, seed: int):
 
 def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log,
                streams: list[int] | None = None, repeats: int = 1) -> dict:
-    """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and with
-    the LoRA slots built but no adapter applied; the host time of switching adapters; with
+    """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and on
+    the same engine with no adapter (field slots_no_adapter_decode_tps: the engine with LoRA
+    slots runs its programs without them for such a request); the host time of switching adapters; with
     streams, the aggregate decode tok/s of k streams each with its own adapter (generate(n=k,
     lora=[...]): no shared prompt, so the context holds k copies of it). Each figure the best of
     `repeats` generations (one generation's adapter figure read 494 and 613 tok/s in two runs of
@@ -540,8 +541,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead of the protocol: speculative decoding (e.g. 'lookup') vs plain greedy on a "
                         "~500-token rewriting task and a free-form chat, real models only (bench_spec.py)")
     p.add_argument("--lora-rank", type=int, default=None, metavar="R",
-                   help="also decode with a random rank-R LoRA adapter on all seven targets (and with the LoRA "
-                        "slots but no adapter), and time switching adapters (row field `lora`); with --streams, "
+                   help="also decode with a random rank-R LoRA adapter on all seven targets (and on that engine "
+                        "with no adapter), and time switching adapters (row field `lora`); with --streams, "
                         "also K streams with one adapter each (lora.streams)")
     p.add_argument("--profile-tokens", type=int, default=0, metavar="N",
                    help="after each model's protocol, profile N tokens after the last prompt (the last row's "
