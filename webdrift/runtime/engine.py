@@ -285,7 +285,7 @@ class Engine:
         self._streams: streams.StreamRunner | None = None   # built on the first n > 1
         self._verifier: TreeVerifier | None = None     # speculative decoding, built on first use
         self.tree_buf = None
-        own = (self.decode, self.prefill, *(self._plain or ()))
+        own = self._load_programs()
         self.arena = dev.create_buffer(max(p.arena_bytes for p in own), STORAGE, "arena")
         for p in own:
             p.bind(self.arena)
@@ -303,14 +303,17 @@ class Engine:
         return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
                        self.out_tokens, fuse=self._fuse, streams=streams, lora=self.lora_pool if lora else None)
 
+    def _load_programs(self) -> tuple:
+        """The decode and prefill programs built at load (with LoRA slots: both pairs)."""
+        return (*(self._slotted or (self.decode, self.prefill)), *(self._plain or ()))
+
     def _fit_arena(self, program: Program) -> None:
         """Bind a program built after load (scoring, the streams, tree verification) to the arena,
         first growing the arena (every program is bound to the new one) if it needs more."""
         if program.arena_bytes > self.arena.size:
             self.dev.release_buffer(self.arena)
             self.arena = self.dev.create_buffer(program.arena_bytes, STORAGE, "arena")
-            for other in (*(self._slotted or (self.decode, self.prefill)), *(self._plain or ()), self._score,
-                          self._verifier and self._verifier.program,
+            for other in (*self._load_programs(), self._score, self._verifier and self._verifier.program,
                           *(self._streams.programs.values() if self._streams else ())):
                 if other is not None:
                     other.bind(self.arena)
