@@ -13,6 +13,7 @@ import torch
 import transformers
 
 import webdrift
+from webdrift.kernels.linear import GemvVariant
 
 VOCAB = 49152
 
@@ -340,23 +341,27 @@ def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeyp
     assert kinds["AttentionKernel"].defines.get("PREFETCH_V", False) is variant[2]
 
 
-@pytest.mark.parametrize("case", ["qwen2_bias_f16", "llama_mqa_hd40_bf16"])
-def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, case):
+@pytest.mark.parametrize("case,float_gemv", [("qwen2_bias_f16", GemvVariant("subgroup", rows=8, wg=64)),
+                                              ("llama_mqa_hd40_bf16", GemvVariant("subgroup", rows=8, wg=64)),
+                                              ("qwen2_bias_f16", GemvVariant("wide", rows=8, wg=64, mrows=4))])
+def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, case, float_gemv):
     """Where the float decode GEMV computes rows in subgroups (what GPUs pick), the QKV GEMV
     applies RoPE, the Q relayout and the KV append in its epilogue (one dispatch fewer per
     layer). Forced here (lavapipe's timings pick other variants): prompts through the decode
-    kernels and greedy decoding match transformers, with bias (Qwen2) and head_dim 40 (MQA)."""
-    from webdrift.kernels.linear import GemvVariant
+    kernels and greedy decoding match transformers, with bias (Qwen2) and head_dim 40 (MQA);
+    the wide GEMV with four rows (two rotation pairs) per subgroup at a time, as the H100 picks."""
     from webdrift.models import forward
 
     real = forward.choose_gemv
     monkeypatch.setattr(forward, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
-        real(dev, w, w2, enabled=enabled, int8=True) if int8 else GemvVariant("subgroup", rows=8, wg=64)))
+        real(dev, w, w2, enabled=enabled, int8=True) if int8 else float_gemv))
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     labels = [x.label for x in eng.decode.dispatches(1)]
     n = eng.config.n_layers
     assert sum(lb.endswith("norm+qkv+rope_kv") for lb in labels) == n and not any(lb.endswith(".rope_kv") for lb in labels)
+    qkv = [k for op, k, _ in eng.decode.kernels() if op.label.endswith("qkv+rope_kv")]
+    assert {k.variant.mrows for k in qkv} == {float_gemv.mrows}
     assert_matches_transformers(eng, ref, seed=8, n=80)
 
 

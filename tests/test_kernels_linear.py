@@ -269,13 +269,18 @@ def test_linear_pre_norm_last_row():
     assert (y[1:] == SENTINEL).all()
 
 
-def test_mrows_is_a_wide_option_without_rope():
-    gw, _ = make_weight(_weights(8, 64), "q8")
-    xd, yd = TensorDesc("x", 64, 4), TensorDesc("y", 8, 4)
+def test_mrows_is_a_wide_option_of_whole_rows_and_pairs():
+    from webdrift.kernels.linear import Epilogue, RopeOut
+    gw, _ = make_weight(_weights(24, 64), "q8")
+    xd, yd = TensorDesc("x", 64, 4), TensorDesc("y", 24, 4)
     with pytest.raises(ValueError, match="mrows 2"):
         LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("subgroup", rows=8, wg=64, mrows=2))
     with pytest.raises(ValueError, match="mrows 4"):
         LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("wide", rows=6, wg=64, mrows=4))
+    rope = RopeOut(q=TensorDesc("q", 8, 4, b=1), n_heads=1, n_kv=1, head_dim=8, cap=16, rope_half=False)
+    with pytest.raises(ValueError, match="mrows 3.*whole rotation pairs"):   # a pair would straddle two subgroups
+        LinearKernel(device(), "decode", xd, yd, gw, variant=GemvVariant("wide", rows=6, wg=64, mrows=3),
+                     epilogue=Epilogue(rope=rope))
 
 
 def test_wide_refuses_unsupported_weights():

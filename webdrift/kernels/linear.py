@@ -109,14 +109,17 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
     return red
 
 
-def _mrows_code(m: int, pair: bool, cols: int, nt: str) -> dict:
+def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False) -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
     weight's last read its last row, and are not written) and the NCOL columns (c: token row
-    t{c}, input block xb{c}; each column the one-column statements); nt: the token count."""
+    t{c}, input block xb{c}; each column the one-column statements); nt: the token count.
+    rope (one column, m even): the m rows are output indices o + j, weight rows rperm(o + j)
+    (rope_epilogue.wgsl), and each two adjacent ones, rotation partners, go to rope_out."""
     if m <= 1:
         return {"MROWS": False}
     js, cs = range(m), range(cols)
     row = [f"min(o + {j}u, w_O - 1u)" for j in js]
+    row = [f"rperm({r})" for r in row] if rope else row
     decl = [f"    var m{j}_{c} = 0.0;" + (f" var n{j}_{c} = 0.0;" if pair else "") for c in cs for j in js]
     acc = []
     for c in cs:   # column c: its input block, then its rows' sums (only where it has a token row)
@@ -129,6 +132,12 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str) -> dict:
            for c in cs for j in js]
     epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
            f"{f'n{j}_{c}' if pair else f'm{j}_{c}'}); }}" for c in cs for j in js]
+    if rope:   # the pairs (o + j, o + j + 1): whole pairs, as w_O and o are even
+        epi = [f"      if (o + {j}u < w_O) {{\n"
+               f"        let va{j} = epilogue_value(t0, {row[j]}, m{j}_0, 0.0);\n"
+               f"        let vb{j} = epilogue_value(t0, {row[j + 1]}, m{j + 1}_0, 0.0);\n"
+               f"        rope_out(t0, o + {j}u, va{j}, vb{j});\n        rope_out(t0, o + {j + 1}u, vb{j}, va{j});\n      }}"
+               for j in js[::2]]
     return {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
             "MR_EPI": "\n".join(epi)}
 
@@ -214,9 +223,11 @@ class LinearKernel(Kernel):
                                  or w.o != (rope.n_heads + 2 * rope.n_kv) * rope.head_dim):
             raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
                              f"count and the QKV weight; {w.name} ({v}, {rows} rows)")
-        if gemm is None and variant.mrows > 1 and (v != "wide" or rope is not None or rows % variant.mrows):
-            raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option without RoPE, "
-                             f"for a row count that is a multiple of it; got {v} with {rows} rows")
+        if gemm is None and variant.mrows > 1 and (v != "wide" or rows % variant.mrows
+                                                   or (rope is not None and variant.mrows % 2)):
+            raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option, for a row "
+                             f"count that is a multiple of it (with RoPE an even count: whole rotation pairs); got "
+                             f"{v} with {rows} rows")
         if v == "wide" and not all(wide_supported(u.fmt, u.i, u.layout) for u in (w, w2) if u is not None):
             raise UnsupportedModelError(f"the wide GEMV reads q4, q8 and row-major f16 with inputs a multiple "
                                         f"of 8; {w.name} is {w.fmt} ({w.o} x {w.i})")
@@ -247,7 +258,7 @@ class LinearKernel(Kernel):
                                if qout.norm_offset is not None else ""))
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
-        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt))
+        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None))
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
