@@ -1,6 +1,8 @@
 #if SUBGROUPS
 #if SUBGROUP_ENABLE
 enable subgroups;
+// Tint's uniformity analysis: quantize_block's shuffles run under a subgroup-uniform condition
+diagnostic(off, subgroup_uniformity);
 #endif
 #endif
 // Attention phase 2: merge the per-chunk partials of each query row (log-sum-exp rescaling)
@@ -79,6 +81,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if !SUBGROUPS
   let lane = 0u;
   let sg = 1u;
+#elif QUANT
+  q_lane = lane;
+  q_sg = sg;
 #endif
   let row = wid.x;
   let kvh = wid.y;

@@ -96,6 +96,12 @@ var<workgroup> res: array<f32, {{RES}}>;
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
+#if QOUT
+#if SUBGROUPS
+  q_lane = lane;   // for quantize_block (a quantizing epilogue comes with subgroups)
+  q_sg = sg;
+#endif
+#endif
 #if COLS
   let t0 = wid.y * NCOL;
   if (t0 >= {{NT}}) { return; }
@@ -156,13 +162,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
 #if QNORM
     workgroupBarrier();
-    qa[lid] = select(0.0, v * v, ok);
+    let vv = select(0.0, v * v, ok);
+    qa[lid] = vv;
     workgroupBarrier();
-    if (c < nc && r == 0u) {
-      var s2 = 0.0;
-      for (var j = 0u; j < ROWS; j++) { s2 += qa[lid + j]; }
-      qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2);
-    }
+    let s2 = block_reduce(lid, lid - r, vv, false);   // ROWS == 32: the column's block
+    if (c < nc && r == 0u) { qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2); }
 #endif
     workgroupBarrier();
   }
@@ -183,13 +187,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
 #if QNORM
   workgroupBarrier();
-  qa[lid] = select(0.0, v * v, ok);
+  let vv = select(0.0, v * v, ok);
+  qa[lid] = vv;
   workgroupBarrier();
-  if (lid == 0u) {
-    var s2 = 0.0;
-    for (var j = 0u; j < ROWS; j++) { s2 += qa[j]; }
-    qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2);
-  }
+  let s2 = block_reduce(lid, lid - lid % 32u, vv, false);   // ROWS == 32: lanes 0 .. 31's block
+  if (lid == 0u) { qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2); }
 #endif
 #endif
 #else

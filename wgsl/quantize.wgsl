@@ -1,3 +1,10 @@
+#if SUBGROUPS
+#if SUBGROUP_ENABLE
+enable subgroups;
+// Tint's uniformity analysis: quantize_block's shuffles run under a subgroup-uniform condition
+diagnostic(off, subgroup_uniformity);
+#endif
+#endif
 // Activation rows -> int8 blocks for the integer-dot GEMV (linear_blk.wgsl). One invocation per
 // channel, QWG channels (QWG / 32 blocks) per workgroup, grid (ceil(C / QWG), rows):
 //   u = x (PRE_NORM: x * (nw + W_OFFSET), the RMSNorm without its 1/rms factor),
@@ -30,7 +37,15 @@ const QWG: u32 = {{QWG}}u;
 #include quantize_block
 
 @compute @workgroup_size({{QWG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32
+#if SUBGROUPS
+        , @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32
+#endif
+        ) {
+#if SUBGROUPS
+  q_lane = lane;
+  q_sg = sg;
+#endif
   let t_out = wid.y;
   if (t_out >= {{NT}}) { return; }
 #if LAST_ROW

@@ -5,17 +5,45 @@
 // consumer row's QNB / QNBP; QPACK_Q4 packs for q4 weights (evens then odds per 8 values).
 // QuantizeKernel (quantize.wgsl) uses it too, so every producer gives the same words for the
 // same values.
+// SUBGROUPS: the including kernel's entry point sets q_lane / q_sg (its subgroup builtins) first;
+// where a block's 32 invocations are 32 aligned lanes of one subgroup (subgroups of 32 or 64
+// laid out along the invocation index, as on NVIDIA and AMD GPUs) its maximum and sum are
+// butterflies of shuffles instead of 32 workgroup-memory loads in a row (each workgroup's tail,
+// in every kernel that writes such rows).
 var<workgroup> qa: array<f32, {{QWG}}>;
 var<workgroup> qw: array<u32, {{QWG}}>;
+#if SUBGROUPS
+var<private> q_lane: u32;
+var<private> q_sg: u32;
+#endif
+
+// the maximum (is_max) or sum of the 32 values of lid's block, qa[l0 ..] holding them (v: lid's)
+fn block_reduce(lid: u32, l0: u32, v: f32, is_max: bool) -> f32 {
+#if SUBGROUPS
+  let off = lid - q_lane;   // the same for every lane (lanes along lid), a multiple of 32: aligned blocks
+  if (subgroupAll(q_sg % 32u == 0u && off % 32u == 0u && off == subgroupBroadcastFirst(off))) {
+    var r = v;
+    for (var m = 16u; m > 0u; m >>= 1u) {
+      let o = subgroupShuffleXor(r, m);
+      r = select(r + o, max(r, o), is_max);
+    }
+    return r;
+  }
+#endif
+  var r = qa[l0];
+  for (var j = 1u; j < 32u; j++) { r = select(r + qa[l0 + j], max(r, qa[l0 + j]), is_max); }
+  return r;
+}
 
 fn quant_blocks(lid: u32, u: f32, valid: bool, base: u32, b: u32) {
-  qa[lid] = select(0.0, abs(u), valid);
+  let a = select(0.0, abs(u), valid);
+  let uv = select(0.0, u, valid);
+  qa[lid] = a;
   workgroupBarrier();
   let l0 = lid - lid % 32u;
-  var amax = 0.0;
-  for (var j = 0u; j < 32u; j++) { amax = max(amax, qa[l0 + j]); }
+  let amax = block_reduce(lid, l0, a, true);
   workgroupBarrier();
-  qa[lid] = select(0.0, u, valid);
+  qa[lid] = uv;
   let q = i32(round(u * select(0.0, 127.0 / amax, amax > 0.0)));
   qw[lid] = u32(q & 0xff);
   workgroupBarrier();
@@ -29,9 +57,8 @@ fn quant_blocks(lid: u32, u: f32, valid: bool, base: u32, b: u32) {
 #endif
     qout[base + 8u * b + k] = wv;
   }
+  let sum = block_reduce(lid, l0, uv, false);
   if (valid && lid % 32u == 0u) {
-    var sum = 0.0;
-    for (var j = 0u; j < 32u; j++) { sum += qa[l0 + j]; }
     qout[base + 8u * QNB + b] = bitcast<u32>(amax / 127.0);
     qout[base + 8u * QNB + QNBP + b] = bitcast<u32>(sum);
   }
