@@ -144,6 +144,30 @@ def test_int8_chain_dispatches(engine_int8):
     assert len(labels) == 1 + 1 + 6 * n + 4   # embedding, layer 0's quantize, 6 per layer, the head's 4
 
 
+def test_int8_chain_last_workgroup_quantizes(smollm2_gguf_path, ref_model, monkeypatch):
+    """The quantizing GEMVs in their one-row form, each 32-block of outputs quantized by the last
+    of its workgroups to finish (GemvVariant.qlast: what the H100's tuner picks for 1B / 8B q4;
+    forced here, lavapipe's tuner is off): the decode program runs them (and no rows-32 ones), and
+    greedy tokens stay within transformers' tolerance as in test_int8_activations_greedy."""
+    from webdrift.kernels.linear import GemvVariant
+    from webdrift.models import forward
+    monkeypatch.setattr(forward, "choose_qout", lambda dev, w, w2=None, enabled=True:
+                        GemvVariant("blk", rows=2 if w2 is None else 4, wg=64, qlast=True))
+    eng = webdrift.load(str(smollm2_gguf_path), max_context=160, int8_activations=True)
+    quantizing = [k for op, k, _ in eng.decode.kernels() if getattr(op, "qout", None) is not None]
+    assert len(quantizing) == 3 * eng.config.n_layers - 1   # (the last down projection writes float y only)
+    assert all(k.variant.qlast and k.rows in (2, 4) for k in quantizing)
+    model, tok = ref_model
+    ids = tok.encode(PROMPTS[1])
+    out = eng.generate(PROMPTS[1], max_new_tokens=12, temperature=0.0, stop_at_eos=False)
+    seq = ids + out.token_ids
+    with torch.no_grad():
+        ref = model(torch.tensor([seq])).logits[0].numpy()
+    gaps = [float(ref[len(ids) + k - 1].max() - ref[len(ids) + k - 1][t]) for k, t in enumerate(out.token_ids)]
+    assert max(gaps) <= 1.5, gaps
+    assert sum(g == 0.0 for g in gaps) >= 10, gaps
+
+
 def test_int8_activations_choice(engine, smollm2_gguf_path):
     # auto: off on software adapters (and for layers under 8 MiB)
     assert not engine.model.int8

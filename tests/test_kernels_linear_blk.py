@@ -148,15 +148,20 @@ def test_blk_refuses_float_weights_and_unquantized_inputs():
         QuantizeKernel(device(), TensorDesc("x", 48, 1), xq_desc("xq", 48, 1), "q8")
 
 
-@pytest.mark.parametrize("fmt,qfmt,dual,residual,qnorm,wg", [
-    ("q4", "q4", False, True, 0.0, 256),     # down / O projection + residual -> next norm's int8 row
-    ("q8", "q8", False, True, 1.0, 64),      # Gemma-style norm weight offset; smaller workgroup
-    ("q4", "q8", True, False, None, 128),    # gate/up + SiLU -> the down projection's int8 row, no y
+@pytest.mark.parametrize("fmt,qfmt,dual,residual,qnorm,wg,qlast", [
+    ("q4", "q4", False, True, 0.0, 256, 0),     # down / O projection + residual -> next norm's int8 row
+    ("q8", "q8", False, True, 1.0, 64, 0),      # Gemma-style norm weight offset; smaller workgroup
+    ("q4", "q8", True, False, None, 128, 0),    # gate/up + SiLU -> the down projection's int8 row, no y
+    ("q4", "q4", False, True, 0.0, 64, 2),      # the same, each 32-block quantized by its last workgroup
+    ("q8", "q8", False, True, 1.0, 32, 8),
+    ("q4", "q8", True, False, None, 128, 4),
 ])
-def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
+def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg, qlast):
     """qout: the GEMV also writes its outputs as the next GEMV's int8 row (norm weight applied,
     partial sums of y^2 per 32 outputs): the same words and scales as the plain GEMV followed by
-    QuantizeKernel with that norm, y unchanged, and the partials adding up to sum(y^2)."""
+    QuantizeKernel with that norm, y unchanged, and the partials adding up to sum(y^2). qlast
+    (rows per workgroup): 32 / rows workgroups per 32-block, the last to finish quantizing it;
+    dispatched twice (its counters reset themselves: the second dispatch writes the same)."""
     dev = device()
     T, O, I = 2, 96, 576
     rng = np.random.default_rng(21)
@@ -182,11 +187,22 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg):
         {"x": y_ref, "xq": want} | ({"nw": f32_buffer(nw)} if qnorm is not None else {}), T)
     # fused
     y_got, got = upload(yd, y0), upload(nd, None)
-    k = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=GemvVariant("blk", wg=wg),
+    variant = GemvVariant("blk", rows=qlast, wg=wg, qlast=True) if qlast else GemvVariant("blk", wg=wg)
+    k = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=variant,
                      epilogue=Epilogue(residual=residual, qout=QuantOut(nd, qfmt, qnorm, residual)))
-    assert k.rows == 32
-    dev.submit([k.dispatch({"step": step_buffer(), "x": qb, "y": y_got, **wbufs, "qout": got}
-                           | ({"qnw": f32_buffer(nw)} if qnorm is not None else {}), k.workgroups(T))])
+    assert k.rows == (qlast or 32)
+    binds = {"step": step_buffer(), "x": qb, "y": y_got, **wbufs, "qout": got} | (
+        {"qnw": f32_buffer(nw)} if qnorm is not None else {})
+    if qlast:
+        binds |= {"qy": upload(TensorDesc("qy", O, CAP), None), "qcnt": (cnt := f32_buffer(np.zeros(CAP * O // 32, np.float32)))}
+        dev.submit([k.dispatch(binds, k.workgroups(T))])
+        first = dev.read_buffer_sync(got)
+        assert not np.frombuffer(dev.read_buffer_sync(cnt), np.uint32).any()   # every counter back at 0
+        if residual:
+            dev.write_buffer(y_got, np.ascontiguousarray(np.pad(y0, ((0, CAP - T), (0, 0)))).tobytes())
+    dev.submit([k.dispatch(binds, k.workgroups(T))])
+    if qlast:
+        assert dev.read_buffer_sync(got) == first
     yr, yg = download(yd, y_ref)[:T], download(yd, y_got)[:T]
     if residual:
         np.testing.assert_allclose(yg, yr, rtol=1e-5, atol=1e-5)

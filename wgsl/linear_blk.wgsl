@@ -82,21 +82,32 @@ fn x_block(xr: u32, b: u32) -> XBlock {
 #endif
   return XBlock(xq[xr + 2u * b], xq[xr + 2u * b + 1u], bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]), s);
 }
-#if QOUT
+#if QWRITE
 {{QOUT_DECL}}
 {{QNW_DECL}}
+{{QLAST_DECL}}
 const QNB: u32 = {{QNB}}u;
 const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
 const QP0: u32 = {{QP0}}u;
+#include quantize_block
+#endif
+#if QOUT
 const RPS: u32 = {{RPS}}u;
 var<workgroup> res: array<f32, {{RES}}>;
-#include quantize_block
+#endif
+#if QLAST
+var<workgroup> qlast: u32;
+#if QSKIP_Y
+const QWRITE_Y = false;
+#else
+const QWRITE_Y = true;
+#endif
 #endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32{{SG_ARGS}}) {
-#if QOUT
+#if QWRITE
 #if SUBGROUPS
   q_lane = lane;   // for quantize_block (a quantizing epilogue comes with subgroups)
   q_sg = sg;
@@ -206,5 +217,33 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #include linear_blk_xnorm
 #endif
 {{REDUCE}}
+#if QLAST
+  // the 32-block's last workgroup to finish quantizes it (qcnt counts the block's workgroups;
+  // storageBarrier, a device-scope fence, releases qy before the count and acquires it after;
+  // qy is read with atomics, at the device-coherent level)
+  storageBarrier();
+  if (lid == 0u) { qlast = u32(atomicAdd(&qcnt[t * QNB + o0 / 32u], 1u) == 32u / ROWS - 1u); }
+  if (workgroupUniformLoad(&qlast) == 1u) {
+    storageBarrier();
+    let ob = o0 - o0 % 32u;
+    let ok = lid < 32u;
+    var v = 0.0;
+    if (ok) { v = bitcast<f32>(atomicLoad(&qy[t * w_O + ob + lid])); }
+    var u = v;
+#if QNORM
+    if (ok) { u = v * (qnw[ob + lid] + {{QW_OFFSET}}); }
+#endif
+    quant_blocks(lid, u, ok, t * QSTRIDE, o0 / 32u);
+#if QNORM
+    workgroupBarrier();
+    let vv = select(0.0, v * v, ok);
+    qa[lid] = vv;
+    workgroupBarrier();
+    let s2 = block_reduce(lid, lid - lid % 32u, vv, false);
+    if (lid == 0u) { qout[t * QSTRIDE + QP0 + o0 / 32u] = bitcast<u32>(s2); }
+#endif
+    if (lid == 0u) { atomicStore(&qcnt[t * QNB + o0 / 32u], 0u); }
+  }
+#endif
 #endif
 }

@@ -62,6 +62,10 @@ BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
 # the integer-dot GEMV with a quantizing epilogue (32 outputs per workgroup): RPS rows per
 # subgroup at a time; bigger workgroups give more subgroups per 32 rows
 QOUT_CANDIDATES = tuple(GemvVariant("blk", rows=32, wg=w, rps=r) for w, r in ((256, 4), (512, 2), (1024, 1), (128, 8)))
+# ... and the one-row kernels, each 32-block quantized by its last workgroup (faster where many
+# small workgroups stream a weight best: H100, 1B / 8B q4 gate/up, down and O, 10-30%;
+# BENCHMARKS.md, session 16)
+QLAST_CANDIDATES = tuple(replace(c, qlast=True) for c in BLK_CANDIDATES if c.wg >= 32 and 32 % c.rows == 0)
 # the prefill GEMMs (kernels/linear_gemm.py): tile configurations, the static rule's preference
 # first; a candidate runs where it fits the adapter (invocations, workgroup memory). The last of
 # each list is the fallback every WebGPU adapter runs (256 invocations, <= 16 KiB), and what
@@ -454,7 +458,7 @@ def _gemv_key(dev: Device, w, w2, int8: bool) -> str:
 
 
 def _qout_key(dev: Device, w, w2) -> str:
-    return f"{dev.info.adapter}|{dev.info.backend}|gemv_qout|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return f"{dev.info.adapter}|{dev.info.backend}|gemv_qout2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
 
 
 def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True,
@@ -614,12 +618,14 @@ def blk_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgro
     two, at most COLS_MAX, each weight block read once for NCOL rows. A static rule: a column's
     sums are the one-row kernel's whatever the rows per workgroup, so rows (down to 2, keeping
     the RoPE epilogue's pairs) or, with the quantizing epilogue, RPS (down to 1) are halved to
-    keep COLS_ACC accumulators; without subgroups NCOL is halved until the sums fit COLS_RED.
+    keep COLS_ACC accumulators; without subgroups NCOL is halved until the sums fit COLS_RED; a
+    last-workgroup quantizing variant (qlast: one column) becomes QOUT_STATIC's several-column form.
     One-row programs and the float variants: v unchanged (the one-row kernel)."""
     if v.variant != "blk" or tokens <= 1:
         return v
     cols, per = min(COLS_MAX, 1 << (tokens - 1).bit_length()), 2 if dual else 1
-    if qout:   # the quantizing epilogue (its rows: one int8 block)
+    if qout:   # the quantizing epilogue (its rows: one int8 block; qlast's is one column only)
+        v = QOUT_STATIC if v.qlast else v
         rps = v.rps
         while rps > 1 and rps * cols * per > COLS_ACC:
             rps //= 2
@@ -678,7 +684,7 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
             yield CHECK
         except errors:
             continue
-        d = k.dispatch(binds, k.workgroups(t))
+        d = k.dispatch({n: b for n, b in binds.items() if n in k.binding_names}, k.workgroups(t))
         ns = yield from _time(dev, d)
         if ns > 0:
             timed.append((ns, len(timed), cand, d))
@@ -694,15 +700,16 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
 
 def _search_qout(dev: Device, w, w2):
     x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
-    bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
+    bufs = [dev.create_buffer(n, label="tune") for n in (x.nbytes, y.nbytes, q.nbytes, 4 * w.o, 4 * w.o, w.o // 8)]
     sb = _step_buffer(dev)
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
     try:
         best, _ = yield from _fastest(
-            dev, [c for c in QOUT_CANDIDATES if c.wg <= limit],
+            dev, [c for c in QOUT_CANDIDATES + QLAST_CANDIDATES if c.wg <= limit],
             lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
                                    epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True))),
-            {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2], "qnw": bufs[3]}, 1)
+            {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2], "qnw": bufs[3],
+             "qy": bufs[4], "qcnt": bufs[5]}, 1)
     finally:
         for b in bufs + [sb]:
             dev.release_buffer(b)
@@ -739,7 +746,7 @@ def cols_candidates(v: GemvVariant, tokens: int, dual: bool, qout: bool, subgrou
     if v.variant != "blk":
         return list(dict.fromkeys([static, gemv_cols(v, min(tokens, 4), dual, qout, subgroups, fmt), v]))
     counts = [c for c in (2, 4, 8, 16) if c <= static.cols]
-    kinds = [v, *(QOUT_CANDIDATES if qout else BLK_CANDIDATES)]
+    kinds = [v, *(QOUT_CANDIDATES if qout else BLK_CANDIDATES)]   # (qlast ones: one column only, skipped)
     return list(dict.fromkeys([static, *(blk_cols(k, c, dual, qout, subgroups) for c in counts for k in kinds), v]))
 
 

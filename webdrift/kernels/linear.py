@@ -50,6 +50,9 @@ class GemvVariant:
     cols: int = 1            # blk / subgroup / wide: token rows per workgroup, each weight block
                              # read once for all (tree verification, the streams; autotune
                              # gemv_cols); 1: the one-row kernel
+    qlast: bool = False      # blk with QuantOut, one column: ROWS (dividing 32) outputs per
+                             # workgroup, and each 32-block's last workgroup to finish quantizes it
+                             # (instead of 32 rows per workgroup)
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,16 @@ class LinearKernel(Kernel):
             if x.c != row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):
                 raise ValueError("the integer-dot GEMV reads rows made by QuantizeKernel")
             if qout is not None:
-                variant = replace(variant, rows=32)
+                if not variant.qlast:
+                    variant = replace(variant, rows=32)
+                elif 32 % variant.rows or variant.wg < 32 or variant.cols != 1 or rope is not None:
+                    raise ValueError(f"the last-workgroup quantizing epilogue (qlast) takes one column, rows dividing "
+                                     f"32 and workgroups of 32 or more; got {variant}")
                 if not dev.has_subgroups or w.o % 32 or qout.row.c != row_words(w.o):
                     raise ValueError(f"a quantizing epilogue needs subgroups, outputs a multiple of 32 and a "
                                      f"{row_words(w.o)}-word row tensor; {w.name} has {w.o} outputs")
+            elif gemm is None and variant.qlast:
+                raise ValueError("qlast is a form of the quantizing epilogue (QuantOut)")
         if gemm is None and variant.cols != 1 and (v not in COLS_VARIANTS or x_last_row
                                                    or not 1 <= variant.cols <= MAX_COLS
                                                    or (qout is not None and variant.wg % 32)
@@ -252,10 +261,16 @@ class LinearKernel(Kernel):
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
                      RCAP=rope.cap, ROPE_HALF=rope.rope_half)
         d.update(ep.lora.declare(b, w.o) if ep.lora is not None else {"LU_DECL": "", "LB_DECL": "", "LORA": False})
+        qlast = qout is not None and variant.qlast   # (qout: a decode GEMV)
         if qout is not None:
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
                      QNW_DECL=(b.array("qnw", "array<f32>", f"({w.o}) the next GEMV's norm weight")
-                               if qout.norm_offset is not None else ""))
+                               if qout.norm_offset is not None else ""),
+                     QLAST_DECL=(b.array("qy", "array<atomic<u32>>", f"({y.w}, {w.o}) f32 bits: the outputs, for "
+                                         "each 32-block's last workgroup", writable=True)
+                                 + b.array("qcnt", "array<atomic<u32>>", f"({y.w}, {w.o // 32}) workgroups done per "
+                                           "32-block (zero between dispatches: the last resets it)", writable=True)
+                                 if qlast else ""))
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
         d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None))
@@ -270,10 +285,10 @@ class LinearKernel(Kernel):
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,
-                                        qout=qout is not None, rps=variant.rps, rope=rope is not None,
-                                        cols=variant.cols),
+                                        qout=qout is not None and not qlast, rps=variant.rps, rope=rope is not None,
+                                        cols=variant.cols, qlast=qlast),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
-                     QOUT=qout is not None)
+                     QOUT=qout is not None and not qlast, QLAST=qlast, QWRITE=qout is not None)
             if qout is not None:
                 d.update(block_defines(qout.fmt, w.o, wg), QNORM=qout.norm_offset is not None,
                          QW_OFFSET=wgsl_float(qout.norm_offset or 0.0), QSKIP_Y=not qout.write_y)

@@ -190,9 +190,10 @@ def _tree_sum(n: int) -> list[str]:
             "  }"]
 
 
-def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1) -> str:
+def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1, qlast: bool = False) -> str:
     """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r
-    (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1)."""
+    (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1; qlast: the
+    value also goes to qy, for its 32-block's last workgroup to quantize)."""
     if cols > 1:
         return _reduce_cols(rows, dual, subgroups, rope, cols)
     names = _names(rows, dual, 1)
@@ -215,6 +216,10 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
         L.append("    let ix = o0 + lid;")
         L.append("    rope_out(t, ix, epilogue_value(t, rperm(ix), inv * red[lid * WG], 0.0),")
         L.append("             epilogue_value(t, rperm(ix ^ 1u), inv * red[(lid ^ 1u) * WG], 0.0));")
+    elif qlast:
+        L.append(f"    let v = epilogue_value(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
+        L.append("    if (QWRITE_Y) { y_write1(0u, t, 0u, o0 + lid, v); }")
+        L.append("    atomicStore(&qy[t * w_O + o0 + lid], bitcast<u32>(v));")
     else:
         L.append(f"    epilogue(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
     L.append("  }")
@@ -315,11 +320,13 @@ XNORM_TREE_FLOATS = 1024   # workgroup floats for the side-by-side trees of seve
 
 
 def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool,
-            x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1) -> dict:
+            x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1,
+            qlast: bool = False) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
     n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
-    epilogue (rows == 32; each subgroup accumulates RPS rows at a time). cols: token rows per
-    workgroup (NCOL)."""
+    epilogue (rows == 32; each subgroup accumulates RPS rows at a time); qlast: the quantizing
+    epilogue in each 32-block's last workgroup (the one-row kernel otherwise). cols: token rows
+    per workgroup (NCOL)."""
     nb = i // 32
     acc_rows = rps if qout else rows
     np_ = x_partials or n_partials(i)
@@ -337,6 +344,6 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
             "SG_STORE": sg_store(rps, dual, cols) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
             "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
-            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols),
+            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols, qlast=qlast),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
             "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}

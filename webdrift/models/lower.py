@@ -37,6 +37,7 @@ class LowerContext:
     capacity: int                # tokens per step the program is built for
     tree: Buffer | None = None   # (capacity, ROW_WORDS) u32 tree records (kernels/tree.py), tree programs
     forecast: Buffer | None = None   # (rows, dim) f32 forecast vectors (DS2D drafts), tree programs
+    qlast: tuple | None = None   # (qy, qcnt) of the last-workgroup quantizing GEMVs (Program.qlast_buffers)
 
     def desc(self, name: str):
         return self.graph.desc(name)
@@ -112,6 +113,8 @@ def _linear(op: F.Linear, c: LowerContext):
         binds["qout"] = c.arena_range(op.qout.row)
         if op.qout.norm is not None:
             binds["qnw"] = op.qout.norm
+        if op.variant.qlast:
+            binds["qy"], binds["qcnt"] = c.qlast
     if lo is not None:
         binds |= {"lu": c.arena_range(lo.u), "lb": lo.b}
     return k, binds

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..gpu.base import STORAGE, Buffer, Dispatch
 from ..kernels.base import ceil_div
-from .forward import ForwardBuilder, Sample
+from .forward import ForwardBuilder, Linear, Sample
 from .lower import LowerContext, lower
 
 
@@ -48,6 +48,7 @@ class Program:
         # writes elsewhere)
         self.spare = model.dev.create_buffer(256, STORAGE, "spare")
         self._kernels: list | None = None    # [(op, kernel, bind group)], built on first use
+        self._qlast: tuple | None = None     # qlast_buffers()
         self._cache: dict = {}
 
     @property
@@ -65,12 +66,27 @@ class Program:
         if self._kernels is None:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
-                               self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf)
+                               self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf,
+                               self.qlast_buffers())
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)
                 self._kernels.append((op, k, k.bind(m.dev, binds)))
         return self._kernels
+
+    def qlast_buffers(self) -> tuple | None:
+        """(qy, qcnt) shared by this program's last-workgroup quantizing GEMVs (one runs at a time):
+        room for the widest one's outputs and 32-block counters at capacity; the counters start
+        at zero and each dispatch leaves them so. None where no GEMV is of that kind."""
+        widths = [op.w.o for op in self.graph.ops
+                  if isinstance(op, Linear) and op.qout is not None and getattr(op.variant, "qlast", False)]
+        if not widths:
+            return None
+        if self._qlast is None:
+            n = self.capacity * max(widths)
+            self._qlast = (self.model.dev.create_buffer(4 * n, STORAGE, "qlast.y"),
+                           self.model.dev.create_buffer(max(4, n // 8), STORAGE, "qlast.count"))
+        return self._qlast
 
     def dispatches(self, t: int, head: bool = True, draws: int = 1) -> list[Dispatch]:
         """The dispatch list for t tokens (t <= capacity); cached per (bucket, head, draws).
