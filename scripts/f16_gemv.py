@@ -4,14 +4,13 @@ role's candidates fastest first with the weight bytes streamed per second (issue
 rows). Random f16 weights and activations; one token row.
     PYTHONPATH=. python scripts/f16_gemv.py [llama-3.1-8b|llama-3.2-1b|llama-3.2-3b ...]"""
 import sys
+from dataclasses import replace
 
 import numpy as np
 
 from webdrift.gpu.native import get_device
 from webdrift.kernels import autotune as A
 from webdrift.kernels.convert import allocate_weight
-from dataclasses import replace
-
 from webdrift.kernels.linear import Epilogue, LinearKernel, RopeOut
 from webdrift.kernels.norm import PreNorm
 from webdrift.tensor import TensorDesc

@@ -1,10 +1,4 @@
-#if SUBGROUPS
-#if SUBGROUP_ENABLE
-enable subgroups;
-// Tint's uniformity analysis: quantize_block's shuffles run under a subgroup-uniform condition
-diagnostic(off, subgroup_uniformity);
-#endif
-#endif
+#include subgroup_directives
 // Attention phase 2: merge the per-chunk partials of each query row (log-sum-exp rescaling)
 // and write the heads back to token-major order: out[t, h * DH + d], h = kvh * GROUP + g.
 // A workgroup takes one query row and a slice of SL channels (32: one int8 block); its WG

@@ -1,10 +1,4 @@
-#if SUBGROUPS
-#if SUBGROUP_ENABLE
-enable subgroups;
-// Tint's uniformity analysis: quantize_block's shuffles run under a subgroup-uniform condition
-diagnostic(off, subgroup_uniformity);
-#endif
-#endif
+#include subgroup_directives
 // Activation rows -> int8 blocks for the integer-dot GEMV (linear_blk.wgsl). One invocation per
 // channel, QWG channels (QWG / 32 blocks) per workgroup, grid (ceil(C / QWG), rows):
 //   u = x (PRE_NORM: x * (nw + W_OFFSET), the RMSNorm without its 1/rms factor),
