@@ -155,6 +155,7 @@ def test_blk_refuses_float_weights_and_unquantized_inputs():
     ("q4", "q4", False, True, 0.0, 64, 2),      # the same, each 32-block quantized by its last workgroup
     ("q8", "q8", False, True, 1.0, 32, 8),
     ("q4", "q8", True, False, None, 128, 4),
+    ("q4", "q4", False, True, 0.0, 32, -2),     # 2048 outputs: 1024 workgroups racing to their counters
 ])
 def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg, qlast):
     """qout: the GEMV also writes its outputs as the next GEMV's int8 row (norm weight applied,
@@ -163,7 +164,8 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg, qlast):
     (rows per workgroup): 32 / rows workgroups per 32-block, the last to finish quantizing it;
     dispatched twice (its counters reset themselves: the second dispatch writes the same)."""
     dev = device()
-    T, O, I = 2, 96, 576
+    T, O, I = 2, 2048 if qlast < 0 else 96, 576
+    qlast = abs(qlast)
     rng = np.random.default_rng(21)
     x = rng.standard_normal((T, I)).astype(np.float32)
     xd, qd, yd = TensorDesc("x", I, CAP), xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)

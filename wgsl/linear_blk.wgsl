@@ -14,7 +14,9 @@
 // blocks), and the workgroup writes its 32 outputs also as one int8 block of the next GEMV's
 // input row (quantize_block.wgsl), optionally times that GEMV's RMSNorm weight with this
 // workgroup's partial sum of y^2 (QNORM): the next layer needs no quantize dispatch.
-// QSKIP_Y: the int8 block is the only output.
+// QSKIP_Y: the int8 block is the only output. QLAST (the same output from the one-row kernel,
+// ROWS dividing 32): each workgroup also stores its outputs in qy and counts itself in its
+// block's qcnt; the block's last workgroup to finish writes the int8 block (QWRITE: either).
 // ROPE (the QKV projection): instead of y, RoPE + the Q relayout + the in-place K/V append of
 // rope_qkv.wgsl happen in the epilogue. Output index i of the workgroup is weight row rperm(i):
 // rotation partners are adjacent indices (2k, 2k+1) in one workgroup (ROWS is even), whichever

@@ -321,10 +321,10 @@ class ForwardBuilder:
                   "x_partials": self._chained(i > 0), "lora": lora}
         if self.rope_epilogue:
             variant = self._variant(lw.wqkv, int8=int8)
-            if not int8 and variant.mrows % 2:   # one rotation pair per subgroup: twice the chosen rows,
-                # or half its subgroups idle (an even mrows: its rows are whole pairs, the chosen kernel)
-                variant = replace(variant, rows=2 * variant.rows, mrows=1)
-            variant = replace(variant, cols=1)   # one column with RoPE
+            if not int8:   # the float GEMVs take RoPE in one column; an odd mrows computes one rotation
+                # pair per subgroup: twice the chosen rows, or half its subgroups idle (an even mrows:
+                # its rows are whole pairs, the chosen kernel)
+                variant = replace(variant, cols=1, **({"rows": 2 * variant.rows, "mrows": 1} if variant.mrows % 2 else {}))
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
