@@ -331,6 +331,33 @@ def test_cols_measured_where_tuned(monkeypatch, tmp_path):
         assert {c.cols for c in cands} == {1, 2, 4, 8}
 
 
+def test_last_workgroup_choice_is_timed_with_its_buffers(monkeypatch, tmp_path):
+    """A quantizing GEMV chosen in its last-workgroup form (qlast: timing decides, so a loaded
+    machine may pick it anywhere) is timed with its scratch bindings by chain_pays, and a
+    several-row program's search (choose_cols) times it beside the 32-row kinds, whose several-
+    column forms stand in for it (qlast takes one column)."""
+    from webdrift.kernels import autotune
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    qlast = GemvVariant("blk", rows=2, wg=32, qlast=True)
+
+    def search_qout(dev, w, w2):   # a generator like the real search
+        return autotune._as_dict(qlast)
+        yield  # (makes this a generator)
+    monkeypatch.setattr(autotune, "_search_qout", search_qout)
+    dev = device()
+    gw, _ = make_weight(_weights(64, 256), "q8")
+    c = autotune.chain_pays(dev, [(gw, None, "q8", True)])
+    assert c["chained_ns"] > 0 and c["separate_ns"] > 0
+    assert autotune.choose_qout(dev, gw, enabled="force") == qlast
+    calls = []
+    real = autotune._search_cols
+    monkeypatch.setattr(autotune, "_search_cols", lambda *a: calls.append(a[3]) or real(*a))
+    got = autotune.choose_cols(dev, gw, None, qlast, 4, qout=True, enabled="force")
+    assert calls[0][0] == blk_cols(autotune.QOUT_STATIC, 4, False, True) and calls[0][-1] == qlast
+    assert got in calls[0] and (got == qlast or not got.qlast)
+
+
 def test_fastest_confirms_its_leaders(monkeypatch):
     """autotune._fastest with confirm=k: the k fastest candidates are timed once more and keep
     their better time, so one slow timing of the true fastest does not lose it the choice; a
@@ -338,6 +365,8 @@ def test_fastest_confirms_its_leaders(monkeypatch):
     from webdrift.kernels import autotune
 
     class Built:
+        binding_names = ()
+
         def __init__(self, name):
             self.name = name
 

@@ -684,7 +684,7 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
             yield CHECK
         except errors:
             continue
-        d = k.dispatch({n: b for n, b in binds.items() if n in k.binding_names}, k.workgroups(t))
+        d = k.dispatch(_declared(k, binds), k.workgroups(t))
         ns = yield from _time(dev, d)
         if ns > 0:
             timed.append((ns, len(timed), cand, d))
@@ -698,20 +698,33 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
     return best, ns
 
 
+def _declared(k, binds: dict) -> dict:
+    """The bindings of `binds` kernel k declares (candidates of one search declare different ones)."""
+    return {n: b for n, b in binds.items() if n in k.binding_names}
+
+
+def _qout_buffers(dev: Device, w, t: int = 1) -> dict:
+    """Scratch bindings of a quantizing-epilogue GEMV of weight w over t rows: its int8 rows, the
+    next norm's weight and the last-workgroup form's outputs and counters (each kernel is given
+    the ones it declares: _fastest)."""
+    return {"qout": dev.create_buffer(xq_desc("q", w.o, t).nbytes, label="tune.q"),
+            "qnw": dev.create_buffer(4 * w.o, label="tune.nw"), "qy": dev.create_buffer(4 * w.o * t, label="tune.qy"),
+            "qcnt": dev.create_buffer(max(4, w.o * t // 8), label="tune.qcnt")}
+
+
 def _search_qout(dev: Device, w, w2):
     x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
-    bufs = [dev.create_buffer(n, label="tune") for n in (x.nbytes, y.nbytes, q.nbytes, 4 * w.o, 4 * w.o, w.o // 8)]
-    sb = _step_buffer(dev)
+    bufs = {"x": dev.create_buffer(x.nbytes, label="tune"), "y": dev.create_buffer(y.nbytes, label="tune"),
+            "step": _step_buffer(dev), **_qout_buffers(dev, w)}
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
     try:
         best, _ = yield from _fastest(
             dev, [c for c in QOUT_CANDIDATES + QLAST_CANDIDATES if c.wg <= limit],
             lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
                                    epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True))),
-            {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2), "qout": bufs[2], "qnw": bufs[3],
-             "qy": bufs[4], "qcnt": bufs[5]}, 1)
+            {**bufs, **_weights(w, w2)}, 1)
     finally:
-        for b in bufs + [sb]:
+        for b in bufs.values():
             dev.release_buffer(b)
     return _as_dict(best or QOUT_STATIC)
 
@@ -754,17 +767,16 @@ def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
     i8 = cands[0].variant == "blk"
     x = xq_desc("x", w.i, t) if i8 else TensorDesc("x", w.i, t)
     y, q = TensorDesc("y", w.o, t), xq_desc("q", w.o, t)
-    bufs = [dev.create_buffer(d.nbytes, label="tune") for d in (x, y, q)] + [dev.create_buffer(4 * w.o, label="tune.nw")]
-    sb = _step_buffer(dev, tokens=t)
-    binds = {"step": sb, "x": bufs[0], "y": bufs[1], **_weights(w, w2)}
+    bufs = {"step": _step_buffer(dev, tokens=t), "x": dev.create_buffer(x.nbytes, label="tune"),
+            "y": dev.create_buffer(y.nbytes, label="tune")} | (_qout_buffers(dev, w, t) if qout else {})
     try:
         best, _ = yield from _fastest(
             dev, cands,
             lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
                                    epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True) if qout else None)),
-            binds | ({"qout": bufs[2], "qnw": bufs[3]} if qout else {}), t, confirm=CONFIRM_COLS)
+            {**bufs, **_weights(w, w2)}, t, confirm=CONFIRM_COLS)
     finally:
-        for b in bufs + [sb]:
+        for b in bufs.values():
             dev.release_buffer(b)
     return _as_dict(best or cands[0])
 
@@ -788,8 +800,9 @@ def _measure_chain(dev: Device, links: list):
     try:
         for w, w2, nfmt, nnorm in links:
             x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
-            bufs = [dev.create_buffer(t.nbytes, label="tune") for t in (x, y, q)] + [dev.create_buffer(4 * w.o)]
-            xb, yb, qb, nb = bufs
+            qbufs = _qout_buffers(dev, w)
+            bufs = [dev.create_buffer(n, label="tune") for n in (x.nbytes, y.nbytes)] + list(qbufs.values())
+            xb, yb, qb, nb = bufs[0], bufs[1], qbufs["qout"], qbufs["qnw"]
             wb = _weights(w, w2)
             norm = PreNorm(1e-5, 0.0) if nnorm else None
             try:
@@ -805,8 +818,8 @@ def _measure_chain(dev: Device, links: list):
                 kq = LinearKernel(dev, "decode", x, y, w, w2, variant=qv,
                                   epilogue=Epilogue(qout=QuantOut(q, nfmt, 0.0 if nnorm else None, True)))
                 yield CHECK
-                chained += yield from _time(dev, kq.dispatch({"step": sb, "x": xb, "y": yb, **wb, "qout": qb}
-                                                             | ({"qnw": nb} if nnorm else {}), kq.workgroups(1)))
+                chained += yield from _time(dev, kq.dispatch(_declared(kq, {"step": sb, "x": xb, "y": yb, **wb, **qbufs}),
+                                                             kq.workgroups(1)))
             finally:
                 for b in bufs:
                     dev.release_buffer(b)
