@@ -93,6 +93,25 @@ const QNBP: u32 = {{QNBP}}u;
 const QSTRIDE: u32 = {{QSTRIDE}}u;
 const QP0: u32 = {{QP0}}u;
 #include quantize_block
+
+// row t's int8 block b of the next GEMV's input from the outputs v (invocations 32k .. 32k + 31
+// hold a block; ok: this one holds output o): quantize_block's words, of v times the next GEMV's
+// norm weight with the block's sum of v^2 (QNORM). Uniform control flow (barriers).
+fn write_block(lid: u32, v: f32, ok: bool, t: u32, b: u32, o: u32) {
+  var u = v;
+#if QNORM
+  if (ok) { u = v * (qnw[o] + {{QW_OFFSET}}); }
+#endif
+  quant_blocks(lid, u, ok, t * QSTRIDE, b);
+#if QNORM
+  workgroupBarrier();
+  let vv = select(0.0, v * v, ok);
+  qa[lid] = vv;
+  workgroupBarrier();
+  let s2 = block_reduce(lid, vv, false);
+  if (ok && lid % 32u == 0u) { qout[t * QSTRIDE + QP0 + b] = bitcast<u32>(s2); }
+#endif
+}
 #endif
 #if QOUT
 const RPS: u32 = {{RPS}}u;
@@ -161,51 +180,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let cc = min(c, NCOL - 1u);
     let t = t0 + cc;
     var v = 0.0;
-    var u = 0.0;
     if (ok) {
       v = epilogue_value(t, o0 + r, col_inv(cc) * res[cc * 2u * ROWS + r], col_inv(cc) * res[cc * 2u * ROWS + ROWS + r]);
 #if !QSKIP_Y
       y_write1(0u, t, 0u, o0 + r, v);
 #endif
-      u = v;
-#if QNORM
-      u = v * (qnw[o0 + r] + {{QW_OFFSET}});
-#endif
     }
-    quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
-#if QNORM
-    workgroupBarrier();
-    let vv = select(0.0, v * v, ok);
-    qa[lid] = vv;
-    workgroupBarrier();
-    let s2 = block_reduce(lid, lid - r, vv, false);   // ROWS == 32: the column's block
-    if (c < nc && r == 0u) { qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2); }
-#endif
+    write_block(lid, v, ok, t, wid.x, o0 + r);
     workgroupBarrier();
   }
 #else
   let ok = lid < ROWS && o0 + lid < w_O;
   var v = 0.0;
-  var u = 0.0;
   if (ok) {
     v = epilogue_value(t, o0 + lid, inv * res[lid], inv * res[ROWS + lid]);
 #if !QSKIP_Y
     y_write1(0u, t, 0u, o0 + lid, v);
 #endif
-    u = v;
-#if QNORM
-    u = v * (qnw[o0 + lid] + {{QW_OFFSET}});
-#endif
   }
-  quant_blocks(lid, u, ok, t * QSTRIDE, wid.x);
-#if QNORM
-  workgroupBarrier();
-  let vv = select(0.0, v * v, ok);
-  qa[lid] = vv;
-  workgroupBarrier();
-  let s2 = block_reduce(lid, lid - lid % 32u, vv, false);   // ROWS == 32: lanes 0 .. 31's block
-  if (lid == 0u) { qout[t * QSTRIDE + QP0 + wid.x] = bitcast<u32>(s2); }
-#endif
+  write_block(lid, v, ok, t, wid.x, o0 + lid);
 #endif
 #else
 {{ACC_DECL}}
@@ -231,19 +224,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ok = lid < 32u;
     var v = 0.0;
     if (ok) { v = bitcast<f32>(atomicLoad(&qy[t * w_O + ob + lid])); }
-    var u = v;
-#if QNORM
-    if (ok) { u = v * (qnw[ob + lid] + {{QW_OFFSET}}); }
-#endif
-    quant_blocks(lid, u, ok, t * QSTRIDE, o0 / 32u);
-#if QNORM
-    workgroupBarrier();
-    let vv = select(0.0, v * v, ok);
-    qa[lid] = vv;
-    workgroupBarrier();
-    let s2 = block_reduce(lid, lid - lid % 32u, vv, false);
-    if (lid == 0u) { qout[t * QSTRIDE + QP0 + o0 / 32u] = bitcast<u32>(s2); }
-#endif
+    write_block(lid, v, ok, t, o0 / 32u, ob + lid);
     if (lid == 0u) { atomicStore(&qcnt[t * QNB + o0 / 32u], 0u); }
   }
 #endif

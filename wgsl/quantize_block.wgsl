@@ -17,8 +17,10 @@ var<private> q_lane: u32;
 var<private> q_sg: u32;
 #endif
 
-// the maximum (is_max) or sum of the 32 values of lid's block, qa[l0 ..] holding them (v: lid's)
-fn block_reduce(lid: u32, l0: u32, v: f32, is_max: bool) -> f32 {
+// the maximum (is_max) or sum of the 32 values of lid's block (invocations l0 .. l0 + 31), qa[l0 ..]
+// holding them (v: lid's)
+fn block_reduce(lid: u32, v: f32, is_max: bool) -> f32 {
+  let l0 = lid - lid % 32u;
 #if SUBGROUPS
   let off = lid - q_lane;   // the same for every lane (lanes along lid), a multiple of 32: aligned blocks
   if (subgroupAll(q_sg % 32u == 0u && off % 32u == 0u && off == subgroupBroadcastFirst(off))) {
@@ -41,7 +43,7 @@ fn quant_blocks(lid: u32, u: f32, valid: bool, base: u32, b: u32) {
   qa[lid] = a;
   workgroupBarrier();
   let l0 = lid - lid % 32u;
-  let amax = block_reduce(lid, l0, a, true);
+  let amax = block_reduce(lid, a, true);
   workgroupBarrier();
   qa[lid] = uv;
   let q = i32(round(u * select(0.0, 127.0 / amax, amax > 0.0)));
@@ -57,7 +59,7 @@ fn quant_blocks(lid: u32, u: f32, valid: bool, base: u32, b: u32) {
 #endif
     qout[base + 8u * b + k] = wv;
   }
-  let sum = block_reduce(lid, l0, uv, false);
+  let sum = block_reduce(lid, uv, false);
   if (valid && lid % 32u == 0u) {
     qout[base + 8u * QNB + b] = bitcast<u32>(amax / 127.0);
     qout[base + 8u * QNB + QNBP + b] = bitcast<u32>(sum);

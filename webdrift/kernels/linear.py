@@ -133,9 +133,10 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False) -> d
         acc += ["      }"] if cols > 1 else []
     red = [f"    m{j}_{c} = subgroupAdd(m{j}_{c});" + (f" n{j}_{c} = subgroupAdd(n{j}_{c});" if pair else "")
            for c in cs for j in js]
-    epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
-           f"{f'n{j}_{c}' if pair else f'm{j}_{c}'}); }}" for c in cs for j in js]
-    if rope:   # the pairs (o + j, o + j + 1): whole pairs, as w_O and o are even
+    if not rope:
+        epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
+               f"{f'n{j}_{c}' if pair else f'm{j}_{c}'}); }}" for c in cs for j in js]
+    else:   # the pairs (o + j, o + j + 1): whole pairs, as w_O and o are even
         epi = [f"      if (o + {j}u < w_O) {{\n"
                f"        let va{j} = epilogue_value(t0, {row[j]}, m{j}_0, 0.0);\n"
                f"        let vb{j} = epilogue_value(t0, {row[j + 1]}, m{j + 1}_0, 0.0);\n"
