@@ -11,7 +11,7 @@ import numpy as np
 from webdrift.gpu.native import get_device
 from webdrift.kernels import autotune as A
 from webdrift.kernels.convert import allocate_weight
-from webdrift.kernels.linear import Epilogue, LinearKernel, RopeOut
+from webdrift.kernels.linear import Epilogue, LinearKernel, RopeOut, rope_variant
 from webdrift.kernels.norm import PreNorm
 from webdrift.tensor import TensorDesc
 
@@ -35,7 +35,7 @@ def us(d) -> float:
 for shape in sys.argv[1:] or ["llama-3.1-8b"]:
     h, f, nh, nkv, dh = SHAPES[shape]
     # role: (outputs, inputs, gate/up pair, fused norm, residual); qkv+rope: RoPE and the KV append in
-    # the epilogue (models/forward.py: an odd mrows becomes pairs of rows per subgroup)
+    # the epilogue (as models/forward.py runs it: linear.rope_variant)
     roles = {"qkv+rope": ((nh + 2 * nkv) * dh, h, False, True, False),
              "qkv": ((nh + 2 * nkv) * dh, h, False, True, False), "o": (h, nh * dh, False, False, True),
              "gateup": (f, h, True, True, False), "down": (h, f, False, False, True)}
@@ -55,9 +55,7 @@ for shape in sys.argv[1:] or ["llama-3.1-8b"]:
             rope = RopeOut(TensorDesc("q", dh, nh // nkv, b=nkv), nh, nkv, dh, cap, True)
             binds |= {"q": dev.create_buffer(4 * nh * dh), "kc": dev.create_buffer(4 * nkv * cap * dh),
                       "vc": dev.create_buffer(4 * nkv * cap * dh), "inv_freq": dev.create_buffer(2 * dh)}
-            cands = dict.fromkeys(c if c.mrows % 2 == 0 else replace(c, rows=2 * c.rows, mrows=1) for c in cands)
-            cands = list(cands) + [replace(c, rows=2 * c.rows, mrows=1) for c in A.CANDIDATES if c.mrows > 1]   # before
-            cands = [c for c in dict.fromkeys(cands) if c.variant in ("subgroup", "wide")]
+            cands = [c for c in dict.fromkeys(map(rope_variant, cands)) if c.variant in ("subgroup", "wide")]
         for v in cands:
             try:
                 k = LinearKernel(dev, "decode", x, y, w, w2, variant=v, pre_norm=PreNorm(1e-5) if norm else None,
@@ -68,5 +66,5 @@ for shape in sys.argv[1:] or ["llama-3.1-8b"]:
                 print(f"  {role} {v}: {type(e).__name__}: {str(e)[:100]}")
         res_.sort(key=lambda r: r[0])
         print(f"{shape} {role} {O}x{I}{' dual' if dual else ''}: " + "; ".join(
-            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}"
+            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}{'k' * v.ksplit}"
             for t, v in res_[:6]), flush=True)

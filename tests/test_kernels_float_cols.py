@@ -29,6 +29,7 @@ VARIANTS = {
     "wide_u4": GemvVariant("wide", rows=16, wg=128, unroll=4),
     "wide_m2": GemvVariant("wide", rows=16, wg=256, mrows=2),
     "wide_m4": GemvVariant("wide", rows=16, wg=128, mrows=4),
+    "wide_ks": GemvVariant("wide", rows=4, wg=128, mrows=2, ksplit=True),
 }
 CASES = [("plain", 3), ("dual", 5), ("bias_residual", 11), ("pre_norm", 6)]
 
@@ -52,7 +53,7 @@ def _run(case, T, fmt, variant, seed):
 @pytest.mark.parametrize("case,T", CASES)
 @pytest.mark.parametrize("name,fmt,cols", [("subgroup", "f16", 4), ("subgroup_u4", "q4", 8), ("subgroup", "f32", 2),
                                            ("wide", "q8", 4), ("wide_u4", "f16", 2), ("wide_m2", "q4", 4),
-                                           ("wide_m4", "f16", 8)])
+                                           ("wide_m4", "f16", 8), ("wide_ks", "f16", 4), ("wide_ks", "q8", 2)])
 def test_float_cols_vs_numpy_and_one_row(name, fmt, cols, case, T):
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the subgroup / wide GEMVs must be tested")
@@ -113,3 +114,7 @@ def test_static_float_cols_rule():
     assert gemv_cols(GemvVariant("wide", rows=16, wg=128, mrows=4), 64, dual=True).cols == 4
     assert gemv_cols(GemvVariant("wide", rows=16, wg=128, mrows=4), 64, dual=False).cols == 8
     assert gemv_cols(GemvVariant("split", rows=4, wg=64), 16, dual=False).cols == 1
+    # split K: each column's 8 sums (4 rows x gate/up) take 65 floats of workgroup memory each
+    # (256 invocations: at most 64 subgroups, and the total): 520 a column, 4096 at most
+    assert gemv_cols(GemvVariant("wide", rows=4, wg=256, mrows=4, ksplit=True), 64, dual=True).cols == 4
+    assert gemv_cols(GemvVariant("wide", rows=4, wg=256, mrows=4, ksplit=True), 64, dual=False).cols == 8

@@ -148,7 +148,8 @@ def test_linear_decode_x_last_row(fmt):
 
 # -- decode variants (kernels/autotune.py picks one per device and shape) -------------------------
 
-VARIANTS = [pytest.param(c, id=f"{c.variant}{c.rows}x{c.wg}u{c.unroll}" + (f"m{c.mrows}" if c.mrows > 1 else ""))
+VARIANTS = [pytest.param(c, id=f"{c.variant}{c.rows}x{c.wg}u{c.unroll}" + (f"m{c.mrows}" if c.mrows > 1 else "")
+                         + ("k" if c.ksplit else ""))
             for c in CANDIDATES] + [
     pytest.param(GemvVariant("split", rows=1, wg=32), id="split1x32")]
 

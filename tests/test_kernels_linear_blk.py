@@ -225,16 +225,18 @@ ROPE_CASES = [("blk", "q4", True, False, 4, 1), ("blk", "q4", False, True, 2, 1)
               ("blk", "q6k", False, True, 4, 1),
               ("subgroup", "f16", True, True, 8, 4), ("subgroup", "q8", False, False, 2, 1),
               ("wide", "q4", True, False, 8, 1), ("wide", "f16", False, True, 16, 4),
-              ("wide", "f16", True, True, 16, 1, 4), ("wide", "q8", False, False, 8, 1, 2)]
+              ("wide", "f16", True, True, 16, 1, 4), ("wide", "q8", False, False, 8, 1, 2),
+              ("wide", "f16", True, False, 2, 1, 2, True), ("wide", "q4", False, True, 8, 1, 4, True)]
 
 
-@pytest.mark.parametrize("variant,fmt,rope_half,bias,rows,unroll,mrows", [c + (1,) * (7 - len(c)) for c in ROPE_CASES])
-def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows):
+@pytest.mark.parametrize("variant,fmt,rope_half,bias,rows,unroll,mrows,ksplit",
+                         [c + (1,) * (7 - len(c)) + (False,) * (len(c) < 8) for c in ROPE_CASES])
+def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows, ksplit):
     """rope: the QKV GEMV applies RoPE, writes q in the attention's relayout and appends K/V to
     the caches itself: the same q rows and cache contents as the plain GEMV followed by
     RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38). blk: the
     integer-dot GEMV on a quantized row; subgroup / wide: the float GEMVs with the RMSNorm fused
-    (wide with mrows: several rotation pairs per subgroup at a time)."""
+    (wide with mrows: several rotation pairs per subgroup at a time; ksplit: per workgroup)."""
     from tests.gpu_util import run, step_buffer
     from webdrift.kernels.rope import RopeQKVKernel
     dev = device()
@@ -255,7 +257,8 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows):
     else:   # float input with the RMSNorm fused in: its weight binds as "nw"
         src, sb = xd, xb
         tail, norm = {"nw": f32_buffer(rng.standard_normal(I).astype(np.float32))}, PreNorm(1e-5, 0.0)
-    tuning = GemvVariant(variant, rows=rows, wg=64, unroll=unroll if variant != "blk" else 1, mrows=mrows)
+    tuning = GemvVariant(variant, rows=rows, wg=64, unroll=unroll if variant != "blk" else 1, mrows=mrows,
+                         ksplit=ksplit)
     gw, _ = make_weight(_weights(O, I, seed=32), fmt)
     bb = {"bias": f32_buffer(rng.standard_normal(O).astype(np.float32))} if bias else {}
     inv_freq = f32_buffer((10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32))

@@ -10,7 +10,8 @@ diagnostic(off, subgroup_uniformity);
 // the generated `w_dot` (weights.wide_accessor_wgsl; no arrays: they can end up in local memory);
 // the block's input slices are loaded once (`x_blk`) and shared by a pair's two weights.
 // UNROLL4: four blocks in flight per lane. MROWS: that many consecutive rows per subgroup at a
-// time (not with ROPE). Same maths, fusions and ROPE epilogue as linear_subgroup.wgsl.
+// time (with ROPE an even count). KSPLIT: the workgroup's invocations split each row's blocks
+// instead of one subgroup per row. Same maths, fusions and ROPE epilogue as linear_subgroup.wgsl.
 // NCOL > 1: NCOL token rows per workgroup as in linear_subgroup.wgsl (each block's weights
 // loaded once for every column, each column the one-row kernel's statements).
 // Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
@@ -28,6 +29,11 @@ fn w2_dot(o: u32, b: u32, x: XB) -> f32 { return w_dot(o, b, x); }
 #include linear_decode
 {{XB_DECL}}
 #include linear_subgroup_common
+#if KSPLIT
+const KS_SLOTS: u32 = {{KS_SLOTS}}u;   // sums per row group (rows x columns, x2 for gate/up)
+const KSN: u32 = WG / 4u;              // subgroups a workgroup can have, at most
+const KST: u32 = KS_SLOTS * KSN;       // the slots' totals
+#endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
@@ -45,7 +51,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
 #endif
 #endrepeat
-#if MROWS
+#if KSPLIT
+  // split K: the whole workgroup strides the blocks of MROWS rows at a time (ROWS a multiple of
+  // it), so a short row is read by many invocations at once (llama.cpp's MMV shape); each
+  // subgroup's sums go through red (slot k of subgroup s at k * KSN + s; subgroups have >= 4
+  // invocations) and invocation k < KS_SLOTS adds slot k's in subgroup order, so a row's sum does
+  // not depend on the other rows or columns
+  for (var r = 0u; r < ROWS; r += {{MROWS}}u) {
+    let o = wid.x * ROWS + r;
+    if (o >= w_O) { break; }
+{{MR_DECL}}
+    for (var b = lid; b < w_NB; b += WG) {
+{{MR_ACC}}
+    }
+{{MR_RED}}
+    workgroupBarrier();   // red's earlier contents (the norm's sums, the previous rows') are read
+    if (lane == 0u) {
+{{KS_PUT}}
+    }
+    workgroupBarrier();
+    if (lid < KS_SLOTS) {
+      var s = 0.0;
+      for (var k = 0u; k < nsg; k++) { s += red[lid * KSN + k]; }
+      red[KST + lid] = s;
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+{{KS_GET}}
+{{MR_EPI}}
+    }
+  }
+#elif MROWS
   // MROWS consecutive rows per subgroup at a time: each block's input slices are loaded once
   // for all of them, and MROWS (x2 with PAIR) weight blocks are in flight per lane
   for (var r = sgi * {{MROWS}}u; r < ROWS; r += nsg * {{MROWS}}u) {

@@ -55,6 +55,14 @@ CANDIDATES = (
     GemvVariant("wide", rows=32, wg=256, mrows=4),
     GemvVariant("wide", rows=8, wg=128, mrows=2),
     GemvVariant("wide", rows=16, wg=128, mrows=4),
+    # split K: each row's blocks strided by the whole workgroup (H100 f16, session 17: 8B QKV,
+    # O and down, 1B QKV / O / down, 3B QKV / O / down; BENCHMARKS.md)
+    GemvVariant("wide", rows=2, wg=256, mrows=2, ksplit=True),
+    GemvVariant("wide", rows=4, wg=256, mrows=4, ksplit=True),
+    GemvVariant("wide", rows=8, wg=256, mrows=8, ksplit=True),
+    GemvVariant("wide", rows=8, wg=256, mrows=4, ksplit=True),
+    GemvVariant("wide", rows=2, wg=128, mrows=2, ksplit=True),
+    GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True),
 )
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
 BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
@@ -640,16 +648,18 @@ def blk_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgro
 
 CONFIRM_COLS = 3      # choose_cols: its fastest candidates timed twice (_fastest's confirm)
 COLS_FLOATS = 160     # float GEMVs: accumulators + live input floats per lane, all columns, at most
+KS_RED_FLOATS = 4096  # split-K wide GEMVs: their sums' workgroup memory, all columns (16 KiB, WebGPU's minimum)
 
 
 def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgroups: bool = True,
               fmt: str = "f16") -> GemvVariant:
     """The decode GEMV variant v for a program of `tokens` rows per step: blk_cols for the
     integer-dot variant; the subgroup and wide float variants (forward.py keeps one column where
-    one carries the RoPE epilogue) take NCOL = tokens rounded up to a power of two, at most COLS_MAX, halved until the lane's
-    accumulators (unroll 4 and mrows count, gate/up doubles) fit COLS_ACC and its accumulators plus
-    live input floats (a wide block of fmt per chain) fit COLS_FLOATS. A column's sums are the
-    one-row kernel's whatever NCOL; split / row and one-row programs: v unchanged."""
+    one carries the RoPE epilogue) take NCOL = tokens rounded up to a power of two, at most
+    COLS_MAX, halved until the lane's accumulators (unroll 4 and mrows count, gate/up doubles) fit
+    COLS_ACC, its accumulators plus live input floats (a wide block of fmt per chain) fit
+    COLS_FLOATS and (split K) its sums in workgroup memory fit KS_RED_FLOATS. A column's sums are
+    the one-row kernel's whatever NCOL; split / row and one-row programs: v unchanged."""
     if v.variant == "blk":
         return blk_cols(v, tokens, dual, qout, subgroups)
     if v.variant not in ("subgroup", "wide") or tokens <= 1:
@@ -658,7 +668,9 @@ def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgr
     acc = chains * v.mrows * (2 if dual else 1)
     xf = chains * 4 * (wide_slices(fmt) if v.variant == "wide" else 1)
     cols = min(COLS_MAX, 1 << (tokens - 1).bit_length())
-    while cols > 1 and (cols * acc > COLS_ACC or cols * (acc + xf) > COLS_FLOATS):
+    # split K: each column's sums also pass through workgroup memory (linear._red_floats)
+    red = (v.wg // 4 + 1) * v.mrows * (2 if dual else 1) if v.ksplit else 0
+    while cols > 1 and (cols * acc > COLS_ACC or cols * (acc + xf) > COLS_FLOATS or cols * red > KS_RED_FLOATS):
         cols //= 2
     return replace(v, cols=cols)
 

@@ -53,6 +53,19 @@ class GemvVariant:
     qlast: bool = False      # blk with QuantOut, one column: ROWS (dividing 32) outputs per
                              # workgroup, and each 32-block's last workgroup to finish quantizes it
                              # (instead of 32 rows per workgroup)
+    ksplit: bool = False     # wide: the whole workgroup strides the blocks of mrows rows at a time
+                             # (split K, reduced across its subgroups; ROWS a multiple of mrows)
+
+
+def rope_variant(v: GemvVariant) -> GemvVariant:
+    """The float decode GEMV v as it takes the RoPE epilogue: one column; an odd mrows computes
+    one rotation pair per subgroup (twice the rows, or half its subgroups would idle), split K
+    twice its rows at a time; an even mrows: its rows are whole pairs, v itself."""
+    if v.mrows % 2 == 0:
+        return replace(v, cols=1)
+    if v.ksplit:
+        return replace(v, cols=1, rows=2 * v.rows, mrows=2 * v.mrows)
+    return replace(v, cols=1, rows=2 * v.rows, mrows=1)
 
 
 @dataclass(frozen=True)
@@ -99,12 +112,14 @@ def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) 
     return w.wgsl(n, binding, native_f16=dev.has_f16)
 
 
-def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
+def _red_floats(v: str, rows: int, wg: int, dev: Device, ks_slots: int = 0) -> int:
     """Floats of the float GEMVs' workgroup reduction array: the split variant reduces every row
-    (and a pair's second) through it; the others use it only for the fused norm's per-subgroup
-    sums (at most WG). A size over the adapter's workgroup storage is a GPULimitError (the tuner
-    skips such candidates; a driver handed one can lose the device)."""
-    red = max(2 * rows * wg, wg) if v == "split" else wg
+    (and a pair's second) through it; the others use it for the fused norm's per-subgroup sums
+    (at most WG), and the split-K wide one (ks_slots sums at a time) for each subgroup's partial
+    sums (subgroups are >= 4 invocations: at most WG / 4 of them) and their totals. A size over
+    the adapter's workgroup storage is a GPULimitError (the tuner skips such candidates; a driver
+    handed one can lose the device)."""
+    red = max(2 * rows * wg, wg) if v == "split" else max(wg, ks_slots * (wg // 4 + 1))
     limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
     if 4 * red > limit:
         raise GPULimitError(f"the {v} GEMV with {rows} rows x {wg} invocations needs {4 * red} bytes of workgroup "
@@ -112,14 +127,16 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device) -> int:
     return red
 
 
-def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False) -> dict:
+def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, ksplit: bool = False) -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
     weight's last read its last row, and are not written) and the NCOL columns (c: token row
     t{c}, input block xb{c}; each column the one-column statements); nt: the token count.
     rope (one column, m even): the m rows are output indices o + j, weight rows rperm(o + j)
-    (rope_epilogue.wgsl), and each two adjacent ones, rotation partners, go to rope_out."""
-    if m <= 1:
-        return {"MROWS": False}
+    (rope_epilogue.wgsl), and each two adjacent ones, rotation partners, go to rope_out.
+    ksplit (KSPLIT, also for m = 1): the sums' slots, each subgroup's partials put into red
+    (KS_PUT) and the totals taken back (KS_GET) for the epilogue."""
+    if m <= 1 and not ksplit:
+        return {"MROWS": False, "KSPLIT": False}
     js, cs = range(m), range(cols)
     row = [f"min(o + {j}u, w_O - 1u)" for j in js]
     row = [f"rperm({r})" for r in row] if rope else row
@@ -142,8 +159,11 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False) -> d
                f"        let vb{j} = epilogue_value(t0, {row[j + 1]}, m{j + 1}_0, 0.0);\n"
                f"        rope_out(t0, o + {j}u, va{j}, vb{j});\n        rope_out(t0, o + {j + 1}u, vb{j}, va{j});\n      }}"
                for j in js[::2]]
+    sums = [v for c in cs for j in js for v in ([f"m{j}_{c}"] + ([f"n{j}_{c}"] if pair else []))]
     return {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
-            "MR_EPI": "\n".join(epi)}
+            "MR_EPI": "\n".join(epi), "KSPLIT": ksplit, "KS_SLOTS": len(sums),
+            "KS_PUT": "\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(sums)),
+            "KS_GET": "\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(sums))}
 
 
 class LinearKernel(Kernel):
@@ -233,8 +253,10 @@ class LinearKernel(Kernel):
                                  or w.o != (rope.n_heads + 2 * rope.n_kv) * rope.head_dim):
             raise ValueError(f"RoPE in the GEMV epilogue needs the blk, subgroup or wide decode GEMV, an even row "
                              f"count and the QKV weight; {w.name} ({v}, {rows} rows)")
-        if gemm is None and variant.mrows > 1 and (v != "wide" or rows % variant.mrows
-                                                   or (rope is not None and variant.mrows % 2)):
+        if gemm is None and variant.ksplit and (v != "wide" or not dev.has_subgroups):
+            raise ValueError(f"split K (ksplit) is a wide-GEMV option with subgroups; got {v}")
+        if gemm is None and (variant.mrows > 1 or variant.ksplit) and (v != "wide" or rows % variant.mrows
+                                                                       or (rope is not None and variant.mrows % 2)):
             raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option, for a row "
                              f"count that is a multiple of it (with RoPE an even count: whole rotation pairs); got "
                              f"{v} with {rows} rows")
@@ -274,11 +296,13 @@ class LinearKernel(Kernel):
                                  if qlast else ""))
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
-        d.update(_mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None))
+        mr = _mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None,
+                         gemm is None and variant.ksplit)
+        d.update(mr)
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
-                 ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev),
+                 ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev, mr.get("KS_SLOTS", 0) if mr["KSPLIT"] else 0),
                  NCOL=ncol, COLS=ncol > 1, NT=nt, XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not i8)
         if pre_norm is not None and not i8:

@@ -55,7 +55,7 @@ from ..kernels.autotune import (
     static_gemm,
 )
 from ..kernels.base import ceil_div
-from ..kernels.linear import GemmVariant, GemvVariant
+from ..kernels.linear import GemmVariant, GemvVariant, rope_variant
 from ..kernels.lora import u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
@@ -321,10 +321,8 @@ class ForwardBuilder:
                   "x_partials": self._chained(i > 0), "lora": lora}
         if self.rope_epilogue:
             variant = self._variant(lw.wqkv, int8=int8)
-            if not int8:   # the float GEMVs take RoPE in one column; an odd mrows computes one rotation
-                # pair per subgroup: twice the chosen rows, or half its subgroups idle (an even mrows:
-                # its rows are whole pairs, the chosen kernel)
-                variant = replace(variant, cols=1, **({"rows": 2 * variant.rows, "mrows": 1} if variant.mrows % 2 else {}))
+            if not int8:   # the float GEMVs take RoPE in one column, in whole rotation pairs
+                variant = rope_variant(variant)
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
@@ -449,7 +447,8 @@ class ForwardBuilder:
                 if not last:   # every row's logits: the streams' rows as columns
                     variant = self._cols(variant, w, None)
                 if variant.rows * m.dev.max_workgroups < w.o:
-                    variant = replace(variant, rows=ceil_div(w.o, m.dev.max_workgroups))
+                    variant = replace(variant, rows=ceil_div(ceil_div(w.o, m.dev.max_workgroups), variant.mrows)
+                                      * variant.mrows)
             else:   # every row's logits: the float GEMM (the vocabulary's y is too big to time)
                 variant = static_gemm(m.dev, w)
             g.add(Linear(label=label, reads=(x,), writes=("logits",), y="logits", stage=stage, w=w, int8_input=x == "xql",
