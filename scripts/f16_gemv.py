@@ -4,7 +4,6 @@ role's candidates fastest first with the weight bytes streamed per second (issue
 rows). Random f16 weights and activations; one token row.
     PYTHONPATH=. python scripts/f16_gemv.py [llama-3.1-8b|llama-3.2-1b|llama-3.2-3b ...]"""
 import sys
-from dataclasses import replace
 
 import numpy as np
 
