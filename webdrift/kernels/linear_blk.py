@@ -151,19 +151,26 @@ def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     return f"      {acc}{r}_{c} += {n}m{r}.x * {xk}.d * f32({' + '.join(terms)}) + {n}m{r}.y * {xk}.s;"
 
 
+XK_GROUP = 4   # columns whose int8 x blocks are loaded together in the several-column GEMV
+
+
 def _cols_body(fmt: str, rows: int, dual: bool, cols: int) -> list[str]:
-    """The weight loads, every column's x block, then the products: loads not separated by
-    branches are issued together (H100, 2026-11-24, scripts/streams_gemv.py: the 1B gate/up at 4
-    and 8 rows 7% faster than with each column's loads and products behind `if (c < nc)`)."""
+    """The weight loads, then for each group of XK_GROUP columns their x blocks and products:
+    loads not separated by branches are issued together (H100, 2026-11-24, scripts/streams_gemv.py:
+    the 1B gate/up at 4 and 8 rows 7% faster than with each column's loads and products behind
+    `if (c < nc)`), but all 8 columns' x blocks at once (80 registers) ran the 1B QKV of 8 streams
+    2-3x slower than two groups of 4 (H100, 2026-11-25, BENCHMARKS.md session 17)."""
     L = []
     for r in range(rows):
         L += _load("w", r, fmt) + (_load("w2", r, fmt) if dual else [])
-    L += [f"    let xk{c} = x_block(xr{c}, b);" for c in range(cols)]
-    for c in range(cols):
-        for r in range(rows):
-            L.append(_dot("w", "a", r, c, fmt))
-            if dual:
-                L.append(_dot("w2", "g", r, c, fmt))
+    for c0 in range(0, cols, XK_GROUP):
+        group = range(c0, min(cols, c0 + XK_GROUP))
+        L += [f"    let xk{c} = x_block(xr{c}, b);" for c in group]
+        for c in group:
+            for r in range(rows):
+                L.append(_dot("w", "a", r, c, fmt))
+                if dual:
+                    L.append(_dot("w2", "g", r, c, fmt))
     return L
 
 
@@ -297,11 +304,23 @@ def red_floats(rows: int, dual: bool, wg: int, subgroups: bool, cols: int, qout:
     return max(wg, n * cols * (wg // 4 if subgroups else wg))
 
 
-def xnorm_cols(cols: int, xp: int, xcg: int) -> str:
+def xnorm_cols(cols: int, xp: int, xcg: int, subgroups: bool = False) -> str:
     """linear_blk_xnorm.wgsl for several columns: each column's partial sums (ssq{c}, lane k's
     share) summed by the one-row kernel's tree over XP lanes, xcg columns' trees side by side
     sharing their barriers; lane 0 writes column c's 1/rms to xinv[c]. Named values, no loop
-    over columns: an array indexed in a loop can live in local memory."""
+    over columns: an array indexed in a loop can live in local memory. subgroups: each column's
+    subgroupAdd, then its subgroups' sums in order (the one-row kernel's), all columns at once."""
+    if subgroups:
+        return "\n".join(["  let xs = WG / sg;",
+                          *(f"  let sss{c} = subgroupAdd(ssq{c});" for c in range(cols)),
+                          "  if (lane == 0u) {", *(f"    red[{c}u * xs + lid / sg] = sss{c};" for c in range(cols)), "  }",
+                          "  workgroupBarrier();",
+                          f"  if (lid < {cols}u) {{",
+                          "    var ss = 0.0;",
+                          "    for (var k = 0u; k < xs; k++) { ss += red[lid * xs + k]; }",
+                          "    xinv[lid] = rms_inv(ss);",
+                          "  }",
+                          "  workgroupBarrier();"])
     L = []
     for c0 in range(0, cols, xcg):
         js = range(c0, min(cols, c0 + xcg))
@@ -334,13 +353,13 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
             "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4k"),
-            "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp), "RPS": rps,
+            "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:
             # no branch between the loads, and only columns < nc are written
             "XR_DECL": "\n".join(f"  let xr{c} = (t0 + min({c}u, nc - 1u)) * STRIDE4;" for c in range(cols)),
             "SSQ_DECL": "\n".join(f"  let ssq{c} = x_partials(xr{c}, lid);" for c in range(cols)),
-            "XNORM_COLS": xnorm_cols(cols, xp, xcg),
+            "XNORM_COLS": xnorm_cols(cols, xp, xcg, subgroups),
             "SG_STORE": sg_store(rps, dual, cols) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
             "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
