@@ -314,8 +314,11 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
         # compile + warm every kernel, over the longest prompt: a first prefill of that size right
         # after the load ran at half speed (H100, 2026-11-23: 1B q4 4899 tok/s as a run's first row,
-        # 10406 in the next run), so the timed runs come after one untimed run of it
-        await agenerate_ids(eng, ids, 4)
+        # 10406 in the next run), so the timed runs come after one untimed run of it, decoding as
+        # many tokens as the longest protocol: after a load's seconds of host work the GPU's first
+        # timed decode ran slow too (H100, 2026-11-25: a 1B Q4_0 file 788.8 tok/s at depth 1024,
+        # then 882.4 at 4096 in the same run, and 976.0 at 1024 in the next)
+        await agenerate_ids(eng, ids, max(4, max(m for _, m in protocols)))
         rows = []
         runs, done = len(protocols) * max(1, repeats), 0
         for p, m in protocols:
