@@ -3,6 +3,7 @@ flush, the median of 5), for one stream (the decode program) and for n streams d
 (the streams' program of n rows), after a 1024-token prompt of a synthetic model:
     PYTHONPATH=. python scripts/step_ops.py llama-3.2-1b q4 1 4 8
     PYTHONPATH=. python scripts/step_ops.py llama-3.2-1b q4 1 4 --lora 16
+    PYTHONPATH=. python scripts/step_ops.py FILE.gguf - 1      (a model file: QUANT ignored)
 --lora R: an engine with LoRA slots and a random rank-R adapter on all seven targets, applied to
 every stream (the streams each get their own adapter, like `webdrift bench --lora-rank`).
 Prints microseconds per step by dispatch label (the layer prefix dropped, summed over layers)."""
@@ -24,7 +25,11 @@ p.add_argument("n", nargs="*", type=int, default=[1, 4, 8])
 p.add_argument("--lora", type=int, default=0, metavar="R")
 args = p.parse_args()
 dev = get_device()
-src = synthetic_source(args.model, args.quant)
+if args.model.endswith(".gguf") or "/" in args.model:   # a model file or folder, in its own formats
+    from webdrift.runtime.loading import open_source
+    src = open_source(args.model, auto_pull=False)
+else:
+    src = synthetic_source(args.model, args.quant)
 if args.lora:
     ks = max(args.n)
     eng = assemble(src, EngineOptions(max_context=ks * 1280, enable_lora=True, max_lora_rank=args.lora,
