@@ -30,6 +30,7 @@ VARIANTS = {
     "wide_m2": GemvVariant("wide", rows=16, wg=256, mrows=2),
     "wide_m4": GemvVariant("wide", rows=16, wg=128, mrows=4),
     "wide_ks": GemvVariant("wide", rows=4, wg=128, mrows=2, ksplit=True),
+    "wide_ks32": GemvVariant("wide", rows=4, wg=32, mrows=4, ksplit=True),   # 8 columns of gate/up: 64 sums, 32 invocations
 }
 CASES = [("plain", 3), ("dual", 5), ("bias_residual", 11), ("pre_norm", 6)]
 
@@ -53,7 +54,8 @@ def _run(case, T, fmt, variant, seed):
 @pytest.mark.parametrize("case,T", CASES)
 @pytest.mark.parametrize("name,fmt,cols", [("subgroup", "f16", 4), ("subgroup_u4", "q4", 8), ("subgroup", "f32", 2),
                                            ("wide", "q8", 4), ("wide_u4", "f16", 2), ("wide_m2", "q4", 4),
-                                           ("wide_m4", "f16", 8), ("wide_ks", "f16", 4), ("wide_ks", "q8", 2)])
+                                           ("wide_m4", "f16", 8), ("wide_ks", "f16", 4), ("wide_ks", "q8", 2),
+                                           ("wide_ks32", "f16", 8)])
 def test_float_cols_vs_numpy_and_one_row(name, fmt, cols, case, T):
     if not device().has_subgroups:
         pytest.fail("the CI adapter (lavapipe) offers subgroups; the subgroup / wide GEMVs must be tested")

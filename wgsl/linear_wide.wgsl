@@ -55,8 +55,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // split K: the whole workgroup strides the blocks of MROWS rows at a time (ROWS a multiple of
   // it), so a short row is read by many invocations at once (llama.cpp's MMV shape); each
   // subgroup's sums go through red (slot k of subgroup s at k * KSN + s; subgroups have >= 4
-  // invocations) and invocation k < KS_SLOTS adds slot k's in subgroup order, so a row's sum does
-  // not depend on the other rows or columns
+  // invocations) and invocation k (k + WG, ..) adds slot k's in subgroup order, so a row's sum
+  // does not depend on the other rows or columns
   for (var r = 0u; r < ROWS; r += {{MROWS}}u) {
     let o = wid.x * ROWS + r;
     if (o >= w_O) { break; }
@@ -70,10 +70,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{KS_PUT}}
     }
     workgroupBarrier();
-    if (lid < KS_SLOTS) {
+    for (var j = lid; j < KS_SLOTS; j += WG) {
       var s = 0.0;
-      for (var k = 0u; k < nsg; k++) { s += red[lid * KSN + k]; }
-      red[KST + lid] = s;
+      for (var k = 0u; k < nsg; k++) { s += red[j * KSN + k]; }
+      red[KST + j] = s;
     }
     workgroupBarrier();
     if (lid == 0u) {
