@@ -376,16 +376,20 @@ w = allocate_weight(dev, "w", "f16", O, I, "OI")
 upload_rows(dev, w, "F32", b64(args["w"]), O)
 cache = lambda: buf(bytes(4 * KVH * CAP * DH), "cache")
 try:
-    for variant in ("subgroup", "wide"):
+    # (the split-K wide GEMV: the whole workgroup strides each row, its sums through workgroup memory)
+    ksplit = GemvVariant("wide", rows=4, wg=64, mrows=4, ksplit=True)
+    for variant, pv, fv in (("subgroup", GemvVariant("subgroup", rows=8, wg=64), GemvVariant("subgroup", rows=16, wg=64)),
+                            ("wide", GemvVariant("wide", rows=8, wg=64), GemvVariant("wide", rows=16, wg=64)),
+                            ("wide_ksplit", ksplit, ksplit)):
         norm = PreNorm(1e-5, 0.0)
         yb, r1, k1, v1 = dev.create_buffer(yd.nbytes, label="y"), dev.create_buffer(rel.nbytes, label="r"), cache(), cache()
-        plain = LinearKernel(dev, "decode", xd, yd, w, variant=GemvVariant(variant, rows=8, wg=64), pre_norm=norm)
+        plain = LinearKernel(dev, "decode", xd, yd, w, variant=pv, pre_norm=norm)
         rope = RopeQKVKernel(dev, yd, rel, H, KVH, DH, CAP, True)
         dev.submit([plain.dispatch({"step": step, "x": xb, "y": yb, "w": w.buffers, "nw": nwb}, plain.workgroups(T)),
                     rope.dispatch({"step": step, "qkv": yb, "q": r1, "kc": k1, "vc": v1, "inv_freq": fb},
                                   rope.workgroups(T))])
         r2, k2, v2 = dev.create_buffer(rel.nbytes, label="r2"), cache(), cache()
-        fused = LinearKernel(dev, "decode", xd, yd, w, variant=GemvVariant(variant, rows=16, wg=64), pre_norm=norm,
+        fused = LinearKernel(dev, "decode", xd, yd, w, variant=fv, pre_norm=norm,
                              epilogue=Epilogue(rope=RopeOut(rel, H, KVH, DH, CAP, rope_half=True)))
         spare = dev.create_buffer(256, label="spare")
         dev.submit([fused.dispatch({"step": step, "x": xb, "y": spare, "w": w.buffers, "nw": nwb, "q": r2, "kc": k2,
@@ -403,7 +407,8 @@ json.dumps(out)
 def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     """Tint compiles and SwiftShader runs the three attention kernels (equal to numpy's causal GQA
     attention) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
-    RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants."""
+    RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants (and the
+    wide one's split-K form)."""
     from tests.test_kernels_attention import attention_ref
     rng = np.random.default_rng(21)
     H, KVH, DH, CAP, T, POS, I = 8, 2, 32, 128, 2, 70, 64
@@ -426,10 +431,13 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     for variant in ("head", "grouped", "split"):
         got = np.array(res[f"attn/{variant}"]).reshape(T, H * DH)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=variant)
-    for variant in ("subgroup", "wide"):
+    for variant in ("subgroup", "wide", "wide_ksplit"):
         for name in ("q", "k", "v"):
             a, b = np.array(res[f"{variant}/{name}_f"]), np.array(res[f"{variant}/{name}"])
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5, err_msg=f"{variant}/{name}")
+            # every variant's sums agree with the subgroup one's (another reduction order)
+            np.testing.assert_allclose(b, np.array(res[f"subgroup/{name}"]), rtol=1e-4, atol=1e-4,
+                                       err_msg=f"{variant}/{name} vs subgroup")
         kc = np.array(res[f"{variant}/k"]).reshape(KVH, CAP, DH)
         assert np.count_nonzero(kc[:, POS:POS + T]) == KVH * T * DH and not kc[:, :POS].any()   # appended at POS
 
