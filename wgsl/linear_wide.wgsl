@@ -51,20 +51,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
 #endif
 #endrepeat
+#if MROWS
 #if KSPLIT
   // split K: the whole workgroup strides the blocks of MROWS rows at a time (ROWS a multiple of
   // it), so a short row is read by many invocations at once (llama.cpp's MMV shape); each
   // subgroup's sums go through red (slot k of subgroup s at k * KSN + s; subgroups have >= 4
   // invocations) and invocation k (k + WG, ..) adds slot k's in subgroup order, so a row's sum
   // does not depend on the other rows or columns
-  for (var r = 0u; r < ROWS; r += {{MROWS}}u) {
+  let r0 = 0u;
+  let rstep = {{MROWS}}u;
+  let b0 = lid;
+  let bstep = WG;
+#else
+  // MROWS consecutive rows per subgroup at a time: each block's input slices are loaded once
+  // for all of them, and MROWS (x2 with PAIR) weight blocks are in flight per lane
+  let r0 = sgi * {{MROWS}}u;
+  let rstep = nsg * {{MROWS}}u;
+  let b0 = lane;
+  let bstep = sg;
+#endif
+  for (var r = r0; r < ROWS; r += rstep) {
     let o = wid.x * ROWS + r;
     if (o >= w_O) { break; }
 {{MR_DECL}}
-    for (var b = lid; b < w_NB; b += WG) {
+    for (var b = b0; b < w_NB; b += bstep) {
 {{MR_ACC}}
     }
 {{MR_RED}}
+#if KSPLIT
     workgroupBarrier();   // red's earlier contents (the norm's sums, the previous rows') are read
     if (lane == 0u) {
 {{KS_PUT}}
@@ -78,21 +92,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     if (lid == 0u) {
 {{KS_GET}}
-{{MR_EPI}}
-    }
-  }
-#elif MROWS
-  // MROWS consecutive rows per subgroup at a time: each block's input slices are loaded once
-  // for all of them, and MROWS (x2 with PAIR) weight blocks are in flight per lane
-  for (var r = sgi * {{MROWS}}u; r < ROWS; r += nsg * {{MROWS}}u) {
-    let o = wid.x * ROWS + r;
-    if (o >= w_O) { break; }
-{{MR_DECL}}
-    for (var b = lane; b < w_NB; b += sg) {
-{{MR_ACC}}
-    }
-{{MR_RED}}
+#else
     if (lane == 0u) {
+#endif
 {{MR_EPI}}
     }
   }
