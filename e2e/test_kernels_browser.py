@@ -355,19 +355,21 @@ dev.write_buffer(step, pack_step(T, POS))
 # attention, both kernels, then the combine: out (T, H * DH)
 qd, od = TensorDesc("q", DH, T * G, b=KVH), TensorDesc("o", H * DH, T)
 qb, kb, vb = buf(b64(args["q"]), "q"), buf(b64(args["k"]), "k"), buf(b64(args["v"]), "v")
-for variant in ("head", "grouped", "split"):
+for name in ("head", "grouped", "split", "split_adapt"):
+    variant = name.split("_")[0]
     if variant == "split" and not dev.has_subgroups:
         continue
     try:
-        att = AttentionKernel(dev, qd, H, KVH, DH, CAP, T * G, DH ** -0.5, variant=variant)
+        att = AttentionKernel(dev, qd, H, KVH, DH, CAP, T * G, DH ** -0.5, variant=variant,
+                              adapt=2 if name == "split_adapt" else 0)   # (70 keys: 2 chunks a workgroup)
         comb = AttentionCombineKernel(dev, od, H, KVH, DH, att.nsplit, T * G)
         pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH + 2) * 4, label="part")
         ob = dev.create_buffer(od.nbytes, label="o")
         dev.submit([att.dispatch({"step": step, "q": qb, "kc": kb, "vc": vb, "part": pb}, att.workgroups(T)),
                     comb.dispatch({"step": step, "part": pb, "out": ob}, comb.workgroups(T))])
-        out[f"attn/{variant}"] = await read(ob, T * H * DH)
+        out[f"attn/{name}"] = await read(ob, T * H * DH)
     except Exception as e:
-        out[f"attn/{variant}"] = "ERROR " + str(e)[:1500]
+        out[f"attn/{name}"] = "ERROR " + str(e)[:1500]
 # QKV GEMV (f16 weights, RMSNorm fused): RoPE in its epilogue vs the GEMV + RopeQKVKernel
 O, I = (H + 2 * KVH) * DH, args["I"]
 xd, yd, rel = TensorDesc("x", I, T), TensorDesc("qkv", O, T), TensorDesc("r", DH, T * G, b=KVH)
@@ -406,7 +408,7 @@ json.dumps(out)
 
 def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     """Tint compiles and SwiftShader runs the three attention kernels (equal to numpy's causal GQA
-    attention) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
+    attention; the split one also with several chunks a workgroup) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
     RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants (and the
     wide one's split-K form)."""
     from tests.test_kernels_attention import attention_ref
@@ -428,7 +430,7 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     assert not errors, f"kernels failed in the browser: {errors}"
     assert res["subgroups"]
     ref = attention_ref(q, k, v, POS, G, DH ** -0.5)
-    for variant in ("head", "grouped", "split"):
+    for variant in ("head", "grouped", "split", "split_adapt"):
         got = np.array(res[f"attn/{variant}"]).reshape(T, H * DH)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=variant)
     for variant in ("subgroup", "wide", "wide_ksplit"):

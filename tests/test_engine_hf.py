@@ -321,10 +321,12 @@ def assert_matches_transformers(eng, ref, seed: int, n: int):
     assert out.token_ids == torch_greedy(ref, ids[:10], 10)
 
 
-@pytest.mark.parametrize("variant", [("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False)])
+@pytest.mark.parametrize("variant", [("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False),
+                                     ("split", 16, False, 2)])
 def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, variant):
     """Every decode attention kernel (one workgroup per query head, one per KV head serving its 4
-    query heads, or that with short chunks and subgroup shuffles; GPUs pick by timing,
+    query heads, or that with short chunks and subgroup shuffles, also several chunks a workgroup;
+    GPUs pick by timing,
     kernels/autotune.choose_attention) in the whole model: prompts through the decode kernels
     (prefill_kernels="gemv", so multi-token rows are covered) give transformers' logits, and
     greedy decoding gives transformers' tokens."""
@@ -339,6 +341,7 @@ def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeyp
     assert kinds["AttentionKernel"].variant == variant[0]
     assert variant[0] != "split" or kinds["AttentionKernel"].CHUNK == variant[1]
     assert kinds["AttentionKernel"].defines.get("PREFETCH_V", False) is variant[2]
+    assert kinds["AttentionKernel"].defines.get("ADAPT", 0) == (variant[3] if len(variant) > 3 else 0)
 
 
 @pytest.mark.parametrize("case,float_gemv", [("qwen2_bias_f16", GemvVariant("subgroup", rows=8, wg=64)),

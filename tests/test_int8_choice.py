@@ -78,7 +78,8 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
                info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_attention(plain, 8, 8, 64, 512, None, None) == C()              # MHA, no subgroups
     assert choose_attention(plain, 8, 2, 64, 512, None, None) == C("grouped")
-    assert attention_candidates(gpu, 8, 8) == [C()] + [C("split", c, pf) for c in (16, 32, 64) for pf in (False, True)]
+    assert attention_candidates(gpu, 8, 8) == ([C()] + [C("split", c, pf) for c in (16, 32, 64) for pf in (False, True)]
+                                              + [C("split", c, False, a) for c in (16, 32) for a in (32, 64)])
     dev = device()
     assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) == C("grouped")   # the rule
     monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
@@ -90,7 +91,7 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     got = choose_attention(dev, 8, 2, 64, 512, kc, vc)
     assert got in attention_candidates(dev, 8, 2) and calls == [1]
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
-    ns = autotune._memory[next(k for k in autotune._memory if "|attn3|" in k)]["ns"]
+    ns = autotune._memory[next(k for k in autotune._memory if "|attn4|" in k)]["ns"]
     assert set(ns) == {c.name for c in attention_candidates(dev, 8, 2)} and min(ns.values()) > 0
 
 

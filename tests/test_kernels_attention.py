@@ -14,12 +14,15 @@ from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel, 
 from webdrift.tensor import TensorDesc
 
 SENTINEL = 3.25
-# the kernels (AttentionKernel's variants; the split one's chunks, V prefetch, and 4 lanes per
-# key: its unrolled path on subgroups narrower than the default lanes, e.g. lavapipe's)
+# the kernels (AttentionKernel's variants; the split one's chunks, V prefetch, 4 lanes per key:
+# its unrolled path on subgroups narrower than the default lanes, e.g. lavapipe's; and `adapt`)
 VARIANTS = [pytest.param({"variant": v, **k}, id=i) for i, v, k in (
     ("head", "head", {}), ("grouped", "grouped", {}), ("split32", "split", {"chunk": 32}),
     ("split16pf", "split", {"chunk": 16, "prefetch_v": True}),
-    ("split64pf_lanes4", "split", {"chunk": 64, "prefetch_v": True, "lanes": 4}))]
+    ("split64pf_lanes4", "split", {"chunk": 64, "prefetch_v": True, "lanes": 4}),
+    # several chunks a workgroup (adapt: at most that many partials a row), merged by an online softmax
+    ("split16a3", "split", {"chunk": 16, "adapt": 3}),
+    ("split32pf_a2_lanes4", "split", {"chunk": 32, "prefetch_v": True, "adapt": 2, "lanes": 4}))]
 
 
 def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None, streams=None):

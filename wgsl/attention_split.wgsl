@@ -33,29 +33,59 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
   let ostride = NSPLIT * (DH + 2u);                // next head's partial
   let lo = window_lo(p);
-  let k0 = split * CHUNK;
+#if ADAPT
+  // ADAPT: each workgroup takes PER consecutive chunks, PER = the chunks up to the row's last
+  // cache row / ADAPT rounded up, so a deep context is ADAPT partials a row (not one per chunk)
+  // while a short one keeps a chunk per workgroup; the chunks merge by an online softmax
+#if TREE
+  let kmax = p;
+#else
+  let kmax = row_cache(t);
+#endif
+  let per = (kmax / CHUNK + {{ADAPT}}u) / {{ADAPT}}u;
+#else
+  let per = 1u;
+#endif
+  var seen = false;
+  for (var ci = 0u; ci < per; ci++) {
+    seen = seen || (split * per + ci < NSPLIT && chunk_seen(key_pos(t, (split * per + ci) * CHUNK), p, lo));
+  }
+  if (!seen) { write_unseen(lid, GROUP, out0, ostride); return; }
+  let d = lid % DH;
+  let g = lid / DH;
+  let sub = lane % LK;
+  let kg = (lid / sg) * (sg / LK) + lane / LK;
+{{M_DECL}}
+{{O_DECL}}
+#if ADAPT
+  var lsum = 0.0;                                  // invocation h < GROUP: head h's sum of e so far
+#endif
+  var qs_loaded = false;
+  for (var ci = 0u; ci < per; ci++) {
+  let k0 = (split * per + ci) * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
-  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, GROUP, out0, ostride); return; }
+#if ADAPT
+  if (split * per + ci >= NSPLIT || !chunk_seen(kp0, p, lo)) { continue; }
+#endif
   // every load of the chunk's scores is issued before the first product (the K rows' and the
   // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
   // below; more registers held through the scores: fewer workgroups fit an SM), then the K
   // rows of lane group kg (LK lanes: keys kg, kg + KPS, ..., its lanes the rows' vec4s sub,
   // sub + LK, ...), then the queries
   let nvis = min(p + 1u - kp0, CHUNK);
-  let d = lid % DH;
-  let g = lid / DH;
   let j0 = min(g, NJ - 1u) * JL / 4u;
   let j1 = select(j0, (min((g + 1u) * JL, nvis) + 3u) / 4u, g < NJ);   // past the run's end: zeros
 #if PREFETCH_V
 {{V_LOAD}}
 #endif
-  let sub = lane % LK;
-  let kg = (lid / sg) * (sg / LK) + lane / LK;
 {{K_DECL}}
   if (sg >= LK) {
 {{K_LOAD}}
   }
-  for (var i = lid; i < GROUP * DH4; i += WG) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
+  if (!qs_loaded) {
+    for (var i = lid; i < GROUP * DH4; i += WG) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
+    qs_loaded = true;
+  }
   workgroupBarrier();
   // scores, reduced over each lane group with shuffles
   if (sg >= LK) {
@@ -79,11 +109,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
   workgroupBarrier();
-  // each head's maximum over the chunk (every invocation: four-key loads of workgroup memory)
-{{M_DECL}}
+  // each head's maximum over the chunk (every invocation: four-key loads of workgroup memory);
+  // ADAPT: the running maximum, the sums so far rescaled to it
+#if ADAPT
+{{M_SAVE}}
+#endif
   for (var j = 0u; j < CHUNK4; j++) {
 {{M_ACC}}
   }
+#if ADAPT
+{{M_ALPHA}}
+#endif
   workgroupBarrier();
   for (var i = lid; i < GROUP * CHUNK4; i += WG) {
 {{E_SET}}
@@ -94,8 +130,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if !PREFETCH_V
 {{V_LOAD}}
 #endif
-{{O_DECL}}
 {{V_MATH}}
+#if ADAPT
+  if (lid < GROUP) {
+{{L_ALPHA}}
+    var l = 0.0;
+    for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
+    lsum = lsum * alh + l;
+  }
+  workgroupBarrier();                              // sc: the next chunk's scores
+#endif
+  }
 #if MULTI_J
   if (g < NJ) {
 {{RED_O}}
@@ -113,10 +158,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 {{W_O}}
   }
 #endif
-  if (lid < GROUP) {                               // the head's sum of e over the chunk
+  if (lid < GROUP) {                               // the head's sum of e over the chunk(s)
+#if ADAPT
+    part[out0 + lid * ostride + DH + 1u] = lsum;
+#else
     var l = 0.0;
     for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
     part[out0 + lid * ostride + DH + 1u] = l;
+#endif
   }
 {{W_M}}
 }

@@ -36,15 +36,18 @@ def _attention_defines(b: Bindings, q_rel: TensorDesc, n_kv: int, group: int, he
 
 class AttnChoice(NamedTuple):
     """An attention kernel (kernels/autotune.choose_attention's answer): AttentionKernel's
-    variant, the split variant's chunk (keys per workgroup; 0: the variant's own) and whether it
-    loads V before the scores."""
+    variant, the split variant's chunk (keys per workgroup; 0: the variant's own), whether it
+    loads V before the scores, and `adapt` (0: one chunk per workgroup; n: each workgroup takes
+    enough consecutive chunks that a row has at most n partials)."""
     variant: str = "head"
     chunk: int = 0
     prefetch_v: bool = False
+    adapt: int = 0
 
     @property
     def name(self) -> str:
-        return self.variant + (f"{self.chunk}" if self.chunk else "") + ("pf" if self.prefetch_v else "")
+        return (self.variant + (f"{self.chunk}" if self.chunk else "") + ("pf" if self.prefetch_v else "")
+                + (f"a{self.adapt}" if self.adapt else ""))
 
 
 class AttentionKernel(Kernel):
@@ -84,15 +87,17 @@ class AttentionKernel(Kernel):
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
                  variant: str = "head", chunk: int = 32, prefetch_v: bool = False, tree: bool = False,
-                 lanes: int | None = None):
+                 lanes: int | None = None, adapt: int = 0):
         """cap: cache rows per KV head (a multiple of 4); rows_cap: q_rel's rows; window: sliding
         window (0: none); softcap: scores soft-capped at it. variant: "head" (attention.wgsl, one
         workgroup per query head and chunk of chunk_for(head_dim) keys), "grouped"
         (attention_gqa.wgsl: one per KV head and chunk, serving its query heads: K and V read once
         for them) or "split" (attention_split.wgsl: grouped, with `chunk` keys per workgroup
         (split_chunk) and subgroup shuffles; needs subgroups; prefetch_v: its V loads issued with
-        the K loads, before the scores). tree: each query row sees only what its record in the
-        "tree" binding allows (kernels/tree.py: tree verification).
+        the K loads, before the scores; adapt > 0: a workgroup takes ceil(chunks up to the row's
+        last key / adapt) consecutive chunks, merged by an online softmax, so a row has at most
+        `adapt` partials whatever the depth). tree: each query row sees only what its record in
+        the "tree" binding allows (kernels/tree.py: tree verification).
         lanes: the split variant's lanes per key row (default: head_dim / 4 up to 32, a power of
         two); subgroups narrower than that score keys in a loop instead (tests set it to reach the
         unrolled path on narrow software subgroups)."""
@@ -108,6 +113,9 @@ class AttentionKernel(Kernel):
                                         f"head, got {self.group}")
         if variant == "split" and not dev.has_subgroups:
             raise UnsupportedModelError("split attention needs subgroups, which this adapter lacks")
+        if adapt and (variant != "split" or adapt < 1):
+            raise ValueError(f"adapt (several chunks a workgroup) is a split-attention option >= 1; got {variant} "
+                             f"with adapt {adapt}")
         self.CHUNK = self.split_chunk(chunk, head_dim, cap) if variant == "split" else self.chunk_for(head_dim)
         self.nsplit = ceil_div(cap, self.CHUNK)
         wg = self.CHUNK if variant != "split" else 128 if head_dim <= 128 else 256
@@ -121,7 +129,7 @@ class AttentionKernel(Kernel):
         d.update({"PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
                                        "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
                   "CHUNK4": self.CHUNK // 4, "NJ": nj, "JL": jl, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
-                  "ROWS_CAP": rows_cap, "TREE": tree,
+                  "ROWS_CAP": rows_cap, "TREE": tree, "ADAPT": adapt,
                   "TREE_DECL": declare_tree(b, rows_cap // self.group) if tree else ""})
         self.template = {"head": "attention", "grouped": "attention_gqa", "split": "attention_split"}[variant]
         if variant == "grouped":
@@ -204,7 +212,11 @@ class AttentionKernel(Kernel):
                 "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
                 "RED_O": j(f"    red[{h}u * NJ * DH + g * DH + d] = o{h};" for h in hs),
                 "W_O": j(f"    part[out0 + {h}u * ostride + d] = o{h};" for h in hs),
-                "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs)}
+                "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs),
+                # ADAPT: each chunk rescales the sums so far to the new running maximum
+                "M_SAVE": j(f"  let mo{h} = m{h};" for h in hs),
+                "M_ALPHA": j(f"  let al{h} = exp(mo{h} - m{h});\n  o{h} *= al{h};" for h in hs),
+                "L_ALPHA": "    var alh = al0;" + "".join(f" if (lid == {h}u) {{ alh = al{h}; }}" for h in hs if h)}
 
     def workgroups(self, t: int):
         if self.grouped:

@@ -538,26 +538,33 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]
-    key = f"{dev.info.adapter}|{dev.info.backend}|attn3|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
+    key = f"{dev.info.adapter}|{dev.info.backend}|attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     static = AttnChoice("split", 32)
     if dev.info.is_cpu or static not in cands:
         static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
     got = _decide(dev, key, enabled,
                   lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands),
                   static._asdict())
-    return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"])
+    return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"], got.get("adapt", 0))
+
+
+# the split attention's `adapt` candidates: at most this many partials a row, each workgroup
+# taking as many 16- or 32-key chunks as that needs (a deep context's combine then reads a few
+# dozen partials, not hundreds; a short one keeps a chunk per workgroup)
+ADAPT_PARTIALS = (32, 64)
 
 
 def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoice]:
     """The decode attention kernels a shape can use: per-head always; grouped where a KV head
-    serves 2 .. MAX_GQA query heads; split (each chunk length, V prefetched or not) up to
-    MAX_GQA with subgroups."""
+    serves 2 .. MAX_GQA query heads; split (each chunk length, V prefetched or not; 16- and
+    32-key chunks also several a workgroup, ADAPT_PARTIALS) up to MAX_GQA with subgroups."""
     group = n_heads // n_kv
     cands = [AttnChoice()]
     if 1 < group <= AttentionKernel.MAX_GQA:
         cands.append(AttnChoice("grouped"))
     if group <= AttentionKernel.MAX_GQA and dev.has_subgroups:
         cands += [AttnChoice("split", c, pf) for c in AttentionKernel.SPLIT_CHUNKS for pf in (False, True)]
+        cands += [AttnChoice("split", c, False, a) for c in (16, 32) for a in ADAPT_PARTIALS]
     return cands
 
 
@@ -574,7 +581,7 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
             pb = None
             try:
                 k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, variant=c.variant,
-                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v)
+                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v, adapt=c.adapt)
                 comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group)
                 yield CHECK
                 pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
