@@ -13,6 +13,8 @@ diagnostic(off, subgroup_uniformity);
 // (16-64 keys against attention_gqa's 64-256) give a decode step several times more
 // workgroups, each with little work between its barriers: a 1024-key context is 64 chunks of
 // 16 keys per KV head, enough to keep every SM of a large GPU streaming.
+// ADAPT (n): a workgroup takes ceil(chunks up to its row's last key / n) consecutive chunks in a
+// loop, merged by an online softmax, so a row has at most n partials at any depth.
 //   part[(kvh, t * GROUP + h, split)] = (acc[0..DH), running max m, sum l)
 // Dispatch: (NSPLIT, T, KVH), WG threads (a multiple of the subgroup size).
 #include attention_common
@@ -62,83 +64,83 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
   var qs_loaded = false;
   for (var ci = 0u; ci < per; ci++) {
-  let k0 = (split * per + ci) * CHUNK;
-  let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
+    let k0 = (split * per + ci) * CHUNK;
+    let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
 #if ADAPT
-  if (split * per + ci >= NSPLIT || !chunk_seen(kp0, p, lo)) { continue; }
+    if (split * per + ci >= NSPLIT || !chunk_seen(kp0, p, lo)) { continue; }
 #endif
-  // every load of the chunk's scores is issued before the first product (the K rows' and the
-  // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
-  // below; more registers held through the scores: fewer workgroups fit an SM), then the K
-  // rows of lane group kg (LK lanes: keys kg, kg + KPS, ..., its lanes the rows' vec4s sub,
-  // sub + LK, ...), then the queries
-  let nvis = min(p + 1u - kp0, CHUNK);
-  let j0 = min(g, NJ - 1u) * JL / 4u;
-  let j1 = select(j0, (min((g + 1u) * JL, nvis) + 3u) / 4u, g < NJ);   // past the run's end: zeros
+    // every load of the chunk's scores is issued before the first product (the K rows' and the
+    // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
+    // below; more registers held through the scores: fewer workgroups fit an SM), then the K
+    // rows of lane group kg (LK lanes: keys kg, kg + KPS, ..., its lanes the rows' vec4s sub,
+    // sub + LK, ...), then the queries
+    let nvis = min(p + 1u - kp0, CHUNK);
+    let j0 = min(g, NJ - 1u) * JL / 4u;
+    let j1 = select(j0, (min((g + 1u) * JL, nvis) + 3u) / 4u, g < NJ);   // past the run's end: zeros
 #if PREFETCH_V
 {{V_LOAD}}
 #endif
 {{K_DECL}}
-  if (sg >= LK) {
+    if (sg >= LK) {
 {{K_LOAD}}
-  }
-  if (!qs_loaded) {
-    for (var i = lid; i < GROUP * DH4; i += WG) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
-    qs_loaded = true;
-  }
-  workgroupBarrier();
-  // scores, reduced over each lane group with shuffles
-  if (sg >= LK) {
+    }
+    if (!qs_loaded) {
+      for (var i = lid; i < GROUP * DH4; i += WG) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
+      qs_loaded = true;
+    }
+    workgroupBarrier();
+    // scores, reduced over each lane group with shuffles
+    if (sg >= LK) {
 {{K_MATH}}
-  } else {                                         // subgroups narrower than LK lanes: a loop
-    let kps = WG / sg;
-    for (var kk = lid / sg; kk < CHUNK; kk += kps) {
-      let vis = visible(p, lo, kp0 + kk);
+    } else {                                         // subgroups narrower than LK lanes: a loop
+      let kps = WG / sg;
+      for (var kk = lid / sg; kk < CHUNK; kk += kps) {
+        let vis = visible(p, lo, kp0 + kk);
 {{A_DECL}}
-      if (vis) {
-        let kb = (kvh * CAP + key_slot(t, k0 + kk)) * DH4;
-        for (var c = lane; c < DH4; c += sg) {
-          let kv = kc[kb + c];
+        if (vis) {
+          let kb = (kvh * CAP + key_slot(t, k0 + kk)) * DH4;
+          for (var c = lane; c < DH4; c += sg) {
+            let kv = kc[kb + c];
 {{A_ACC}}
+          }
+        }
+{{A_RED}}
+        if (lane == 0u) {
+{{S_SET}}
         }
       }
-{{A_RED}}
-      if (lane == 0u) {
-{{S_SET}}
-      }
     }
-  }
-  workgroupBarrier();
-  // each head's maximum over the chunk (every invocation: four-key loads of workgroup memory);
-  // ADAPT: the running maximum, the sums so far rescaled to it
+    workgroupBarrier();
+    // each head's maximum over the chunk (every invocation: four-key loads of workgroup memory);
+    // ADAPT: the running maximum, the sums so far rescaled to it
 #if ADAPT
 {{M_SAVE}}
 #endif
-  for (var j = 0u; j < CHUNK4; j++) {
+    for (var j = 0u; j < CHUNK4; j++) {
 {{M_ACC}}
-  }
+    }
 #if ADAPT
 {{M_ALPHA}}
 #endif
-  workgroupBarrier();
-  for (var i = lid; i < GROUP * CHUNK4; i += WG) {
+    workgroupBarrier();
+    for (var i = lid; i < GROUP * CHUNK4; i += WG) {
 {{E_SET}}
-  }
-  workgroupBarrier();
-  // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) has its run of V row d, four keys
-  // per load (attention.wgsl's run bounds), each load serving every head
+    }
+    workgroupBarrier();
+    // out[h][d] = sum_j e[h][j] V[d][k0 + j]: invocation (d, g) has its run of V row d, four keys
+    // per load (attention.wgsl's run bounds), each load serving every head
 #if !PREFETCH_V
 {{V_LOAD}}
 #endif
 {{V_MATH}}
 #if ADAPT
-  if (lid < GROUP) {
+    if (lid < GROUP) {
 {{L_ALPHA}}
-    var l = 0.0;
-    for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
-    lsum = lsum * alh + l;
-  }
-  workgroupBarrier();                              // sc: the next chunk's scores
+      var l = 0.0;
+      for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
+      lsum = lsum * alh + l;
+    }
+    workgroupBarrier();                              // sc: the next chunk's scores
 #endif
   }
 #if MULTI_J
