@@ -529,7 +529,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     """The decode attention kernel: "head" (attention.wgsl: a workgroup per query head),
     "grouped" (attention_gqa.wgsl: one per KV head serving its query heads) or "split"
     (attention_split.wgsl: grouped, 16- to 64-key chunks, subgroups, V loaded before or after the
-    scores), each timed with its combine at 1024- and 4096-token contexts (as far as the cache
+    scores, or several chunks a workgroup: ADAPT_PARTIALS), each timed with its combine at 1024- and 4096-token contexts (as far as the cache
     reaches) on this adapter with the layer's own caches, the least total kept; cached.
     Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth
     1024, level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on
