@@ -1,8 +1,4 @@
-#if SUBGROUP_ENABLE
-enable subgroups;
-// every lane of a subgroup reaches each shuffle (the key loop's bounds are the workgroup's)
-diagnostic(off, subgroup_uniformity);
-#endif
+#include subgroup_directives
 // Causal attention of a prompt chunk in one pass (flash attention, no partials): each query row
 // (token t, query head h of KV head kvh) is owned by LANES consecutive invocations, lane l holding
 // the row's channels 4 (l + LANES i) .. + 3 (i < NV) of q and of its output in registers. The

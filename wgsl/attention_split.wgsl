@@ -1,8 +1,4 @@
-#if SUBGROUP_ENABLE
-enable subgroups;
-// every lane of a subgroup reaches each shuffle (the key loop's trip count is per subgroup)
-diagnostic(off, subgroup_uniformity);
-#endif
+#include subgroup_directives
 // Attention over the KV cache, split over the cache length, phase 1 of 2 (attention.wgsl's
 // partials, same layout, read by attention_combine.wgsl): the decode variant with short chunks.
 // One workgroup per (CHUNK keys, token, KV head) serves the GROUP query heads of its KV head

@@ -27,7 +27,7 @@
 // cache row, its own int8 output row). Each column's sums are formed in the order of the one-row
 // kernel (same invocation per block, same reduction), so a row's outputs do not depend on NCOL.
 // Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
-{{SUBGROUP_DIRECTIVES}}
+#include subgroup_directives
 {{STEP_DECL}}
 // x: quantized rows (quantize.wgsl's layout), read as vec4<u32>
 {{X_DECL}}

@@ -1,10 +1,4 @@
-#if SUBGROUP_ENABLE
-enable subgroups;
-// Tint's uniformity analysis rejects subgroupAdd after the loops' lane-dependent trip counts;
-// every lane of a subgroup reaches the reduction (loops only differ in trip count), so the
-// result is well defined. naga (wgpu-native) has no such check and rejects the directive.
-diagnostic(off, subgroup_uniformity);
-#endif
+#include subgroup_directives
 // Decode-stage linear layer (GEMV), variant "subgroup": each subgroup computes one output at a
 // time, its lanes striding the input's 4-channel slices (UNROLL4: four in flight per lane),
 // reduced with subgroupAdd; a workgroup covers ROWS rows whatever the subgroup size. The only

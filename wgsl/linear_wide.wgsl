@@ -1,10 +1,4 @@
-#if SUBGROUP_ENABLE
-enable subgroups;
-// Tint's uniformity analysis rejects subgroupAdd after the loops' lane-dependent trip counts;
-// every lane of a subgroup reaches the reduction (loops only differ in trip count), so the
-// result is well defined. naga (wgpu-native) has no such check and rejects the directive.
-diagnostic(off, subgroup_uniformity);
-#endif
+#include subgroup_directives
 // Decode-stage linear layer (GEMV), variant "wide": linear_subgroup.wgsl with each lane reading
 // a whole quant block (16-32 bytes of q4 / q8, 8 halves of row-major f16) per iteration through
 // the generated `w_dot` (weights.wide_accessor_wgsl; no arrays: they can end up in local memory);

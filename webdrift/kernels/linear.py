@@ -309,7 +309,7 @@ class LinearKernel(Kernel):
             d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
-                                        dev.wgsl_subgroup_enable, x_partials=pre_norm.x_partials if pre_norm else None,
+                                        x_partials=pre_norm.x_partials if pre_norm else None,
                                         qout=qout is not None and not qlast, rps=variant.rps, rope=rope is not None,
                                         cols=variant.cols, qlast=qlast),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
@@ -318,7 +318,7 @@ class LinearKernel(Kernel):
                 d.update(block_defines(qout.fmt, w.o, wg), QNORM=qout.norm_offset is not None,
                          QW_OFFSET=wgsl_float(qout.norm_offset or 0.0), QSKIP_Y=not qout.write_y)
         if gemm is not None and gemm.int8:   # as blk: the quantizer applied the norm weight, 1/rms here
-            row = linear_blk.defines(w.fmt, w.i, 1, 64, False, False, False,
+            row = linear_blk.defines(w.fmt, w.i, 1, 64, False, False,
                                      x_partials=pre_norm.x_partials if pre_norm else None)
             d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
             d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")

@@ -338,7 +338,7 @@ def xnorm_cols(cols: int, xp: int, xcg: int, subgroups: bool = False) -> str:
 XNORM_TREE_FLOATS = 1024   # workgroup floats for the side-by-side trees of several columns' 1/rms
 
 
-def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, subgroup_enable: bool,
+def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
             x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1,
             qlast: bool = False) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
@@ -364,5 +364,4 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool, s
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
             "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
             "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols, qlast=qlast),
-            "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else ""),
-            "SUBGROUP_DIRECTIVES": ("enable subgroups;\ndiagnostic(off, subgroup_uniformity);" if subgroups and subgroup_enable else "")}
+            "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else "")}
