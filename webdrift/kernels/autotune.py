@@ -34,7 +34,16 @@ from ..tensor import TensorDesc
 from .attention import AttentionCombineKernel, AttentionKernel, AttnChoice
 from .base import ceil_div
 from .flush import L2FlushKernel
-from .linear import Epilogue, GemmVariant, GemvVariant, LinearKernel, PreNorm, QuantOut
+from .linear import (
+    Epilogue,
+    GemmVariant,
+    GemvVariant,
+    LinearKernel,
+    PreNorm,
+    QuantOut,
+    ks_red_floats,
+    qlast_bytes,
+)
 from .norm import RMSNormKernel
 from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
@@ -675,8 +684,8 @@ def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgr
     acc = chains * v.mrows * (2 if dual else 1)
     xf = chains * 4 * (wide_slices(fmt) if v.variant == "wide" else 1)
     cols = min(COLS_MAX, 1 << (tokens - 1).bit_length())
-    # split K: each column's sums also pass through workgroup memory (linear._red_floats)
-    red = (v.wg // 4 + 1) * v.mrows * (2 if dual else 1) if v.ksplit else 0
+    # split K: each column's sums also pass through workgroup memory
+    red = ks_red_floats(v.wg, v.mrows * (2 if dual else 1)) if v.ksplit else 0
     while cols > 1 and (cols * acc > COLS_ACC or cols * (acc + xf) > COLS_FLOATS or cols * red > KS_RED_FLOATS):
         cols //= 2
     return replace(v, cols=cols)
@@ -726,9 +735,10 @@ def _qout_buffers(dev: Device, w, t: int = 1) -> dict:
     """Scratch bindings of a quantizing-epilogue GEMV of weight w over t rows: its int8 rows, the
     next norm's weight and the last-workgroup form's outputs and counters (each kernel is given
     the ones it declares: _fastest)."""
+    qy, qcnt = qlast_bytes(w.o, t)
     return {"qout": dev.create_buffer(xq_desc("q", w.o, t).nbytes, label="tune.q"),
-            "qnw": dev.create_buffer(4 * w.o, label="tune.nw"), "qy": dev.create_buffer(4 * w.o * t, label="tune.qy"),
-            "qcnt": dev.create_buffer(max(4, w.o * t // 8), label="tune.qcnt")}
+            "qnw": dev.create_buffer(4 * w.o, label="tune.nw"), "qy": dev.create_buffer(qy, label="tune.qy"),
+            "qcnt": dev.create_buffer(qcnt, label="tune.qcnt")}
 
 
 def _search_qout(dev: Device, w, w2):
@@ -819,9 +829,8 @@ def _measure_chain(dev: Device, links: list):
     try:
         for w, w2, nfmt, nnorm in links:
             x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
+            xb, yb = dev.create_buffer(x.nbytes, label="tune"), dev.create_buffer(y.nbytes, label="tune")
             qbufs = _qout_buffers(dev, w)
-            bufs = [dev.create_buffer(n, label="tune") for n in (x.nbytes, y.nbytes)] + list(qbufs.values())
-            xb, yb, qb, nb = bufs[0], bufs[1], qbufs["qout"], qbufs["qnw"]
             wb = _weights(w, w2)
             norm = PreNorm(1e-5, 0.0) if nnorm else None
             try:
@@ -830,8 +839,8 @@ def _measure_chain(dev: Device, links: list):
                 qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
                 yield CHECK
                 sep += ((yield from _time(dev, k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1))))
-                        + (yield from _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qb}
-                                                             | ({"nw": nb} if nnorm else {}), qk.workgroups(1))))
+                        + (yield from _time(dev, qk.dispatch({"step": sb, "x": yb, "xq": qbufs["qout"]}
+                                                             | ({"nw": qbufs["qnw"]} if nnorm else {}), qk.workgroups(1))))
                         + HOST_NS_PER_DISPATCH)
                 qv = GemvVariant(**(yield from _sub(_qout_key(dev, w, w2), lambda w=w, w2=w2: _search_qout(dev, w, w2))))
                 kq = LinearKernel(dev, "decode", x, y, w, w2, variant=qv,
@@ -840,7 +849,7 @@ def _measure_chain(dev: Device, links: list):
                 chained += yield from _time(dev, kq.dispatch(_declared(kq, {"step": sb, "x": xb, "y": yb, **wb, **qbufs}),
                                                              kq.workgroups(1)))
             finally:
-                for b in bufs:
+                for b in (xb, yb, *qbufs.values()):
                     dev.release_buffer(b)
     except (GPUError, UnsupportedModelError, ValueError):
         return {"separate_ns": None, "chained_ns": None, "chain": False}

@@ -112,14 +112,25 @@ def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) 
     return w.wgsl(n, binding, native_f16=dev.has_f16)
 
 
+def ks_red_floats(wg: int, slots: int) -> int:
+    """Workgroup floats of the split-K wide GEMV's sums: each of `slots` sums per subgroup
+    (subgroups are >= 4 invocations: at most WG / 4 of them) and their totals."""
+    return slots * (wg // 4 + 1)
+
+
+def qlast_bytes(outputs: int, rows: int) -> tuple[int, int]:
+    """Bytes of the last-workgroup quantizing GEMV's scratch for `outputs` outputs of `rows`
+    token rows: qy (the outputs' f32 bits) and qcnt (a u32 counter per 32-block)."""
+    return 4 * outputs * rows, max(4, 4 * (outputs * rows // 32))
+
+
 def _red_floats(v: str, rows: int, wg: int, dev: Device, ks_slots: int = 0) -> int:
     """Floats of the float GEMVs' workgroup reduction array: the split variant reduces every row
     (and a pair's second) through it; the others use it for the fused norm's per-subgroup sums
-    (at most WG), and the split-K wide one (ks_slots sums at a time) for each subgroup's partial
-    sums (subgroups are >= 4 invocations: at most WG / 4 of them) and their totals. A size over
+    (at most WG), and the split-K wide one for its ks_slots sums at a time (ks_red_floats). A size over
     the adapter's workgroup storage is a GPULimitError (the tuner skips such candidates; a driver
     handed one can lose the device)."""
-    red = max(2 * rows * wg, wg) if v == "split" else max(wg, ks_slots * (wg // 4 + 1))
+    red = max(2 * rows * wg, wg) if v == "split" else max(wg, ks_red_floats(wg, ks_slots))
     limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
     if 4 * red > limit:
         raise GPULimitError(f"the {v} GEMV with {rows} rows x {wg} invocations needs {4 * red} bytes of workgroup "
@@ -160,10 +171,12 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
                f"        rope_out(t0, o + {j}u, va{j}, vb{j});\n        rope_out(t0, o + {j + 1}u, vb{j}, va{j});\n      }}"
                for j in js[::2]]
     sums = [v for c in cs for j in js for v in ([f"m{j}_{c}"] + ([f"n{j}_{c}"] if pair else []))]
-    return {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
-            "MR_EPI": "\n".join(epi), "KSPLIT": ksplit, "KS_SLOTS": len(sums),
-            "KS_PUT": "\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(sums)),
-            "KS_GET": "\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(sums))}
+    d = {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
+         "MR_EPI": "\n".join(epi), "KSPLIT": ksplit}
+    if ksplit:
+        d.update(KS_SLOTS=len(sums), KS_PUT="\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(sums)),
+                 KS_GET="\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(sums)))
+    return d
 
 
 class LinearKernel(Kernel):
@@ -302,7 +315,7 @@ class LinearKernel(Kernel):
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
                  SOFTCAP=ep.softcap is not None, CAP=wgsl_float(ep.softcap or 1.0),
-                 ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev, mr.get("KS_SLOTS", 0) if mr["KSPLIT"] else 0),
+                 ROWS=rows, WG=wg, RED=_red_floats(v, rows, wg, dev, mr.get("KS_SLOTS", 0)),
                  NCOL=ncol, COLS=ncol > 1, NT=nt, XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not i8)
         if pre_norm is not None and not i8:

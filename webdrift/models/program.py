@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..gpu.base import STORAGE, Buffer, Dispatch
 from ..kernels.base import ceil_div
+from ..kernels.linear import qlast_bytes
 from .forward import ForwardBuilder, Linear, Sample
 from .lower import LowerContext, lower
 
@@ -83,9 +84,9 @@ class Program:
         if not widths:
             return None
         if self._qlast is None:
-            n = self.capacity * max(widths)
-            self._qlast = (self.model.dev.create_buffer(4 * n, STORAGE, "qlast.y"),
-                           self.model.dev.create_buffer(max(4, n // 8), STORAGE, "qlast.count"))
+            qy, qcnt = qlast_bytes(max(widths), self.capacity)
+            self._qlast = (self.model.dev.create_buffer(qy, STORAGE, "qlast.y"),
+                           self.model.dev.create_buffer(qcnt, STORAGE, "qlast.count"))
         return self._qlast
 
     def dispatches(self, t: int, head: bool = True, draws: int = 1) -> list[Dispatch]:
