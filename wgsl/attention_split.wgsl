@@ -20,6 +20,11 @@ var<workgroup> qs: array<vec4<f32>, {{QS}}>;      // (GROUP, DH4)
 var<workgroup> sc: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK / 4): scores, then exp(s - m)
 var<workgroup> red: array<f32, {{RED}}>;          // (GROUP, NJ * DH): the key groups' V sums
 
+// whether row t (position p, window start lo) sees a key of chunk c (of the cache's NSPLIT)
+fn chunk_index_seen(t: u32, c: u32, p: u32, lo: u32) -> bool {
+  return c < NSPLIT && chunk_seen(key_pos(t, c * CHUNK), p, lo);
+}
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32) {
@@ -46,7 +51,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
   var seen = false;
   for (var ci = 0u; ci < per; ci++) {
-    seen = seen || (split * per + ci < NSPLIT && chunk_seen(key_pos(t, (split * per + ci) * CHUNK), p, lo));
+    seen = seen || chunk_index_seen(t, split * per + ci, p, lo);
   }
   if (!seen) { write_unseen(lid, GROUP, out0, ostride); return; }
   let d = lid % DH;
@@ -63,7 +68,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let k0 = (split * per + ci) * CHUNK;
     let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
 #if ADAPT
-    if (split * per + ci >= NSPLIT || !chunk_seen(kp0, p, lo)) { continue; }
+    if (!chunk_index_seen(t, split * per + ci, p, lo)) { continue; }
 #endif
     // every load of the chunk's scores is issued before the first product (the K rows' and the
     // queries' latencies overlap): with PREFETCH_V first the V run of invocation (d, g) (see
