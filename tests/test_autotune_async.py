@@ -196,3 +196,37 @@ def test_candidate_failing_to_compile_late_is_skipped(tuner):
     autotune.choose_gemv(dev, w)
     got = asyncio.run(autotune.tune_pending(dev))
     assert [GemvVariant(**v) for v in got.values()] == [NEXT]
+
+
+def test_choices_of_other_kernels_are_measured_again(tuner, monkeypatch, tmp_path):
+    """A cached choice is keyed by the kernels' hash (template.kernels_id: every wgsl template and
+    kernels/*.py): after an upgrade or an edited template, the choices a cache holds for the old
+    kernels are not applied to the new ones but measured again; the hash follows the files."""
+    from webdrift.kernels import template
+    dev, w = tuner
+    fake = AsyncTimedDevice(dev)
+    assert autotune.key_prefix(fake).startswith(f"{fake.info.adapter}|{fake.info.backend}|k{template.kernels_id()}|")
+    autotune.choose_gemv(fake, w)
+    asyncio.run(autotune.tune_pending(fake))
+    assert not autotune.pending(fake) and autotune.choose_gemv(fake, w) == FAST
+    assert len(autotune._load_file()) == 1            # written to the cache file under the current hash
+    # the same file read by other kernels: one template edited
+    src = tmp_path / "wgsl"
+    src.mkdir()
+    real = next(d for d in template._template_dirs() if d.is_dir())
+    for p in real.iterdir():
+        if p.name.endswith(".wgsl"):
+            (src / p.name).write_text(p.read_text() + ("\n// edited\n" if p.name == "linear_row.wgsl" else ""))
+    old = template.kernels_id()
+    monkeypatch.setattr(template, "_template_dirs", lambda: [src])
+    template.kernels_id.cache_clear()
+    try:
+        assert template.kernels_id() != old
+        monkeypatch.setattr(autotune, "_memory", {})     # a fresh process with the edited template
+        reads = fake.reads
+        autotune.choose_gemv(fake, w)
+        assert autotune.pending(fake), "a choice measured on other kernels was applied without measuring"
+        asyncio.run(autotune.tune_pending(fake))
+        assert fake.reads > reads and len(autotune._load_file()) == 2
+    finally:
+        template.kernels_id.cache_clear()

@@ -154,6 +154,39 @@ def test_float_cols_verification_identical(tiny_path, monkeypatch, fmt, variant)
     assert all(op.variant.cols == 1 for op in e.decode.graph.ops if isinstance(op, Linear))
 
 
+def test_pass_submitted_in_parts(eng, monkeypatch):
+    """A verification pass goes to the GPU in submits of PASS_PART dispatches (the GPU starts on
+    the first while the host encodes the rest): in parts of 3 and of 1 (every kernel its own
+    submit) the tokens are still plain greedy's."""
+    from webdrift.runtime import speculative
+    subs = []
+    real = eng.dev.submit
+    monkeypatch.setattr(eng.dev, "submit", lambda d, *a, **k: subs.append(len(d)) or real(d, *a, **k))
+    for part in (3, 1):
+        monkeypatch.setattr(speculative, "PASS_PART", part)
+        for k, ids in enumerate(prompts(3, seed=9)):
+            subs.clear()
+            _, spec = check_same(eng, ids, seed=k, max_new_tokens=24, stop_at_eos=False)
+            assert spec.stats.spec_passes > 0 and subs.count(part) > spec.stats.spec_passes
+
+
+def test_top_k_orders_logit_bits_as_floats():
+    """The pass's top-k compares the spans' f32 bits as integers (speculative._order): the same
+    order as the floats themselves, -0.0 equal to 0.0, over signs, subnormals and extremes."""
+    import struct
+
+    from webdrift.runtime.speculative import _order
+    rng = random.Random(5)
+    vals = [0.0, -0.0, 1.0, -1.0, 3.4e38, -3.4e38, 1e-45, -1e-45, 1.17e-38, -1.17e-38, 2.5, -2.5]
+    vals += [rng.uniform(-50, 50) for _ in range(300)] + [rng.choice((-1, 1)) * rng.random() * 1e-38 for _ in range(50)]
+    bits = [struct.unpack("<I", struct.pack("<f", v))[0] for v in vals]
+    f32 = [struct.unpack("<f", struct.pack("<I", b))[0] for b in bits]
+    for i in range(len(bits)):
+        for j in range(len(bits)):
+            assert (_order(bits[i]) < _order(bits[j])) == (f32[i] < f32[j]), (f32[i], f32[j])
+            assert (_order(bits[i]) == _order(bits[j])) == (f32[i] == f32[j]), (f32[i], f32[j])
+
+
 def test_lookup_mode_identical(eng):
     """speculative="lookup" on prompts that repeat themselves: the same tokens as plain decoding."""
     for k, ids in enumerate(prompts(5, seed=5)):

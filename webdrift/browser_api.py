@@ -151,7 +151,7 @@ def engine_info(eng: Engine) -> dict:
 
 
 def _adapter_key(dev, key: str) -> bool:
-    return key.startswith(f"{dev.info.adapter}|{dev.info.backend}|")
+    return key.startswith(autotune.key_prefix(dev))
 
 
 # -- the worker's API: one engine per worker, JSON in and out ---------------------------------------

@@ -188,8 +188,14 @@ class NativeDevice(Device):
     # pending or done, is marked unsettled *before* its map is requested and replaced by a fresh
     # buffer before its next use (its map state cannot be asked: wgpu-native 0.32 does not
     # implement wgpuBufferGetMapState), so no later map meets a mapped or pending buffer.
-    SPIN_S = 0.002          # poll without sleeping for this long (a GPU decode step), then sleep
-    MAX_PAUSE_S = 0.001     # the longest sleep between polls (how late a long wait may notice)
+    # A GPU: poll without sleeping for up to SPIN_S (a synchronous read such as a speculative
+    # verification pass, several ms, must not wake late: a 2 ms spin then sleeps doubling to 1 ms
+    # added up to ~1 ms to a 2-3 ms pass on an H100), then sleeps doubling up to MAX_PAUSE_S (how
+    # late a long wait may notice). A software adapter: sleeps from the start (its work runs on
+    # the CPU cores a spin would take), up to SOFT_PAUSE_S.
+    SPIN_S = 0.02
+    MAX_PAUSE_S = 0.0005
+    SOFT_PAUSE_S = 0.001
 
     def _map_and_read(self, buf: Buffer, size: int) -> bytes:
         token = next(self._map_tokens)
@@ -212,9 +218,12 @@ class NativeDevice(Device):
 
     def _wait_map(self, token: int) -> int:
         """The status of map `token`, polling until its callback has run: non-blocking polls for
-        SPIN_S, then with sleeps doubling up to MAX_PAUSE_S. Interruptible (Python code)."""
+        SPIN_S (none on a software adapter), then with sleeps doubling up to MAX_PAUSE_S
+        (SOFT_PAUSE_S). Interruptible (Python code)."""
         results, caught = self._map_results, self._caught
         poll, dev, null = _lib.wgpuDevicePoll, self._dev._internal, _ffi.NULL
+        soft = self.info.is_cpu
+        spin, most = (0.0, self.SOFT_PAUSE_S) if soft else (self.SPIN_S, self.MAX_PAUSE_S)
         t0 = time.perf_counter()
         pause = 0.0
         while True:
@@ -224,8 +233,8 @@ class NativeDevice(Device):
             st = results.pop(token, None)
             if st is not None:
                 return st
-            if pause or time.perf_counter() - t0 > self.SPIN_S:
-                pause = min(2 * pause or 5e-5, self.MAX_PAUSE_S)
+            if pause or time.perf_counter() - t0 > spin:
+                pause = min(2 * pause or 5e-5, most)
                 time.sleep(pause)
 
     def _settle(self, buf: Buffer) -> None:

@@ -47,6 +47,7 @@ from .linear import (
 from .norm import RMSNormKernel
 from .quantize import QuantizeKernel, xq_desc
 from .step import STEP_BYTES, pack_step
+from .template import kernels_id
 from .weights import wide_slices, wide_supported
 
 CANDIDATES = (
@@ -210,6 +211,12 @@ async def _drive_async(dev: Device, gen, pause=None):
 
 
 # -- the cache and the decision --------------------------------------------------------------------
+
+def key_prefix(dev: Device) -> str:
+    """The start of every cached choice's key: the adapter, its backend and the kernels' hash
+    (template.kernels_id: a choice measured on other kernels is measured again)."""
+    return f"{dev.info.adapter}|{dev.info.backend}|k{kernels_id()}|"
+
 
 def _store(key: str, val: dict) -> dict:
     _memory[key] = val
@@ -470,12 +477,12 @@ HOST_NS_PER_DISPATCH = 3000   # host encode cost of the extra quantize dispatch 
 
 def _gemv_key(dev: Device, w, w2, int8: bool) -> str:
     lay = layout_name(w)   # float weights: the variant is chosen per layout (q4 / q8: one layout)
-    return (f"{dev.info.adapter}|{dev.info.backend}|gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return (f"{key_prefix(dev)}gemv|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
             f"{'|int8' if int8 else ''}{'' if lay == 'OI' else '|' + lay}")
 
 
 def _qout_key(dev: Device, w, w2) -> str:
-    return f"{dev.info.adapter}|{dev.info.backend}|gemv_qout2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return f"{key_prefix(dev)}gemv_qout2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
 
 
 def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch: bool = True,
@@ -488,7 +495,7 @@ def int8_pays(dev: Device, w, w2=None, pre_norm: bool = False, quantize_dispatch
     like the kernel choices; `static` is the verdict while unmeasured (asynchronous timing).
     Measured whenever called (enabled=FORCE, software adapters too): choices.py calls it only
     where the adapter is tuned."""
-    key = (f"{dev.info.adapter}|{dev.info.backend}|int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    key = (f"{key_prefix(dev)}int8pays|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
            f"|{int(pre_norm)}{'' if quantize_dispatch else '|fused'}")
     return _decide(dev, key, enabled, lambda: _measure_int8(dev, w, w2, pre_norm, quantize_dispatch),
                    {"float_ns": None, "int8_ns": None, "int8": static})
@@ -547,7 +554,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]
-    key = f"{dev.info.adapter}|{dev.info.backend}|attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
+    key = f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
     static = AttnChoice("split", 32)
     if dev.info.is_cpu or static not in cands:
         static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
@@ -769,7 +776,7 @@ def choose_cols(dev: Device, w, w2, v: GemvVariant, tokens: int, qout: bool = Fa
     static = cands[0]
     if static == v:
         return v
-    key = (f"{dev.info.adapter}|{dev.info.backend}|gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
+    key = (f"{key_prefix(dev)}gemv_cols|{w.fmt}|{w.o}|{w.i}|{int(dual)}|{int(qout)}|{tokens}|"
            + ",".join(f"{k}={x}" for k, x in sorted(_as_dict(v).items())))
     return GemvVariant(**_decide(dev, key, enabled, lambda: _search_cols(dev, w, w2, cands, min(tokens, 2 * COLS_MAX), qout),
                                  _as_dict(static)))
@@ -817,7 +824,7 @@ def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> 
     sum(best quantizing-epilogue GEMV). Returns {"separate_ns", "chained_ns", "chain": bool};
     `static` is the verdict while unmeasured (asynchronous timing); measured whenever called,
     like int8_pays."""
-    key = f"{dev.info.adapter}|{dev.info.backend}|chain|" + ";".join(
+    key = f"{key_prefix(dev)}chain|" + ";".join(
         f"{w.fmt},{w.o},{w.i},{int(w2 is not None)},{nf},{int(nn)}" for w, w2, nf, nn in links)
     return _decide(dev, key, enabled, lambda: _measure_chain(dev, links),
                    {"separate_ns": None, "chained_ns": None, "chain": static})
@@ -909,7 +916,7 @@ def static_gemm(dev: Device, w, w2=None, int8: bool = False) -> GemmVariant:
 
 
 def _gemm_key(dev: Device, w, w2, int8: bool) -> str:
-    return (f"{dev.info.adapter}|{dev.info.backend}|gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
+    return (f"{key_prefix(dev)}gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
             f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
 
 
@@ -933,7 +940,7 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
     it), that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"};
     cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
     FORCE): models/choices.py calls it only where the adapter is tuned."""
-    key = (f"{dev.info.adapter}|{dev.info.backend}|gemm_int8_pays2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
+    key = (f"{key_prefix(dev)}gemm_int8_pays2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
                    {"float_ns": None, "int8_ns": None, "int8": static})
@@ -1019,7 +1026,7 @@ def choose_layout(dev: Device, fmt: str, o: int, i: int, enabled=True) -> str:
     which the wide variant needs)."""
     if fmt not in ("f32", "f16"):
         return "OI"
-    key = f"{dev.info.adapter}|{dev.info.backend}|layout|{fmt}|{o}|{i}"
+    key = f"{key_prefix(dev)}layout|{fmt}|{o}|{i}"
     return _decide(dev, key, enabled, lambda: _measure_layout(dev, fmt, o, i), {"layout": "OI"})["layout"]
 
 

@@ -14,6 +14,8 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import re
 from functools import cache
 from pathlib import Path
@@ -23,19 +25,49 @@ from ..errors import GPUError
 _SUB = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 
 
+def _template_dirs() -> list:
+    """Where the templates may be: package data webdrift/wgsl, the source tree's wgsl/, then
+    importlib.resources' view of the package."""
+    here = Path(__file__).resolve().parent.parent
+    dirs = [here / "wgsl", here.parent / "wgsl"]
+    with contextlib.suppress(ImportError):      # webdrift.wgsl is not a package here
+        from importlib.resources import files
+        dirs.append(files("webdrift.wgsl"))
+    return dirs
+
+
 @cache
 def load_template(name: str) -> str:
     """Text of wgsl/<name>.wgsl (installed as package data webdrift/wgsl, or the source tree)."""
-    here = Path(__file__).resolve().parent.parent
-    for d in (here / "wgsl", here.parent / "wgsl"):
-        p = d / f"{name}.wgsl"
-        if p.is_file():
-            return p.read_text()
+    for d in _template_dirs():
+        try:
+            p = d / f"{name}.wgsl"
+            if p.is_file():
+                return p.read_text()
+        except OSError:
+            continue
+    raise GPUError(f"kernel template wgsl/{name}.wgsl not found")
+
+
+@cache
+def kernels_id() -> str:
+    """A short hash of every kernel template (wgsl/*.wgsl) and of the code that specialises and
+    tunes them (webdrift/kernels/*.py): part of each cached kernel choice's key (autotune.py), so
+    choices measured on other kernels (another webdrift version, an edited template) are measured
+    again instead of applied to these. "0" where the files cannot be listed."""
+    h = hashlib.sha256()
     try:
-        from importlib.resources import files
-        return (files("webdrift.wgsl") / f"{name}.wgsl").read_text()
-    except Exception as e:
-        raise GPUError(f"kernel template wgsl/{name}.wgsl not found") from e
+        tdir = next((d for d in _template_dirs() if d.is_dir()), None)
+        files = sorted(Path(__file__).resolve().parent.glob("*.py"))
+        files += sorted((p for p in tdir.iterdir() if p.name.endswith(".wgsl")), key=lambda p: p.name) if tdir else []
+        if not files:
+            return "0"
+        for p in files:
+            h.update(p.name.encode())
+            h.update(p.read_bytes())
+    except OSError:
+        return "0"
+    return h.hexdigest()[:12]
 
 
 def _truthy(cond: str, defines: dict) -> bool:
