@@ -145,7 +145,7 @@ def engine_info(eng: Engine) -> dict:
             "maxContext": eng.max_context, "weightBytes": eng.model.weight_bytes,
             "kvBytes": eng.model.kv_bytes, "loadS": eng.load_s,
             "tuning": {"pending": len(autotune.pending(dev)), "timestamps": dev.has_timestamps,
-                       "queued": [k.split("|", 2)[-1] for k in autotune.pending(dev)],
+                       "queued": [k.removeprefix(autotune.key_prefix(dev)) for k in autotune.pending(dev)],
                        "tuned": autotune.tunable(dev, eng.model.autotune),
                        "cached": sum(1 for k in autotune.cached_keys() if _adapter_key(dev, k))}}
 
@@ -245,7 +245,7 @@ async def api_tune(progress=None) -> dict:
 
     def cb(done, total, key):
         if progress is not None:
-            progress(done, total, key.split("|", 2)[-1])
+            progress(done, total, key.removeprefix(autotune.key_prefix(dev)))
 
     got = await autotune.tune_pending(dev, progress=cb, pause=pause, cancelled=lambda: _state.engine is not eng)
     new = {k: v for k, v in autotune.export_choices(new_only=True).items() if _adapter_key(dev, k)}
