@@ -673,20 +673,18 @@ class Engine:
         if fc:
             verifier.load_forecast(drafter.forecast)
         backoff = BackOff()
-        # the prompt, then its first token
+        # the prompt; its first token comes from the first burst of plain steps, whose steps are
+        # queued behind the prefill at once, as plain decoding's (reading it before queueing any
+        # step cost ~3% of a 50-token answer on SmolLM2 / H100, docs/BENCHMARKS.md session 18)
         with prof.phase("prefill.submit", tokens=len(ids)):
             for pos, part, disp in self._submit_prompt(ids, sp):
                 copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
                 ticket = dev.submit(disp, copies)
-        with prof.phase("readback", token=0):
-            raw = await dev.map_read(self.ring[0], 4, ticket)
-        last = self._check_token(struct.unpack("<I", raw)[0], 0, len(ids))
-        yield last
-        emitted, pos = 1, len(ids)
-        drafter.reset(ids + [last])
+        prefill, last, emitted, pos = ticket, None, 0, len(ids)
+        drafter.reset(list(ids))
         while emitted < budget and not self._stop_requested:
             tree = None
-            if backoff.may_draft():
+            if prefill is None and backoff.may_draft():
                 # the pass's rows sit at slots pos .. pos + rows - 1: all inside the cache
                 room = self._tree_room(pos) // (1 + fc)
                 tree = drafter.propose(backoff.node_budget(room) if drafter.sized else room, budget - emitted)
@@ -695,7 +693,9 @@ class Engine:
             t0 = time.perf_counter()
             if tree is None:
                 n_plain = 0
-                burst = self._plain_burst(last, pos, emitted, budget, sp, drafter, backoff, len(ids), fc)
+                # after the prompt, token 0 is the prefill's (in flight) and the steps count from 1
+                burst = self._plain_burst(last, pos, max(emitted, 1), budget, sp, drafter, backoff, len(ids), fc,
+                                          prefill)
                 try:
                     async for tok in burst:
                         emitted, n_plain, last = emitted + 1, n_plain + 1, tok
@@ -703,9 +703,12 @@ class Engine:
                         yield tok
                 finally:   # closed here (drains the steps in flight) when the caller stops at a token
                     await burst.aclose()
-                backoff.plain_burst(n_plain, time.perf_counter() - t0)
-                pos += n_plain
-                st.plain_steps += n_plain
+                steps = n_plain - (prefill is not None)    # the prefill's token took no decode step
+                if prefill is None:   # (the first burst's steps were queued before its clock started)
+                    backoff.plain_burst(steps, time.perf_counter() - t0)
+                pos += steps
+                st.plain_steps += steps
+                prefill = None
                 continue
             nodes = len(tree.tokens)
             with prof.phase("verify", nodes=nodes):
@@ -736,15 +739,20 @@ class Engine:
         """Rows a verification pass may have with its root at cache slot pos."""
         return min(MAX_TREE, self.max_context - pos)
 
-    async def _plain_burst(self, last: int, pos: int, emitted: int, budget: int, sp: SamplingParams, drafter,
-                           backoff: BackOff, prompt_tokens: int, fc: int):
+    async def _plain_burst(self, last: int | None, pos: int, emitted: int, budget: int, sp: SamplingParams,
+                           drafter, backoff: BackOff, prompt_tokens: int, fc: int, prefill=None):
         """Plain decode steps from `last` at slot pos (pipelined like `_plain_tokens`: submits of
         1, 2, 4, ... steps, IN_FLIGHT ahead) until the budget, a stop request, or the drafter has a
         tree again (the steps in flight then are read and yielded: their tokens are valid).
+        prefill: the ticket of the prompt's submit, whose sampler wrote token 0 to ring slot 0 and
+        to the ids the first step reads (last None, emitted 1); token 0 is yielded first.
         Closing it early drains what is in flight."""
-        self.dev.write_buffer(self.ids_buf, struct.pack("<I", last))
-        decode_list = self.decode.dispatches(1)
         flight = deque()          # (first token, tokens, ring slot, ticket) per submit not read yet
+        if prefill is None:
+            self.dev.write_buffer(self.ids_buf, struct.pack("<I", last))
+        else:
+            flight.append((0, 1, 0, prefill))
+        decode_list = self.decode.dispatches(1)
         submitted = 0             # steps of this burst submitted
         want_tree = False
         try:

@@ -54,8 +54,8 @@ class DraftTree:
 
 
 class Drafter:
-    """A draft source. The engine calls reset(context) once per generation (the prompt and the
-    first generated token), append(token) for every token generated after it, and
+    """A draft source. The engine calls reset(context) once per generation (the prompt),
+    append(token) for every token generated (the first one included), and
     propose(max_nodes, max_depth) when it may verify a tree: a DraftTree rooted at the last
     token with at most max_nodes nodes (root included) and max_depth levels below the root, or
     None when it has nothing worth verifying. sized: max_nodes follows the acceptance so far
