@@ -187,6 +187,24 @@ def test_top_k_orders_logit_bits_as_floats():
             assert (_order(bits[i]) == _order(bits[j])) == (f32[i] == f32[j]), (f32[i], f32[j])
 
 
+def test_stop_during_the_prompt(eng, monkeypatch):
+    """A stop requested while the prompt runs ends a speculative generation after its first token,
+    as it ends plain decoding (the first token comes from the plain burst queued behind the
+    prompt, not from a read before it)."""
+    real = eng._submit_prompt
+
+    def then_stop(*a, **k):
+        yield from real(*a, **k)
+        eng.stop()
+
+    ids = prompts(1, seed=11)[0]
+    want = eng.generate(ids, max_new_tokens=1).token_ids
+    monkeypatch.setattr(eng, "_submit_prompt", then_stop)
+    for spec in (None, OracleDrafter(ids + want, eng.config.vocab_size, 0)):
+        r = eng.generate(ids, max_new_tokens=20, stop_at_eos=False, speculative=spec)
+        assert r.token_ids == want and r.stats.finish_reason == "stopped", (spec, r.token_ids, r.stats.finish_reason)
+
+
 def test_lookup_mode_identical(eng):
     """speculative="lookup" on prompts that repeat themselves: the same tokens as plain decoding."""
     for k, ids in enumerate(prompts(5, seed=5)):

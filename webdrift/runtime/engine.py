@@ -682,7 +682,8 @@ class Engine:
                 ticket = dev.submit(disp, copies)
         prefill, last, emitted, pos = ticket, None, 0, len(ids)
         drafter.reset(list(ids))
-        while emitted < budget and not self._stop_requested:
+        # (the first token is read even after a stop request, as plain decoding reads it)
+        while prefill is not None or (emitted < budget and not self._stop_requested):
             tree = None
             if prefill is None and backoff.may_draft():
                 # the pass's rows sit at slots pos .. pos + rows - 1: all inside the cache
