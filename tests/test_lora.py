@@ -295,12 +295,15 @@ def test_formats_and_int8_paths(setup, fmt):
 
 
 def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
-    """With LoRA and int8 activations the attention combine writes the O projection's int8 row and
-    the f32 rows the O shrink reads (no quantize dispatch per layer): decode logits bit-identical
-    to the build where the combine writes f32 rows and a quantize dispatch the int8 row (the
-    graph builder told the combine cannot quantize; the rest of the int8 chain unchanged)."""
+    """With LoRA and int8 activations, where the O projection has a shrink dispatch (several token
+    rows: the streams, a prefill over the decode kernels; here the decode step with the fused
+    shrink switched off), the attention combine writes the O projection's int8 row and the f32
+    rows the O shrink reads (no quantize dispatch per layer): decode logits bit-identical to the
+    build where the combine writes f32 rows and a quantize dispatch the int8 row (the graph
+    builder told the combine cannot quantize; the rest of the int8 chain unchanged)."""
     from webdrift.kernels.attention import AttentionCombineKernel
     from webdrift.models import forward
+    monkeypatch.setattr(forward, "FUSE_LORA_SHRINK", False)
 
     class FloatCombine(AttentionCombineKernel):
         @staticmethod
@@ -328,6 +331,117 @@ def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
     b = decode_logits(sep)
     assert np.isfinite(a).all() and np.abs(a).max() > 0
     np.testing.assert_array_equal(a, b)
+
+
+def small_workgroups(monkeypatch):
+    """The chain's GEMVs in the shapes an H100's tuner picked (2026-11-25): q|k|v 2 rows in
+    workgroups of 32 (fewer invocations than its 48 shares per block), the quantizing epilogues
+    2 rows per subgroup, and down's the last-workgroup form (qlast: 2 rows, workgroups of 64)."""
+    from dataclasses import replace
+
+    from webdrift.models import forward
+    gemv, qout = forward.choose_gemv, forward.choose_qout
+
+    def choose_gemv(dev, w, w2=None, enabled=True, int8=False):
+        v = gemv(dev, w, w2, enabled=enabled, int8=int8)
+        return replace(v, rows=2, wg=32) if v.variant == "blk" else v
+
+    def choose_qout(dev, w, w2=None, enabled=True):
+        v = qout(dev, w, w2, enabled=enabled)
+        return replace(v, rows=2, wg=64, qlast=True) if w.i > w.o else replace(v, rps=2)
+    monkeypatch.setattr(forward, "choose_gemv", choose_gemv)
+    monkeypatch.setattr(forward, "choose_qout", choose_qout)
+
+
+@pytest.mark.parametrize("fmt,name,scale,small", [("q8", "a", 1.0, False), ("q4", "b", 0.5, True)])
+def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, small):
+    """The decode step of the int8 chain (one token row) has no shrink dispatch but layer 0's
+    q|k|v: the kernels writing each GEMV's int8 input row (the previous GEMV's quantizing
+    epilogue, the attention combine) also write each 32-block's share of x_in A^T, which the GEMV
+    sums (kernels/lora.py). Its decode logits vs the build with a shrink dispatch per GEMV
+    (FUSE_LORA_SHRINK off; the same sums in another order) and vs the float GEMVs' teacher-forced
+    logits at the same position (peft's reference for those: test_formats_and_int8_paths).
+    Adapter a has rank 8 in slots of 16; b fills them. The int8 rows round each value to 1/127 of
+    its block's maximum, so the order of a sum can move a value across a rounding step: on q4 a
+    lora_scale 1e-6 away moves these logits by 0.09 (lavapipe, 2026-11-25); a share of the wrong
+    rows or adapter moves them by the whole LoRA term (over 4 here). small: small_workgroups."""
+    from webdrift.models import forward
+    if small:
+        small_workgroups(monkeypatch)
+
+    def load():
+        return webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
+                             max_context=128, prefill_chunk=64, autotune=False, weight_format=fmt,
+                             int8_activations=True)
+
+    def decode_logits(eng):
+        res = eng.generate(ids, max_new_tokens=4, lora=name, lora_scale=scale, stop_at_eos=False)
+        lg = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)[eng.decode.graph.tensors["logits"].offset:][
+            :4 * eng.model.cfg.vocab_size].view(np.float32).copy()
+        return res.token_ids, lg
+    ids = ids_for(20, seed=31)
+    fused = load()
+    labels = [d.label for d in fused.decode.dispatches(1)]
+    ops = {op.label: op for op in fused.decode.graph.ops}
+    assert not small or (ops["L1.qkv+rope_kv"].variant.wg, ops["L0.down+residual+quant"].variant.qlast) == (32, True)
+    assert fused.decode.int8_chain and [x for x in labels if ".lora_" in x] == ["L0.lora_qkv"]
+    toks, got = decode_logits(fused)
+    monkeypatch.setattr(forward, "FUSE_LORA_SHRINK", False)
+    sep = load()
+    assert sum(".lora_" in d.label for d in sep.decode.dispatches(1)) == 4 * len(sep.model.layers)
+    sep_toks, want = decode_logits(sep)
+    assert toks == sep_toks
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
+    flt = webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
+                        max_context=128, prefill_chunk=64, autotune=False, weight_format=fmt, int8_activations=False)
+    ref = flt.logits(ids + toks[:-1], lora=name, lora_scale=scale)[-1]
+    assert (got @ ref) / (np.linalg.norm(got) * np.linalg.norm(ref)) >= 0.99
+    # the adapter matters at this position: the LoRA term is far above the two builds' difference
+    base = flt.logits(ids + toks[:-1])[-1]
+    assert np.abs(ref - base).max() > 20 * np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_fused_shrink_shares_against_the_adapter(setup, monkeypatch, small):
+    """Each producer of the one-row int8 chain writes, per 32-block of the int8 row, the block's
+    values dotted with the next GEMV's A rows (peft's lora_A of each target): the decode step run
+    up to each producer, its shares vs numpy's from the dequantized int8 row it wrote (int8
+    rounding: within 2% of the largest share; a wrong row, block or target is off by the whole
+    share). The q|k|v shares of layer 1 come from layer 0's down GEMV (with layer 1's norm weight
+    in the row), gate|up's from the O projection (the FFN norm's), down's from gate/up, and the O
+    projection's from the attention combine. small: small_workgroups."""
+    name = "b"
+    if small:
+        small_workgroups(monkeypatch)
+    eng = webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
+                        max_context=128, prefill_chunk=64, autotune=False, weight_format="q8", int8_activations=True)
+    eng.generate(ids_for(20, seed=33), max_new_tokens=2, lora=name, stop_at_eos=False)
+    disp = eng.decode.dispatches(1)
+    labels = [d.label for d in disp]
+    params = dict(setup["refs"][name].named_parameters())
+    mods = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+            "gateup": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+    rank = ADAPTERS[name]["r"]
+    for producer, group, layer, row in (("L0.attn_combine+quant", "o", 0, "xqo0"),
+                                        ("L0.o_proj+residual+quant", "gateup", 0, "xqf0"),
+                                        ("L0.gate_up+act+quant", "down", 0, "xqd0"),
+                                        ("L0.down+residual+quant", "qkv", 1, "xqa1")):
+        eng.dev.submit(disp[:labels.index(producer) + 1])
+        arena = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)
+
+        def tensor(n, dtype):
+            t = eng.decode.graph.tensors[n]
+            return arena[t.offset:t.offset + t.desc.nbytes].view(dtype)
+        words = tensor(row, np.uint32)
+        a = np.stack([params[f"base_model.model.model.layers.{layer}.{m}.lora_A.default.weight"].detach().numpy()
+                      for m in mods[group]])                         # (nseg, rank, n_in)
+        nseg, n_in = a.shape[0], a.shape[2]
+        nb = n_in // 32
+        q = words[:8 * nb].view(np.int8).astype(np.float32).reshape(nb, 32)
+        x = (q * words[8 * nb:9 * nb].view(np.float32)[:, None]).reshape(-1)   # q8 rows: natural order, then d
+        want = np.einsum("bi,srbi->bsr", x.reshape(nb, 32), a.reshape(nseg, rank, nb, 32))
+        got = tensor(f"lp_{group}{layer}", np.float32)[:nb * nseg * 16].reshape(nb, nseg, 16)[:, :, :rank]
+        np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * np.abs(want).max(), err_msg=f"{group} of L{layer}")
 
 
 # -- bad adapters -----------------------------------------------------------------------------------

@@ -9,6 +9,8 @@
 // QUANT: instead of f32, write the slice as an int8 32-block in QuantizeKernel's row layout
 // (the O projection's integer-dot GEMV input; saves a quantize dispatch). Needs SL == 32.
 // QUANT_F: also the f32 rows, `outf` (with LoRA: the O projection's shrink reads them).
+// LPART (QUANT, one token row): also the blocks' shares of the O projection's LoRA shrink
+// (quantize_block.wgsl).
 // Dispatch: (T * GROUP, KVH, DH / SL), WG threads per workgroup.
 {{STEP_DECL}}
 {{PART_DECL}}
@@ -140,6 +142,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
 #if QUANT
   quant_blocks(lid, tot, lid < SL, t * QSTRIDE, (h * DH + d) / 32u);
+#if LPART
+  lora_partials(lid, t, (h * DH + wid.z * SL) / 32u);
+#endif
 #if QUANT_F
   if (lid < SL) { outf_write1(0u, t, 0u, h * DH + d, tot); }
 #endif

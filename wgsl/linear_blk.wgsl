@@ -26,6 +26,10 @@
 // t0 + NCOL - 1, those < n_tokens), every epilogue applied per column (its own RoPE position and
 // cache row, its own int8 output row). Each column's sums are formed in the order of the one-row
 // kernel (same invocation per block, same reduction), so a row's outputs do not depend on NCOL.
+// LFUSE (one token row; kernels/lora.py LoraOut.fused): the LoRA shrink of this GEMV's input
+// comes from the shares its producer left per input block (quantize_block.wgsl, LPART):
+// lora_sum adds them up at the start, lora_add is the expand (+ u B^T) on each output, with u
+// times 1/rms where the input is normed (XNORM).
 // Dispatch: (ceil(O / ROWS), ceil(tokens / NCOL)).
 #include subgroup_directives
 {{STEP_DECL}}
@@ -103,6 +107,9 @@ fn write_block(lid: u32, v: f32, ok: bool, t: u32, b: u32, o: u32) {
   if (ok) { u = v * (qnw[o] + {{QW_OFFSET}}); }
 #endif
   quant_blocks(lid, u, ok, t * QSTRIDE, b);
+#if LPART
+  lora_partials(lid, t, b);
+#endif
 #if QNORM
   workgroupBarrier();
   let vv = select(0.0, v * v, ok);
@@ -116,6 +123,92 @@ fn write_block(lid: u32, v: f32, ok: bool, t: u32, b: u32, o: u32) {
 #if QOUT
 const RPS: u32 = {{RPS}}u;
 var<workgroup> res: array<f32, {{RES}}>;
+#endif
+#if LFUSE
+{{LU_DECL}}
+{{LCTL_DECL}}
+{{LB_DECL}}
+const LR: u32 = {{LR}}u;             // the LoRA slots' maximum rank
+const LJW: u32 = {{LJW}}u;           // u values: seg * LR + j
+const LG: u32 = {{LG}}u;             // invocation groups summing the blocks' shares (max(1, WG / LJW))
+const LMAXE: u32 = {{LMAXE}}u;
+var<workgroup> lora_p: array<f32, {{LGJW}}>;
+var<workgroup> lora_u: array<f32, LJW>;   // scale * the sum of the blocks' shares (1/rms applied at use)
+
+// the row's adapter (offset, rank, f32 bits of scale); rank 0: none
+fn lora_entry(t: u32) -> vec3<u32> {
+  let e = lctl[4u * LMAXE + t];
+  if (e >= LMAXE) { return vec3<u32>(0u); }
+  return vec3<u32>(lctl[4u * e], lctl[4u * e + 1u], lctl[4u * e + 2u]);
+}
+
+// u = scale * the sum over the NB input blocks of their shares lu[(t * NB + b) * LJW + j]:
+// invocation (g, j) sums blocks g, g + LG, ... (four loads in flight), then j adds the LG sums
+// (workgroups smaller than LJW take several j each). Uniform control flow (a barrier); lora_u is
+// published by the barrier before the epilogue.
+fn lora_sum(lid: u32, t: u32) {
+  let en = lora_entry(t);
+  for (var q = lid; q < LG * LJW; q += WG) {
+    let g = q / LJW;
+    let j = q % LJW;
+    var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
+    if (j % LR < en.y) {
+      let p = t * NB * LJW + j;
+      var b = g;
+      for (; b + 3u * LG < NB; b += 4u * LG) {
+        s0 += lu[p + b * LJW];
+        s1 += lu[p + (b + LG) * LJW];
+        s2 += lu[p + (b + 2u * LG) * LJW];
+        s3 += lu[p + (b + 3u * LG) * LJW];
+      }
+      for (; b < NB; b += LG) { s0 += lu[p + b * LJW]; }
+    }
+    lora_p[q] = (s0 + s1) + (s2 + s3);
+  }
+  workgroupBarrier();
+  for (var j = lid; j < LJW; j += WG) {
+    var tot = 0.0;
+    for (var k = 0u; k < LG; k++) { tot += lora_p[k * LJW + j]; }
+    lora_u[j] = tot * bitcast<f32>(en.z);
+  }
+}
+
+// u[seg * LR + j] * B[off + j, col] for j < rank, masked (its loads clamped into the adapter's rows)
+fn lora_fterm(u0: u32, off: u32, rank: u32, col: u32, j: u32) -> f32 {
+  let jc = min(j, rank - 1u);
+  let c = (off + jc) * {{LBO}}u + col;
+  let bw = unpack2x16float(lb[c / 2u]);
+  return select(0.0, lora_u[u0 + jc] * select(bw.x, bw.y, (c & 1u) == 1u), j < rank);
+}
+
+// the expand of output o (weight row o; part 1: the second weight's): sum_j u[seg * LR + j] *
+// B[off + j, col], eight terms' loads in flight
+fn lora_part(en: vec3<u32>, o: u32, part: u32) -> f32 {
+  var seg = part;
+#if LSEG3
+  seg = select(select(2u, 1u, o < {{LS2}}u), 0u, o < {{LS1}}u);   // q | k | v
+#endif
+  let col = o + part * {{LO1}}u;
+  let u0 = seg * LR;
+  var v = 0.0;
+  for (var j = 0u; j < en.y; j += 8u) {
+    v += ((lora_fterm(u0, en.x, en.y, col, j) + lora_fterm(u0, en.x, en.y, col, j + 1u))
+        + (lora_fterm(u0, en.x, en.y, col, j + 2u) + lora_fterm(u0, en.x, en.y, col, j + 3u)))
+       + ((lora_fterm(u0, en.x, en.y, col, j + 4u) + lora_fterm(u0, en.x, en.y, col, j + 5u))
+        + (lora_fterm(u0, en.x, en.y, col, j + 6u) + lora_fterm(u0, en.x, en.y, col, j + 7u)));
+  }
+  return v;
+}
+
+// the LoRA terms of output o of row t: (first weight's, second's with DUAL)
+fn lora_add(t: u32, o: u32) -> vec2<f32> {
+  let en = lora_entry(t);
+  var r = vec2<f32>(lora_part(en, o, 0u), 0.0);
+#if DUAL
+  r.y = lora_part(en, o, 1u);
+#endif
+  return r;
+}
 #endif
 #if QLAST
 var<workgroup> qlast: u32;
@@ -152,6 +245,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let xr = t * STRIDE4;
   let o0 = wid.x * ROWS;
   var inv = 1.0;
+#if LFUSE
+  lora_sum(lid, t);
+#endif
 #if XNORM
   let ssp = x_partials(xr, lid);   // (the tree after the block loop)
 #endif
@@ -193,7 +289,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let ok = lid < ROWS && o0 + lid < w_O;
   var v = 0.0;
   if (ok) {
+#if LFUSE
+    let la = lora_add(t, o0 + lid);
+    v = epilogue_value(t, o0 + lid, inv * (res[lid] + la.x), inv * (res[ROWS + lid] + la.y));
+#else
     v = epilogue_value(t, o0 + lid, inv * res[lid], inv * res[ROWS + lid]);
+#endif
 #if !QSKIP_Y
     y_write1(0u, t, 0u, o0 + lid, v);
 #endif

@@ -10,6 +10,11 @@
 // laid out along the invocation index, as on NVIDIA and AMD GPUs) its maximum and sum are
 // butterflies of shuffles instead of 32 workgroup-memory loads in a row (each workgroup's tail,
 // in every kernel that writes such rows).
+// LPART (kernels/lora.py LoraPartials; one token row per workgroup, its block held by
+// invocations 0 .. 31): lora_partials also leaves the block's share of the next GEMV's LoRA
+// shrink, the block's values (as quantized: times the norm weight where there is one) dotted with
+// that GEMV's A rows, so the next GEMV sums the blocks' shares instead of a shrink dispatch
+// running in between (linear_blk.wgsl, LFUSE).
 var<workgroup> qa: array<f32, {{QWG}}>;
 var<workgroup> qw: array<u32, {{QWG}}>;
 #if SUBGROUPS
@@ -65,3 +70,39 @@ fn quant_blocks(lid: u32, u: f32, valid: bool, base: u32, b: u32) {
     qout[base + 8u * QNB + QNBP + b] = bitcast<u32>(sum);
   }
 }
+
+#if LPART
+{{LPA_DECL}}
+{{LPC_DECL}}
+{{LPW_DECL}}
+const LPR: u32 = {{LPR}}u;           // the LoRA slots' maximum rank
+const LPNSEG: u32 = {{LPNSEG}}u;     // targets of the next GEMV (q|k|v: 3)
+const LPJW: u32 = LPNSEG * LPR;      // shares per block: seg * LPR + j
+const LPI: u32 = {{LPI}}u;           // the row's channels (the next GEMV's inputs)
+const LPMAXE: u32 = {{LPMAXE}}u;
+
+// row t's block b, in qa[0 .. 31] (quant_blocks leaves the values there, published by its
+// barriers): lpw[(t * LPI / 32 + b) * LPJW + seg * LPR + j] = sum_i qa[i] * A[off + j, seg, 32 b + i]
+// for j < the row's adapter rank (lpa: the (P, LPNSEG, LPI) f16 A pool, eight halves per vec4;
+// lpc: the adapter table and per-row entry index, lora_shrink.wgsl's ctl). No barrier inside.
+fn lora_partials(lid: u32, t: u32, b: u32) {
+  let e = lpc[4u * LPMAXE + t];
+  if (e >= LPMAXE) { return; }
+  let off = lpc[4u * e];
+  let rank = lpc[4u * e + 1u];
+  for (var j = lid; j < LPJW; j += {{QWG}}u) {
+    let jj = j % LPR;
+    if (jj < rank) {
+      let a0 = (((off + jj) * LPNSEG + j / LPR) * LPI + 32u * b) / 8u;
+      var s = vec4<f32>(0.0);
+      for (var k = 0u; k < 4u; k++) {
+        let w = lpa[a0 + k];
+        let i = 8u * k;
+        s += vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)) * vec4<f32>(qa[i], qa[i + 1u], qa[i + 2u], qa[i + 3u])
+           + vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)) * vec4<f32>(qa[i + 4u], qa[i + 5u], qa[i + 6u], qa[i + 7u]);
+      }
+      lpw[(t * (LPI / 32u) + b) * LPJW + j] = (s.x + s.y) + (s.z + s.w);
+    }
+  }
+}
+#endif

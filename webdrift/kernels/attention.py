@@ -16,6 +16,7 @@ from ..gpu.base import Device
 from ..tensor import TensorDesc
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
+from .lora import LoraPartials
 from .quantize import block_defines, declare_rows, row_words
 from .tree import declare_tree
 
@@ -330,16 +331,19 @@ class AttentionCombineKernel(Kernel):
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials of AttentionKernel
       out   (T_cap, H * DH) activation; with quant, (T_cap, row_words(H * DH)) u32 int8 rows
       outf  with quant and out_f: (T_cap, H * DH) activation, the f32 rows as well
+      lpa, lpc, lpw   with lpart: the O projection's A pool, the adapter table, its shares
     Dispatch: (T * GROUP, KVH, DH / SL), SL = 32 channels per workgroup (head_dim where it is
     not a multiple of 32)."""
     template = "attention_combine"
     WG = 256
 
     def __init__(self, dev: Device, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int, nsplit: int,
-                 rows_cap: int, quant: str | None = None, out_f: TensorDesc | None = None):
+                 rows_cap: int, quant: str | None = None, out_f: TensorDesc | None = None,
+                 lpart: LoraPartials | None = None):
         """quant ("q8" / "q4"): out is a QuantizeKernel row tensor for n_heads * head_dim channels
         and the heads are written as int8 blocks for that weight format; out_f (with quant): the
-        f32 rows are written to it as well."""
+        f32 rows are written to it as well; lpart (with quant, one token row): the O projection's
+        LoRA shares per block (kernels/lora.py)."""
         self.group, self.n_kv = n_heads // n_kv, n_kv
         self.sl = 32 if head_dim % 32 == 0 else head_dim
         self.slices = head_dim // self.sl
@@ -361,6 +365,10 @@ class AttentionCombineKernel(Kernel):
             d.update(block_defines(quant, n_heads * head_dim, self.WG), OUT_DECL=declare_rows(b, "out", out))
             if out_f is not None:
                 d["OUTF_DECL"] = b.tensor("outf", out_f)
+            if lpart is not None:
+                if rows_cap != self.group:
+                    raise ValueError("the combine's LoRA shares are written for one token row")
+                d.update(lpart.declare(b))
         super().__init__(dev, d, b, "attention_combine")
 
     @staticmethod

@@ -26,7 +26,7 @@ from . import linear_blk
 from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
 from .linear_gemm import GemmVariant, float_defines, int8_defines, mma_defines
-from .lora import LoraOut
+from .lora import LoraOut, LoraPartials
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
@@ -102,6 +102,7 @@ class Epilogue:
     qout: QuantOut | None = None
     rope: RopeOut | None = None
     lora: LoraOut | None = None
+    lpart: LoraPartials | None = None   # with qout: the next GEMV's LoRA shares per int8 block
 
 
 def _weight_decl(n: str, binding: int, w: GPUWeight, variant: str, dev: Device) -> str:
@@ -194,7 +195,9 @@ class LinearKernel(Kernel):
       q, kc, vc, inv_freq   with epilogue.rope (RopeOut)
       qout      (T_cap, row_words(O)) u32 int8 rows, with epilogue.qout; qnw: (O) f32 the next
                 GEMV's norm weight, with qout.norm_offset
-      lu, lb    the LoRA shrink's rows and the B pool, with epilogue.lora (kernels/lora.py)
+      lu, lb    the LoRA shrink's rows and the B pool, with epilogue.lora (kernels/lora.py); fused:
+                the input blocks' shares, lctl the adapter table, then lb
+      lpa, lpc, lpw   with epilogue.lpart: the next GEMV's A pool, the adapter table, its shares
     Dispatch: workgroups(t)."""
 
     def __init__(self, dev: Device, stage: str, x: TensorDesc, y: TensorDesc, w: GPUWeight,
@@ -296,7 +299,13 @@ class LinearKernel(Kernel):
             d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
                      RCAP=rope.cap, ROPE_HALF=rope.rope_half)
-        d.update(ep.lora.declare(b, w.o) if ep.lora is not None else {"LU_DECL": "", "LB_DECL": "", "LORA": False})
+        fused = ep.lora is not None and ep.lora.fused
+        if fused and (not blk or variant.cols != 1):
+            raise ValueError(f"the fused LoRA shrink is read by the integer-dot GEMV of one token row; {w.name} is "
+                             f"{v} with {variant.cols} columns")
+        if ep.lpart is not None and (qout is None or variant.cols != 1):
+            raise ValueError("the LoRA shares come with a quantizing epilogue of one token row")
+        d.update(ep.lora.declare(b, w.o, w.i, wg) if ep.lora is not None else {"LU_DECL": "", "LB_DECL": "", "LORA": False})
         qlast = qout is not None and variant.qlast   # (qout: a decode GEMV)
         if qout is not None:
             d.update(QOUT_DECL=declare_rows(b, "qout", qout.row),
@@ -307,6 +316,8 @@ class LinearKernel(Kernel):
                                  + b.array("qcnt", "array<atomic<u32>>", f"({y.w}, {w.o // 32}) workgroups done per "
                                            "32-block (zero between dispatches: the last resets it)", writable=True)
                                  if qlast else ""))
+            if ep.lpart is not None:
+                d.update(ep.lpart.declare(b))
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
         mr = _mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None,
@@ -324,7 +335,7 @@ class LinearKernel(Kernel):
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         x_partials=pre_norm.x_partials if pre_norm else None,
                                         qout=qout is not None and not qlast, rps=variant.rps, rope=rope is not None,
-                                        cols=variant.cols, qlast=qlast),
+                                        cols=variant.cols, qlast=qlast, lora=fused),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
                      QOUT=qout is not None and not qlast, QLAST=qlast, QWRITE=qout is not None)
             if qout is not None:

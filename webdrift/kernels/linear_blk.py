@@ -197,12 +197,19 @@ def _tree_sum(n: int) -> list[str]:
             "  }"]
 
 
-def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1, qlast: bool = False) -> str:
+def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int = 1, qlast: bool = False,
+           lora: bool = False) -> str:
     """Sum the accumulators over the workgroup; invocation r < ROWS runs the epilogue of row r
     (rope: RoPE / relayout / KV append, with its partner's sum from invocation r ^ 1; qlast: the
-    value also goes to qy, for its 32-block's last workgroup to quantize)."""
+    value also goes to qy, for its 32-block's last workgroup to quantize; lora: each sum plus its
+    LoRA term, lora_add of linear_blk.wgsl's LFUSE, before 1/rms)."""
     if cols > 1:
+        if lora:
+            raise ValueError("the fused LoRA shrink (LFUSE) takes one token row")
         return _reduce_cols(rows, dual, subgroups, rope, cols)
+
+    def acc(e: str, o: str, part: int = 0) -> str:
+        return f"inv * ({e} + lora_add(t, {o}).{'xy'[part]})" if lora else f"inv * {e}"
     names = _names(rows, dual, 1)
     if subgroups:
         L = [f"  let {v}s = subgroupAdd({v});" for v in names]
@@ -219,16 +226,17 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
         L = [f"  red[{k}u * WG + lid] = {v};" for k, v in enumerate(names)] + _tree_sum(len(names))
     L.append("  workgroupBarrier();")
     L.append("  if (lid < ROWS && o0 + lid < w_O) {")
+    acc2 = acc("red[(ROWS + lid) * WG]", "o0 + lid", 1) if dual else "0.0"
     if rope:
         L.append("    let ix = o0 + lid;")
-        L.append("    rope_out(t, ix, epilogue_value(t, rperm(ix), inv * red[lid * WG], 0.0),")
-        L.append("             epilogue_value(t, rperm(ix ^ 1u), inv * red[(lid ^ 1u) * WG], 0.0));")
+        L.append(f"    rope_out(t, ix, epilogue_value(t, rperm(ix), {acc('red[lid * WG]', 'rperm(ix)')}, 0.0),")
+        L.append(f"             epilogue_value(t, rperm(ix ^ 1u), {acc('red[(lid ^ 1u) * WG]', 'rperm(ix ^ 1u)')}, 0.0));")
     elif qlast:
-        L.append(f"    let v = epilogue_value(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
+        L.append(f"    let v = epilogue_value(t, o0 + lid, {acc('red[lid * WG]', 'o0 + lid')}, {acc2});")
         L.append("    if (QWRITE_Y) { y_write1(0u, t, 0u, o0 + lid, v); }")
         L.append("    atomicStore(&qy[t * w_O + o0 + lid], bitcast<u32>(v));")
     else:
-        L.append(f"    epilogue(t, o0 + lid, inv * red[lid * WG], {'inv * red[(ROWS + lid) * WG]' if dual else '0.0'});")
+        L.append(f"    epilogue(t, o0 + lid, {acc('red[lid * WG]', 'o0 + lid')}, {acc2});")
     L.append("  }")
     return "\n".join(L)
 
@@ -340,12 +348,12 @@ XNORM_TREE_FLOATS = 1024   # workgroup floats for the side-by-side trees of seve
 
 def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
             x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1,
-            qlast: bool = False) -> dict:
+            qlast: bool = False, lora: bool = False) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
     n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
     epilogue (rows == 32; each subgroup accumulates RPS rows at a time); qlast: the quantizing
     epilogue in each 32-block's last workgroup (the one-row kernel otherwise). cols: token rows
-    per workgroup (NCOL)."""
+    per workgroup (NCOL). lora: the fused LoRA shrink's terms in the epilogue (LFUSE)."""
     nb = i // 32
     acc_rows = rps if qout else rows
     np_ = x_partials or n_partials(i)
@@ -363,5 +371,5 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
             "SG_STORE": sg_store(rps, dual, cols) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
             "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
-            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols, qlast=qlast),
+            "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols, qlast=qlast, lora=lora),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else "")}

@@ -3,6 +3,11 @@ LoraOut, the GEMV epilogue option that adds u B^T to each output (linear_common.
 lora_delta, in every LinearKernel variant). Together they are Punica / S-LoRA's shrink + expand,
 the expand fused into the base projection's epilogue; models/lora.py holds the adapter pool
 both read (A and B in f16, packed two per u32, so no shader-f16 is needed).
+The shrink without a dispatch of its own (LoraPartials + LoraOut(fused=True), one token row of
+the int8 chain): the kernel that writes the GEMV's int8 input row (a quantizing GEMV epilogue or
+the attention combine) also writes each 32-block's share of x_in A^T (quantize_block.wgsl), and
+the GEMV sums the shares before its epilogue (linear_blk.wgsl): a dependent dispatch less per
+LoRA GEMV.
 Must not: import numpy or wgpu.
 """
 
@@ -36,15 +41,57 @@ class LoraOut:
     cols: int
     splits: tuple[int, ...] = ()
     dual: bool = False
+    fused: bool = False          # u is the producer's per-block shares (LoraPartials), summed here
 
-    def declare(self, b: Bindings, n_out: int) -> dict:
-        """The bindings "lu" (the shrink's rows) and "lb" (the B pool) and the template defines."""
+    def declare(self, b: Bindings, n_out: int, n_in: int = 0, wg: int = 0) -> dict:
+        """The bindings "lu" (the shrink's rows; fused: the blocks' shares, then "lctl" the
+        adapter table) and "lb" (the B pool) and the template defines. n_in, wg: the GEMV's inputs
+        and workgroup size (fused)."""
+        if self.fused:
+            jw = self.nseg * self.max_rank
+            lg = max(1, wg // jw)
+            return {"LU_DECL": b.array("lu", "array<f32>", f"({self.u.w}, {n_in // 32}, {jw}) the input blocks' "
+                                       "shares of x_in A^T", writable=True),
+                    "LCTL_DECL": b.array("lctl", "array<u32>", f"({MAX_ENTRIES}, 4) adapter table, then (T_cap) "
+                                         "entry index"),
+                    "LB_DECL": b.array("lb", "array<u32>", f"(P, {self.cols}) f16 B^T rows, two halves per u32"),
+                    "LORA": False, "LFUSE": True, "LR": self.max_rank, "LJW": jw, "LG": lg, "LGJW": lg * jw,
+                    "LMAXE": MAX_ENTRIES, "LBO": self.cols, "LO1": n_out, "LSEG3": len(self.splits) == 2,
+                    "LS1": self.splits[0] if self.splits else 0, "LS2": self.splits[1] if len(self.splits) > 1 else 0}
         uw = u_width(self.nseg, self.max_rank)
         return {"LU_DECL": b.array("lu", "array<u32>", f"({self.u.w}, {uw}) [offset, rank, 0, 0, u]", writable=True),
                 "LB_DECL": b.array("lb", "array<u32>", f"(P, {self.cols}) f16 B^T rows, two halves per u32"),
                 "LORA": True, "LUW": uw, "LR": self.max_rank, "LBO": self.cols, "LO1": n_out,
                 "LSEG3": len(self.splits) == 2, "LS1": self.splits[0] if self.splits else 0,
                 "LS2": self.splits[1] if len(self.splits) > 1 else 0}
+
+
+def partial_words(n_in: int, nseg: int, max_rank: int) -> int:
+    """Words per token row of the blocks' shares of a fused shrink (LoraPartials)."""
+    return n_in // 32 * nseg * max_rank
+
+
+@dataclass(frozen=True)
+class LoraPartials:
+    """A producer's epilogue (quantize_block.wgsl LPART): each 32-block of the int8 row it writes
+    for the next GEMV also gets that block's share of the next GEMV's shrink, its values dotted
+    with the next GEMV's A rows: part (T_cap, n_in / 32, nseg * max_rank) f32."""
+    part: TensorDesc
+    nseg: int
+    max_rank: int
+    n_in: int
+
+    def declare(self, b: Bindings) -> dict:
+        """The bindings "lpa" (the next GEMV's A pool), "lpc" (the adapter table) and "lpw" (the
+        shares) and the template defines."""
+        if self.n_in % 32:
+            raise ValueError(f"the LoRA shares are per 32-block; {self.n_in} inputs")
+        return {"LPART": True,
+                "LPA_DECL": b.array("lpa", "array<vec4<u32>>", f"(P, {self.nseg}, {self.n_in}) f16 A, eight halves per vec4"),
+                "LPC_DECL": b.array("lpc", "array<u32>", f"({MAX_ENTRIES}, 4) adapter table, then (T_cap) entry index"),
+                "LPW_DECL": b.array("lpw", "array<f32>", f"({self.part.w}, {self.n_in // 32}, "
+                                    f"{self.nseg * self.max_rank}) shares", writable=True),
+                "LPR": self.max_rank, "LPNSEG": self.nseg, "LPI": self.n_in, "LPMAXE": MAX_ENTRIES}
 
 
 class LoraShrinkKernel(Kernel):

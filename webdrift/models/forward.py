@@ -27,6 +27,7 @@ in one arena; every op lists what it reads and writes:
     xq*{i}     (T, row words)    int8 rows of the integer-dot GEMVs (QuantizeKernel's format)
     xl, logits (T or 1, dim / vocab), amax (argmax partials)
     lu_{g}{i}  (T, 4 + nseg * max_rank) u32   LoRA shrink rows of GEMV group g (with a LoRA pool)
+    lp_{g}{i}  (T, n_in / 32 * nseg * max_rank) f32   its input blocks' shares instead (fused shrink)
 
 LoRA (models/lora.py's pool, when the engine has LoRA enabled): each of a layer's four GEMVs
 (q|k|v, o, gate|up, down) gets a LoraShrink op (u = scale * x_in A^T, x_in the GEMV's input as
@@ -34,8 +35,11 @@ the GEMV sees it: for q|k|v and gate|up the RMS-normed x, computed from the floa
 stream) and a LoraEpilogue (+ u B^T on each output, before the bias, the activation, RoPE and any
 quantizing epilogue). Two fusions write one more output with LoRA, because the shrink reads
 float inputs: the attention combine writes the float rows as well as the O projection's int8
-row, and the int8 chain's gate/up GEMV also writes act (the down shrink's input). Without a pool
-the ops are exactly those of a build without LoRA.
+row, and the int8 chain's gate/up GEMV also writes act (the down shrink's input). One token row
+of the int8 chain (the decode step; FUSE_LORA_SHRINK) needs no shrink op after layer 0's q|k|v:
+the kernel writing a GEMV's int8 input row (the previous GEMV's quantizing epilogue, the
+attention combine) also writes each block's share of x_in A^T (LoraShares), summed by the GEMV
+(kernels/lora.py). Without a pool the ops are exactly those of a build without LoRA.
 Must not: import numpy or wgpu; allocate GPU memory (program.py binds, lower.py builds kernels).
 """
 
@@ -56,11 +60,15 @@ from ..kernels.autotune import (
 )
 from ..kernels.base import ceil_div
 from ..kernels.linear import GemmVariant, GemvVariant, rope_variant
-from ..kernels.lora import u_width
+from ..kernels.lora import partial_words, u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
 from .choices import layer_role_weights
+
+
+# the one-row int8 chain's LoRA shrinks in the producers' epilogues (tests switch it off to compare)
+FUSE_LORA_SHRINK = True
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -98,12 +106,25 @@ class Quantize(Op):
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
+class LoraShares:
+    """With an int8 row's blocks, their shares of the next GEMV's LoRA shrink (kernels/lora.py
+    LoraPartials): the tensor `part`, from that GEMV's A pool."""
+    part: str
+    a: Buffer
+    ctl: Buffer
+    nseg: int
+    max_rank: int
+    n_in: int
+
+
+@dataclass(frozen=True, eq=False, kw_only=True)
 class QuantOutput:
     """A GEMV epilogue that also writes the next GEMV's int8 input row."""
     row: str                     # the int8 row tensor
     fmt: str                     # the next GEMV's weight format
     norm: Buffer | None          # the next GEMV's norm weight (applied before quantizing), or None
     write_y: bool                # also write y (the residual stream); False: y is never written
+    lora: LoraShares | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -129,7 +150,8 @@ class LoraShrink(Op):
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class LoraEpilogue:
-    """The GEMV adds u B^T to each output (its LoraShrink's rows `u`, the B pool `b`)."""
+    """The GEMV adds u B^T to each output (its LoraShrink's rows `u`, the B pool `b`; fused: u is
+    the blocks' shares LoraShares wrote, summed by the GEMV, which reads the adapter table ctl)."""
     u: str
     b: Buffer
     nseg: int
@@ -137,6 +159,8 @@ class LoraEpilogue:
     cols: int                    # B pool row width (outputs of the group's targets)
     splits: tuple[int, ...]      # q|k|v: first outputs of k and v
     dual: bool                   # gate|up: the second weight reads segment 1
+    fused: bool = False
+    ctl: Buffer | None = None
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -190,6 +214,7 @@ class Combine(Op):
     quant: str | None            # write the O projection's int8 row for weights of this format
                                  # (with two writes: the f32 rows too, the second)
     nsplit: int                  # the attention's chunks per query row
+    lora: LoraShares | None = None   # with quant: the O projection's LoRA shares
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -248,6 +273,9 @@ class ForwardBuilder:
         # the O projection's int8 row written by the attention combine (with LoRA also the f32
         # rows its shrink reads)
         self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
+        # one token row of the int8 chain: the LoRA shrinks in the producers' epilogues
+        self.lora_fused = (lora is not None and FUSE_LORA_SHRINK and self.chain and capacity == 1
+                           and not streams and not tree)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         # prefill (one sequence, no tree): the one-pass attention writes attn{i} itself
         self.flash = stage == "prefill" and not tree and AttentionPrefillKernel.supported(
@@ -299,7 +327,10 @@ class ForwardBuilder:
         if self.lora is not None:
             for i in range(cfg.n_layers):
                 for name, grp in self.lora.groups.items():
-                    g.tensor(f"lu_{name}{i}", u_width(grp.nseg, self.lora.max_rank), layout="linear")
+                    if self._fused(i, name):
+                        g.tensor(f"lp_{name}{i}", partial_words(grp.n_in, grp.nseg, self.lora.max_rank), layout="linear")
+                    else:
+                        g.tensor(f"lu_{name}{i}", u_width(grp.nseg, self.lora.max_rank), layout="linear")
 
     # -- one decoder layer ---------------------------------------------------------------------
     def layer(self, i: int, lw) -> None:
@@ -376,10 +407,11 @@ class ForwardBuilder:
                 return f"xqo{i}"
             return part
         nsplit = self.nsplit(i)
-        if self.combine_quant:   # with LoRA also attn{i}, the O shrink's input
-            writes = (f"xqo{i}", f"attn{i}") if self.lora is not None else (f"xqo{i}",)
+        if self.combine_quant:   # with LoRA also attn{i}, the O shrink's input, or the shrink's shares
+            sh = self._shares(i, "o")
+            writes = (f"xqo{i}", *self._part(sh)) + ((f"attn{i}",) if self.lora is not None and sh is None else ())
             g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=writes, quant=lw.wo.fmt,
-                          nsplit=nsplit))
+                          nsplit=nsplit, lora=sh))
             return f"xqo{i}"
         g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None, nsplit=nsplit))
         if self.int8["o"]:
@@ -389,19 +421,23 @@ class ForwardBuilder:
 
     def o_proj(self, i: int, lw, o_in: str) -> None:
         self._residual_proj(i, "o", lw.wo, o_in, f"proj{i}", lw.post_attn_norm, "o_proj",
-                            next_gemv=(f"xqf{i}", lw.w_gate.fmt, lw.ffn_norm) if self.chain else None)
+                            next_gemv=(f"xqf{i}", lw.w_gate.fmt, lw.ffn_norm, self._shares(i, "gateup"))
+                            if self.chain else None)
 
     def gate_up(self, i: int, lw) -> str:
         cfg, g = self.cfg, self.g
         lora = self._lora(i, "gateup", "x", lw.ffn_norm)
         act = {"stage": self.stage, "w": lw.w_gate, "w2": lw.w_up, "act": cfg.act, "lora": lora}
         if self.chain:   # writes only the down GEMV's int8 row (y is never written: x satisfies the binding),
-            # and act too with LoRA (the down shrink's input)
-            writes = (f"act{i}", f"xqd{i}") if lora else (f"xqd{i}",)
+            # and act too with LoRA (the down shrink's input), or the shrink's shares
+            sh = self._shares(i, "down")
+            write_y = lora is not None and sh is None
+            writes = (f"act{i}",) * write_y + (f"xqd{i}", *self._part(sh))
             g.add(Linear(label=f"L{i}.gate_up+act+quant", reads=(f"xqf{i}", *self._u(lora)), writes=writes, y=f"act{i}",
                          int8_input=True, variant=self._qout_variant(lw.w_gate, lw.w_up), pre_norm=True,
                          x_partials=self._chained(True),
-                         qout=QuantOutput(row=f"xqd{i}", fmt=lw.w_down.fmt, norm=None, write_y=lora is not None), **act))
+                         qout=QuantOutput(row=f"xqd{i}", fmt=lw.w_down.fmt, norm=None, write_y=write_y, lora=sh),
+                         **act))
             return f"xqd{i}"
         int8 = self.int8["gateup"]
         x, norm, pre_norm = self._normed_input(i, "gateup", "x", lw.ffn_norm, f"xqf{i}", f"h2_{i}", "ffn_norm",
@@ -419,7 +455,8 @@ class ForwardBuilder:
     def down(self, i: int, lw, a: str) -> None:
         nxt = self.m.layers[i + 1] if i + 1 < len(self.m.layers) else None
         self._residual_proj(i, "down", lw.w_down, a, f"ffo{i}", lw.post_ffn_norm, "down",
-                            next_gemv=(f"xqa{i + 1}", nxt.wqkv.fmt, nxt.attn_norm) if self.chain and nxt else None)
+                            next_gemv=(f"xqa{i + 1}", nxt.wqkv.fmt, nxt.attn_norm, self._shares(i + 1, "qkv"))
+                            if self.chain and nxt else None)
 
     # -- the head --------------------------------------------------------------------------------
     def lm_head(self) -> None:
@@ -496,7 +533,8 @@ class ForwardBuilder:
     def _residual_proj(self, i: int, role: str, w: GPUWeight, x: str, post_out: str, post_norm: Buffer | None,
                        name: str, next_gemv: tuple | None) -> None:
         """O projection or down: x += x_in W (Gemma: post_out = x_in W, then x += post_norm(post_out));
-        in the int8 chain also the int8 row of the next GEMV, next_gemv = (row, its format, its norm)."""
+        in the int8 chain also the int8 row of the next GEMV, next_gemv = (row, its format, its norm,
+        its LoRA shares or None)."""
         g, cfg = self.g, self.cfg
         int8 = self.int8[role]
         # the LoRA shrink reads the float input attn{i} / act{i} (also where this GEMV reads its int8 row)
@@ -509,10 +547,10 @@ class ForwardBuilder:
             g.add(Norm(label=f"L{i}.post_{which}_norm", reads=(post_out,), writes=("x",), weight=post_norm,
                        accumulate=True))
         elif next_gemv is not None:
-            row, fmt, norm = next_gemv
-            g.add(Linear(label=f"L{i}.{name}+residual+quant", reads=(x, "x", *u), writes=("x", row), y="x",
-                         stage=self.stage, w=w, int8_input=int8, variant=self._qout_variant(w), residual=True,
-                         qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True), **lo))
+            row, fmt, norm, sh = next_gemv
+            g.add(Linear(label=f"L{i}.{name}+residual+quant", reads=(x, "x", *u), writes=("x", row, *self._part(sh)),
+                         y="x", stage=self.stage, w=w, int8_input=int8, variant=self._qout_variant(w), residual=True,
+                         qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True, lora=sh), **lo))
         else:
             g.add(Linear(label=f"L{i}.{name}+residual", reads=(x, "x", *u), writes=("x",), y="x", stage=self.stage, w=w,
                          int8_input=int8, variant=self._variant(w, int8=int8), residual=True, **lo))
@@ -523,11 +561,33 @@ class ForwardBuilder:
         p = self.lora
         if p is None:
             return None
-        grp, u = p.groups[group], f"lu_{group}{i}"
+        grp = p.groups[group]
+        if self._fused(i, group):   # the producer of the GEMV's int8 row wrote the shares
+            return LoraEpilogue(u=f"lp_{group}{i}", b=p.lb[i][group], nseg=grp.nseg, max_rank=p.max_rank, cols=grp.cols,
+                                splits=grp.splits, dual=group == "gateup", fused=True, ctl=p.ctl)
+        u = f"lu_{group}{i}"
         self.g.add(LoraShrink(label=f"L{i}.lora_{group}", reads=(x,), writes=(u,), a=p.la[i][group], ctl=p.ctl,
                               n_in=grp.n_in, nseg=grp.nseg, max_rank=p.max_rank, norm=norm))
         return LoraEpilogue(u=u, b=p.lb[i][group], nseg=grp.nseg, max_rank=p.max_rank, cols=grp.cols,
                             splits=grp.splits, dual=group == "gateup")
+
+    def _fused(self, i: int, group: str) -> bool:
+        """Whether GEMV group `group` of layer i reads its LoRA shrink as shares its int8 input's
+        producer wrote: every group in the fused one-row chain but layer 0's q|k|v (its row comes
+        from a quantize op) and the O projection where the combine does not quantize."""
+        return self.lora_fused and (group != "qkv" or i > 0) and (group != "o" or self.combine_quant)
+
+    def _shares(self, i: int, group: str) -> LoraShares | None:
+        """The shares a producer writes for GEMV group `group` of layer i, where it is fused."""
+        if not self._fused(i, group):
+            return None
+        p, grp = self.lora, self.lora.groups[group]
+        return LoraShares(part=f"lp_{group}{i}", a=p.la[i][group], ctl=p.ctl, nseg=grp.nseg, max_rank=p.max_rank,
+                          n_in=grp.n_in)
+
+    @staticmethod
+    def _part(sh: LoraShares | None) -> tuple[str, ...]:
+        return (sh.part,) if sh is not None else ()
 
     @staticmethod
     def _u(lora: LoraEpilogue | None) -> tuple[str, ...]:

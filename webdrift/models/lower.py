@@ -15,7 +15,7 @@ from ..graph import Graph
 from ..kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel
 from ..kernels.embedding import EmbeddingKernel
 from ..kernels.linear import Epilogue, LinearKernel, PreNorm, QuantOut, RopeOut
-from ..kernels.lora import LoraOut, LoraShrinkKernel
+from ..kernels.lora import LoraOut, LoraPartials, LoraShrinkKernel
 from ..kernels.norm import RMSNormKernel
 from ..kernels.quantize import QuantizeKernel
 from ..kernels.rope import RopeQKVKernel
@@ -91,10 +91,11 @@ def _linear(op: F.Linear, c: LowerContext):
         qout = QuantOut(c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
     pre = PreNorm(cfg.norm_eps, cfg.norm_weight_offset, op.x_partials) if op.pre_norm else None
     lo = op.lora
-    lora = (LoraOut(c.desc(lo.u), lo.max_rank, lo.nseg, lo.cols, lo.splits, lo.dual) if lo is not None else None)
+    lora = (LoraOut(c.desc(lo.u), lo.max_rank, lo.nseg, lo.cols, lo.splits, lo.dual, lo.fused) if lo is not None else None)
+    sh = op.qout.lora if op.qout is not None else None
     k = LinearKernel(c.dev, op.stage, c.desc(x), y, op.w, op.w2, variant=op.variant, pre_norm=pre,
                      epilogue=Epilogue(bias=op.bias is not None, residual=op.residual, act=op.act, softcap=op.softcap,
-                                       qout=qout, rope=rope, lora=lora),
+                                       qout=qout, rope=rope, lora=lora, lpart=_lpart(sh, c)),
                      x_last_row=op.last_row)
     # y: the output, or a spare buffer where the epilogue writes elsewhere instead (no arena
     # range that could alias an input)
@@ -116,8 +117,16 @@ def _linear(op: F.Linear, c: LowerContext):
         if op.variant.qlast:
             binds["qy"], binds["qcnt"] = c.qlast
     if lo is not None:
-        binds |= {"lu": c.arena_range(lo.u), "lb": lo.b}
-    return k, binds
+        binds |= {"lu": c.arena_range(lo.u), "lb": lo.b} | ({"lctl": lo.ctl} if lo.fused else {})
+    return k, binds | _lpart_binds(sh, c)
+
+
+def _lpart(sh: F.LoraShares | None, c: LowerContext) -> LoraPartials | None:
+    return LoraPartials(c.desc(sh.part), sh.nseg, sh.max_rank, sh.n_in) if sh is not None else None
+
+
+def _lpart_binds(sh: F.LoraShares | None, c: LowerContext) -> dict:
+    return {"lpa": sh.a, "lpc": sh.ctl, "lpw": c.arena_range(sh.part)} if sh is not None else {}
 
 
 def _lora_shrink(op: F.LoraShrink, c: LowerContext):
@@ -157,11 +166,12 @@ def _attention(op: F.Attention, c: LowerContext):
 
 def _combine(op: F.Combine, c: LowerContext):
     cfg = c.cfg
-    (part,), (out, *outf) = op.reads, op.writes
+    (part,), (out, *more) = op.reads, op.writes
+    outf = [t for t in more if op.lora is None or t != op.lora.part]
     k = AttentionCombineKernel(c.dev, c.desc(out), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, op.nsplit, c.rows_cap,
-                               quant=op.quant, out_f=c.desc(outf[0]) if outf else None)
+                               quant=op.quant, out_f=c.desc(outf[0]) if outf else None, lpart=_lpart(op.lora, c))
     return k, {"step": c.step, "part": c.arena_range(part), "out": c.arena_range(out)} | (
-        {"outf": c.arena_range(outf[0])} if outf else {})
+        {"outf": c.arena_range(outf[0])} if outf else {}) | _lpart_binds(op.lora, c)
 
 
 def _argmax(op: F.Argmax, c: LowerContext):
