@@ -429,7 +429,7 @@ def test_fused_shrink_shares_against_the_adapter(setup, monkeypatch, small):
         eng.dev.submit(disp[:labels.index(producer) + 1])
         arena = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)
 
-        def tensor(n, dtype):
+        def tensor(n, dtype, arena=arena):
             t = eng.decode.graph.tensors[n]
             return arena[t.offset:t.offset + t.desc.nbytes].view(dtype)
         words = tensor(row, np.uint32)

@@ -66,7 +66,6 @@ from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
 from .choices import layer_role_weights
 
-
 # the one-row int8 chain's LoRA shrinks in the producers' epilogues (tests switch it off to compare)
 FUSE_LORA_SHRINK = True
 
