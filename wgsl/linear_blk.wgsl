@@ -128,11 +128,11 @@ var<workgroup> res: array<f32, {{RES}}>;
 {{LU_DECL}}
 {{LCTL_DECL}}
 {{LB_DECL}}
-const LR: u32 = {{LR}}u;             // the LoRA slots' maximum rank
-const LJW: u32 = {{LJW}}u;           // u values: seg * LR + j
-const LG: u32 = {{LG}}u;             // invocation groups summing the blocks' shares (max(1, WG / LJW))
+const LR: u32 = {{LR}}u;             // the LoRA slots' maximum rank (a multiple of 4)
+const LJW: u32 = {{LJW}}u;           // shares per block: seg * LR + j
 const LMAXE: u32 = {{LMAXE}}u;
-var<workgroup> lora_p: array<f32, {{LGJW}}>;
+const LP4: u32 = {{LP4}}u;           // vec4 sums in lora_p
+var<workgroup> lora_p: array<vec4<f32>, LP4>;
 var<workgroup> lora_u: array<f32, LJW>;   // scale * the sum of the blocks' shares (1/rms applied at use)
 
 // the row's adapter (offset, rank, f32 bits of scale); rank 0: none
@@ -142,34 +142,60 @@ fn lora_entry(t: u32) -> vec3<u32> {
   return vec3<u32>(lctl[4u * e], lctl[4u * e + 1u], lctl[4u * e + 2u]);
 }
 
-// u = scale * the sum over the NB input blocks of their shares lu[(t * NB + b) * LJW + j]:
-// invocation (g, j) sums blocks g, g + LG, ... (four loads in flight), then j adds the LG sums
-// (workgroups smaller than LJW take several j each). Uniform control flow (a barrier); lora_u is
-// published by the barrier before the epilogue.
-fn lora_sum(lid: u32, t: u32) {
+// the LoRA segment of weight row o (q | k | v; else 0)
+fn lora_seg(o: u32) -> u32 {
+#if LSEG3
+  return select(select(2u, 1u, o < {{LS2}}u), 0u, o < {{LS1}}u);
+#else
+  return 0u;
+#endif
+}
+
+// u = scale * the sum over the NB input blocks of their shares lu[t, b, seg * LR + j], for the
+// segments of outputs o_first .. o_last (gate/up: both), four j at a time: invocation (g, q) sums
+// blocks g, g + ng, ... of quad q (eight loads in flight), then quad q adds the ng sums. Every
+// workgroup reads all blocks' shares of its segments (their L2 traffic: NB * LR * 4 bytes each).
+// Uniform control flow (a barrier); lora_u is published by the barrier before the epilogue.
+fn lora_sum(lid: u32, t: u32, o_first: u32, o_last: u32) {
   let en = lora_entry(t);
-  for (var q = lid; q < LG * LJW; q += WG) {
-    let g = q / LJW;
-    let j = q % LJW;
-    var s0 = 0.0; var s1 = 0.0; var s2 = 0.0; var s3 = 0.0;
-    if (j % LR < en.y) {
-      let p = t * NB * LJW + j;
+#if DUAL
+  let s0 = 0u;
+  let s1 = 1u;
+#else
+  let s0 = lora_seg(o_first);
+  let s1 = lora_seg(o_last);
+#endif
+  let q0 = s0 * (LR / 4u);                  // first quad
+  let nq = (s1 + 1u - s0) * (LR / 4u);      // quads
+  let ng = max(1u, min(WG, LP4) / nq);      // invocations per quad
+  for (var i = lid; i < ng * nq; i += WG) {
+    let g = i / nq;
+    let q = q0 + i % nq;
+    var a0 = vec4<f32>(0.0); var a1 = a0; var a2 = a0; var a3 = a0;
+    var a4 = a0; var a5 = a0; var a6 = a0; var a7 = a0;
+    if ((4u * q) % LR < en.y) {
+      let p = t * NB * (LJW / 4u) + q;
+      let st = ng * (LJW / 4u);   // vec4s from one of the invocation's blocks to its next
       var b = g;
-      for (; b + 3u * LG < NB; b += 4u * LG) {
-        s0 += lu[p + b * LJW];
-        s1 += lu[p + (b + LG) * LJW];
-        s2 += lu[p + (b + 2u * LG) * LJW];
-        s3 += lu[p + (b + 3u * LG) * LJW];
+      for (; b + 7u * ng < NB; b += 8u * ng) {
+        let pb = p + b * (LJW / 4u);
+        a0 += lu[pb]; a1 += lu[pb + st]; a2 += lu[pb + 2u * st]; a3 += lu[pb + 3u * st];
+        a4 += lu[pb + 4u * st]; a5 += lu[pb + 5u * st]; a6 += lu[pb + 6u * st]; a7 += lu[pb + 7u * st];
       }
-      for (; b < NB; b += LG) { s0 += lu[p + b * LJW]; }
+      for (; b < NB; b += ng) { a0 += lu[p + b * (LJW / 4u)]; }
     }
-    lora_p[q] = (s0 + s1) + (s2 + s3);
+    lora_p[i] = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7));
   }
   workgroupBarrier();
-  for (var j = lid; j < LJW; j += WG) {
-    var tot = 0.0;
-    for (var k = 0u; k < LG; k++) { tot += lora_p[k * LJW + j]; }
-    lora_u[j] = tot * bitcast<f32>(en.z);
+  for (var i = lid; i < nq; i += WG) {
+    var tot = vec4<f32>(0.0);
+    for (var g = 0u; g < ng; g++) { tot += lora_p[g * nq + i]; }
+    tot *= bitcast<f32>(en.z);
+    let j = 4u * (q0 + i);
+    lora_u[j] = tot.x;
+    lora_u[j + 1u] = tot.y;
+    lora_u[j + 2u] = tot.z;
+    lora_u[j + 3u] = tot.w;
   }
 }
 
@@ -184,12 +210,8 @@ fn lora_fterm(u0: u32, off: u32, rank: u32, col: u32, j: u32) -> f32 {
 // the expand of output o (weight row o; part 1: the second weight's): sum_j u[seg * LR + j] *
 // B[off + j, col], eight terms' loads in flight
 fn lora_part(en: vec3<u32>, o: u32, part: u32) -> f32 {
-  var seg = part;
-#if LSEG3
-  seg = select(select(2u, 1u, o < {{LS2}}u), 0u, o < {{LS1}}u);   // q | k | v
-#endif
   let col = o + part * {{LO1}}u;
-  let u0 = seg * LR;
+  let u0 = (part + lora_seg(o)) * LR;
   var v = 0.0;
   for (var j = 0u; j < en.y; j += 8u) {
     v += ((lora_fterm(u0, en.x, en.y, col, j) + lora_fterm(u0, en.x, en.y, col, j + 1u))
@@ -246,7 +268,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let o0 = wid.x * ROWS;
   var inv = 1.0;
 #if LFUSE
-  lora_sum(lid, t);
+  lora_sum(lid, t, o0, min(o0 + ROWS, w_O) - 1u);
 #endif
 #if XNORM
   let ssp = x_partials(xr, lid);   // (the tree after the block loop)

@@ -49,13 +49,14 @@ class LoraOut:
         and workgroup size (fused)."""
         if self.fused:
             jw = self.nseg * self.max_rank
-            lg = max(1, wg // jw)
-            return {"LU_DECL": b.array("lu", "array<f32>", f"({self.u.w}, {n_in // 32}, {jw}) the input blocks' "
-                                       "shares of x_in A^T", writable=True),
+            if self.max_rank % 4:
+                raise ValueError(f"the fused LoRA shrink reads shares four at a time; max rank {self.max_rank}")
+            return {"LU_DECL": b.array("lu", "array<vec4<f32>>", f"({self.u.w}, {n_in // 32}, {jw // 4}) the input "
+                                       "blocks' shares of x_in A^T, four per vec4", writable=True),
                     "LCTL_DECL": b.array("lctl", "array<u32>", f"({MAX_ENTRIES}, 4) adapter table, then (T_cap) "
                                          "entry index"),
                     "LB_DECL": b.array("lb", "array<u32>", f"(P, {self.cols}) f16 B^T rows, two halves per u32"),
-                    "LORA": False, "LFUSE": True, "LR": self.max_rank, "LJW": jw, "LG": lg, "LGJW": lg * jw,
+                    "LORA": False, "LFUSE": True, "LR": self.max_rank, "LJW": jw, "LP4": max(jw // 4, min(wg, 256)),
                     "LMAXE": MAX_ENTRIES, "LBO": self.cols, "LO1": n_out, "LSEG3": len(self.splits) == 2,
                     "LS1": self.splits[0] if self.splits else 0, "LS2": self.splits[1] if len(self.splits) > 1 else 0}
         uw = u_width(self.nseg, self.max_rank)

@@ -274,7 +274,7 @@ class ForwardBuilder:
         self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
         # one token row of the int8 chain: the LoRA shrinks in the producers' epilogues
         self.lora_fused = (lora is not None and FUSE_LORA_SHRINK and self.chain and capacity == 1
-                           and not streams and not tree)
+                           and not streams and not tree and lora.max_rank % 4 == 0)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         # prefill (one sequence, no tree): the one-pass attention writes attn{i} itself
         self.flash = stage == "prefill" and not tree and AttentionPrefillKernel.supported(
