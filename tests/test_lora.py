@@ -353,8 +353,8 @@ def small_workgroups(monkeypatch):
     monkeypatch.setattr(forward, "choose_qout", choose_qout)
 
 
-@pytest.mark.parametrize("fmt,name,scale,small", [("q8", "a", 1.0, False), ("q4", "b", 0.5, True)])
-def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, small):
+@pytest.mark.parametrize("fmt,name,scale,small,slots", [("q8", "a", 1.0, False, 16), ("q4", "b", 0.5, True, 20)])
+def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, small, slots):
     """The decode step of the int8 chain (one token row) has no shrink dispatch but layer 0's
     q|k|v: the kernels writing each GEMV's int8 input row (the previous GEMV's quantizing
     epilogue, the attention combine) also write each 32-block's share of x_in A^T, which the GEMV
@@ -364,13 +364,14 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
     Adapter a has rank 8 in slots of 16; b fills them. The int8 rows round each value to 1/127 of
     its block's maximum, so the order of a sum can move a value across a rounding step: on q4 a
     lora_scale 1e-6 away moves these logits by 0.09 (lavapipe, 2026-11-25); a share of the wrong
-    rows or adapter moves them by the whole LoRA term (over 4 here). small: small_workgroups."""
+    rows or adapter moves them by the whole LoRA term (over 4 here). small: small_workgroups;
+    slots of rank 20: the expand loads B in its epilogue (up to 16 it loads them ahead)."""
     from webdrift.models import forward
     if small:
         small_workgroups(monkeypatch)
 
     def load():
-        return webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
+        return webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=slots,
                              max_context=128, prefill_chunk=64, autotune=False, weight_format=fmt,
                              int8_activations=True)
 

@@ -84,6 +84,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let row = wid.x;
   let kvh = wid.y;
   if (row >= step.n_tokens * GROUP) { return; }
+#if LPART
+  lora_entry0();
+#endif
   let base = (kvh * ROWS_CAP + row) * NSPLIT * (DH + 2u);
   var m = -3.0e38;
   var last = 0u;                               // 1 + the last chunk with a visible key
@@ -141,6 +144,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     tot /= l;
   }
 #if QUANT
+#if LPART
+  lora_a_load(lid, (h * DH + wid.z * SL) / 32u);
+#endif
   quant_blocks(lid, tot, lid < SL, t * QSTRIDE, (h * DH + d) / 32u);
 #if LPART
   lora_partials(lid, t, (h * DH + wid.z * SL) / 32u);

@@ -106,6 +106,9 @@ fn write_block(lid: u32, v: f32, ok: bool, t: u32, b: u32, o: u32) {
 #if QNORM
   if (ok) { u = v * (qnw[o] + {{QW_OFFSET}}); }
 #endif
+#if LPART
+  lora_a_load(lid, b);
+#endif
   quant_blocks(lid, u, ok, t * QSTRIDE, b);
 #if LPART
   lora_partials(lid, t, b);
@@ -130,17 +133,13 @@ var<workgroup> res: array<f32, {{RES}}>;
 {{LB_DECL}}
 const LR: u32 = {{LR}}u;             // the LoRA slots' maximum rank (a multiple of 4)
 const LJW: u32 = {{LJW}}u;           // shares per block: seg * LR + j
-const LMAXE: u32 = {{LMAXE}}u;
 const LP4: u32 = {{LP4}}u;           // vec4 sums in lora_p
 var<workgroup> lora_p: array<vec4<f32>, LP4>;
 var<workgroup> lora_u: array<f32, LJW>;   // scale * the sum of the blocks' shares (1/rms applied at use)
-
-// the row's adapter (offset, rank, f32 bits of scale); rank 0: none
-fn lora_entry(t: u32) -> vec3<u32> {
-  let e = lctl[4u * LMAXE + t];
-  if (e >= LMAXE) { return vec3<u32>(0u); }
-  return vec3<u32>(lctl[4u * e], lctl[4u * e + 1u], lctl[4u * e + 2u]);
-}
+// the adapter: (offset, rank, f32 bits of scale) of table entry 0, which every row of a single
+// request indexes (models/lora.py activate; per-row adapters, the streams, keep the shrink
+// dispatch); rank 0: none
+var<private> lora_en: vec3<u32>;
 
 // the LoRA segment of weight row o (q | k | v; else 0)
 fn lora_seg(o: u32) -> u32 {
@@ -157,7 +156,8 @@ fn lora_seg(o: u32) -> u32 {
 // workgroup reads all blocks' shares of its segments (their L2 traffic: NB * LR * 4 bytes each).
 // Uniform control flow (a barrier); lora_u is published by the barrier before the epilogue.
 fn lora_sum(lid: u32, t: u32, o_first: u32, o_last: u32) {
-  let en = lora_entry(t);
+  lora_en = vec3<u32>(lctl[0], lctl[1], lctl[2]);
+  let en = lora_en;
 #if DUAL
   let s0 = 0u;
   let s1 = 1u;
@@ -199,6 +199,32 @@ fn lora_sum(lid: u32, t: u32, o_first: u32, o_last: u32) {
   }
 }
 
+#if LBPRE
+var<private> lora_bv: array<f32, 2 * LR>;   // the expand's B values, loaded at the start: slot k's j at k * LR + j
+
+// slot k = B[off + j, col] of weight row o (part 1: the second weight's), j < LR (0 past the rank):
+// loaded by the invocation that runs o's epilogue, before the block loop
+fn lora_b_load(k: u32, o: u32, part: u32) {
+  let en = lora_en;
+  if (en.y == 0u) { return; }
+  let col = o + part * {{LO1}}u;
+  for (var j = 0u; j < LR; j++) {
+    let jc = min(j, en.y - 1u);
+    let c = (en.x + jc) * {{LBO}}u + col;
+    let bw = unpack2x16float(lb[c / 2u]);
+    lora_bv[k * LR + j] = select(0.0, select(bw.x, bw.y, (c & 1u) == 1u), j < en.y);
+  }
+}
+
+// the expand of output o (weight row o; part 1: the second weight's) from slot k:
+// sum_j u[seg * LR + j] * B[off + j, col]
+fn lora_part(en: vec3<u32>, o: u32, part: u32, k: u32) -> f32 {
+  let u0 = (part + lora_seg(o)) * LR;
+  var v = 0.0;
+  for (var j = 0u; j < LR; j++) { v += select(0.0, lora_u[u0 + j] * lora_bv[k * LR + j], j < en.y); }
+  return v;
+}
+#else
 // u[seg * LR + j] * B[off + j, col] for j < rank, masked (its loads clamped into the adapter's rows)
 fn lora_fterm(u0: u32, off: u32, rank: u32, col: u32, j: u32) -> f32 {
   let jc = min(j, rank - 1u);
@@ -208,8 +234,8 @@ fn lora_fterm(u0: u32, off: u32, rank: u32, col: u32, j: u32) -> f32 {
 }
 
 // the expand of output o (weight row o; part 1: the second weight's): sum_j u[seg * LR + j] *
-// B[off + j, col], eight terms' loads in flight
-fn lora_part(en: vec3<u32>, o: u32, part: u32) -> f32 {
+// B[off + j, col], eight terms' loads in flight (ranks above 16: no room to load them ahead)
+fn lora_part(en: vec3<u32>, o: u32, part: u32, k: u32) -> f32 {
   let col = o + part * {{LO1}}u;
   let u0 = (part + lora_seg(o)) * LR;
   var v = 0.0;
@@ -221,15 +247,20 @@ fn lora_part(en: vec3<u32>, o: u32, part: u32) -> f32 {
   }
   return v;
 }
+#endif
 
 // the LoRA terms of output o of row t: (first weight's, second's with DUAL)
 fn lora_add(t: u32, o: u32) -> vec2<f32> {
-  let en = lora_entry(t);
-  var r = vec2<f32>(lora_part(en, o, 0u), 0.0);
+  var r = vec2<f32>(lora_part(lora_en, o, 0u, 0u), 0.0);
 #if DUAL
-  r.y = lora_part(en, o, 1u);
+  r.y = lora_part(lora_en, o, 1u, 1u);
 #endif
   return r;
+}
+
+// the LoRA term of the rotation partner o of the invocation's output (ROPE: slot 1)
+fn lora_add1(t: u32, o: u32) -> f32 {
+  return lora_part(lora_en, o, 0u, 1u);
 }
 #endif
 #if QLAST
@@ -267,8 +298,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let xr = t * STRIDE4;
   let o0 = wid.x * ROWS;
   var inv = 1.0;
+#if LPART
+  lora_entry0();
+#endif
 #if LFUSE
   lora_sum(lid, t, o0, min(o0 + ROWS, w_O) - 1u);
+#if LBPRE
+  // the B values of the outputs this invocation's epilogue computes (their loads in flight
+  // during the block loop)
+  if (lid < ROWS) {
+    let ob = min(o0 + lid, w_O - 1u);
+#if ROPE
+    lora_b_load(0u, rperm(ob), 0u);
+    lora_b_load(1u, rperm(min(ob ^ 1u, w_O - 1u)), 0u);
+#else
+    lora_b_load(0u, ob, 0u);
+#if DUAL
+    lora_b_load(1u, ob, 1u);
+#endif
+#endif
+  }
+#endif
 #endif
 #if XNORM
   let ssp = x_partials(xr, lid);   // (the tree after the block loop)

@@ -79,27 +79,51 @@ const LPR: u32 = {{LPR}}u;           // the LoRA slots' maximum rank
 const LPNSEG: u32 = {{LPNSEG}}u;     // targets of the next GEMV (q|k|v: 3)
 const LPJW: u32 = LPNSEG * LPR;      // shares per block: seg * LPR + j
 const LPI: u32 = {{LPI}}u;           // the row's channels (the next GEMV's inputs)
-const LPMAXE: u32 = {{LPMAXE}}u;
+const LP_PRE: bool = LPJW <= {{QWG}}u;   // one share per invocation: its A rows loaded ahead
+var<private> lp_en: vec2<u32>;       // the adapter: (offset, rank) of table entry 0
+var<private> lp_a: array<vec4<u32>, 4>;
+
+// the adapter of a single request's row (every row of one request indexes table entry 0:
+// models/lora.py activate; per-row adapters, the streams, keep the shrink dispatch). Call at the
+// start: nothing waits for it until the epilogue.
+fn lora_entry0() {
+  lp_en = vec2<u32>(lpc[0], lpc[1]);
+}
+
+// first vec4 of A row (off + j % LPR, segment j / LPR), block b (lpa: the (P, LPNSEG, LPI) f16
+// pool, eight halves per vec4)
+fn lora_a0(j: u32, b: u32) -> u32 {
+  return (((lp_en.x + j % LPR) * LPNSEG + j / LPR) * LPI + 32u * b) / 8u;
+}
+
+// LP_PRE: invocation lid's A words of block b, loaded before the block's quantization (its
+// barriers hide their latency)
+fn lora_a_load(lid: u32, b: u32) {
+  if (LP_PRE && lid < LPJW && lid % LPR < lp_en.y) {
+    let a0 = lora_a0(lid, b);
+    lp_a[0] = lpa[a0];
+    lp_a[1] = lpa[a0 + 1u];
+    lp_a[2] = lpa[a0 + 2u];
+    lp_a[3] = lpa[a0 + 3u];
+  }
+}
 
 // row t's block b, in qa[0 .. 31] (quant_blocks leaves the values there, published by its
 // barriers): lpw[(t * LPI / 32 + b) * LPJW + seg * LPR + j] = sum_i qa[i] * A[off + j, seg, 32 b + i]
-// for j < the row's adapter rank (lpa: the (P, LPNSEG, LPI) f16 A pool, eight halves per vec4;
-// lpc: the adapter table and per-row entry index, lora_shrink.wgsl's ctl). No barrier inside.
+// for j < the adapter's rank. No barrier inside.
 fn lora_partials(lid: u32, t: u32, b: u32) {
-  let e = lpc[4u * LPMAXE + t];
-  if (e >= LPMAXE) { return; }
-  let off = lpc[4u * e];
-  let rank = lpc[4u * e + 1u];
   for (var j = lid; j < LPJW; j += {{QWG}}u) {
-    let jj = j % LPR;
-    if (jj < rank) {
-      let a0 = (((off + jj) * LPNSEG + j / LPR) * LPI + 32u * b) / 8u;
+    if (j % LPR < lp_en.y) {
+      var w = lp_a;
+      if (!LP_PRE) {
+        let a0 = lora_a0(j, b);
+        w = array<vec4<u32>, 4>(lpa[a0], lpa[a0 + 1u], lpa[a0 + 2u], lpa[a0 + 3u]);
+      }
       var s = vec4<f32>(0.0);
       for (var k = 0u; k < 4u; k++) {
-        let w = lpa[a0 + k];
         let i = 8u * k;
-        s += vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)) * vec4<f32>(qa[i], qa[i + 1u], qa[i + 2u], qa[i + 3u])
-           + vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)) * vec4<f32>(qa[i + 4u], qa[i + 5u], qa[i + 6u], qa[i + 7u]);
+        s += vec4<f32>(unpack2x16float(w[k].x), unpack2x16float(w[k].y)) * vec4<f32>(qa[i], qa[i + 1u], qa[i + 2u], qa[i + 3u])
+           + vec4<f32>(unpack2x16float(w[k].z), unpack2x16float(w[k].w)) * vec4<f32>(qa[i + 4u], qa[i + 5u], qa[i + 6u], qa[i + 7u]);
       }
       lpw[(t * (LPI / 32u) + b) * LPJW + j] = (s.x + s.y) + (s.z + s.w);
     }

@@ -57,7 +57,8 @@ class LoraOut:
                                          "entry index"),
                     "LB_DECL": b.array("lb", "array<u32>", f"(P, {self.cols}) f16 B^T rows, two halves per u32"),
                     "LORA": False, "LFUSE": True, "LR": self.max_rank, "LJW": jw, "LP4": max(jw // 4, min(wg, 256)),
-                    "LMAXE": MAX_ENTRIES, "LBO": self.cols, "LO1": n_out, "LSEG3": len(self.splits) == 2,
+                    "LBPRE": self.max_rank <= 16,
+                    "LBO": self.cols, "LO1": n_out, "LSEG3": len(self.splits) == 2,
                     "LS1": self.splits[0] if self.splits else 0, "LS2": self.splits[1] if len(self.splits) > 1 else 0}
         uw = u_width(self.nseg, self.max_rank)
         return {"LU_DECL": b.array("lu", "array<u32>", f"({self.u.w}, {uw}) [offset, rank, 0, 0, u]", writable=True),
@@ -92,7 +93,7 @@ class LoraPartials:
                 "LPC_DECL": b.array("lpc", "array<u32>", f"({MAX_ENTRIES}, 4) adapter table, then (T_cap) entry index"),
                 "LPW_DECL": b.array("lpw", "array<f32>", f"({self.part.w}, {self.n_in // 32}, "
                                     f"{self.nseg * self.max_rank}) shares", writable=True),
-                "LPR": self.max_rank, "LPNSEG": self.nseg, "LPI": self.n_in, "LPMAXE": MAX_ENTRIES}
+                "LPR": self.max_rank, "LPNSEG": self.nseg, "LPI": self.n_in}
 
 
 class LoraShrinkKernel(Kernel):
