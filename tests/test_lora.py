@@ -365,7 +365,7 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
     its block's maximum, so the order of a sum can move a value across a rounding step: on q4 a
     lora_scale 1e-6 away moves these logits by 0.09 (lavapipe, 2026-11-25); a share of the wrong
     rows or adapter moves them by the whole LoRA term (over 4 here). small: small_workgroups;
-    slots of rank 20: the expand loads B in its epilogue (up to 16 it loads them ahead)."""
+    slots of rank 20: not a power of two."""
     from webdrift.models import forward
     if small:
         small_workgroups(monkeypatch)

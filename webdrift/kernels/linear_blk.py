@@ -208,10 +208,8 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
             raise ValueError("the fused LoRA shrink (LFUSE) takes one token row")
         return _reduce_cols(rows, dual, subgroups, rope, cols)
 
-    def acc(e: str, o: str, part: int = 0, partner: bool = False) -> str:
-        if not lora:
-            return f"inv * {e}"
-        return f"inv * ({e} + lora_add1(t, {o}))" if partner else f"inv * ({e} + lora_add(t, {o}).{'xy'[part]})"
+    def acc(e: str, o: str, part: int = 0) -> str:
+        return f"inv * ({e} + lora_add(t, {o}).{'xy'[part]})" if lora else f"inv * {e}"
     names = _names(rows, dual, 1)
     if subgroups:
         L = [f"  let {v}s = subgroupAdd({v});" for v in names]
@@ -232,7 +230,7 @@ def reduce(rows: int, dual: bool, subgroups: bool, rope: bool = False, cols: int
     if rope:
         L.append("    let ix = o0 + lid;")
         L.append(f"    rope_out(t, ix, epilogue_value(t, rperm(ix), {acc('red[lid * WG]', 'rperm(ix)')}, 0.0),")
-        L.append(f"             epilogue_value(t, rperm(ix ^ 1u), {acc('red[(lid ^ 1u) * WG]', 'rperm(ix ^ 1u)', partner=True)}, 0.0));")
+        L.append(f"             epilogue_value(t, rperm(ix ^ 1u), {acc('red[(lid ^ 1u) * WG]', 'rperm(ix ^ 1u)')}, 0.0));")
     elif qlast:
         L.append(f"    let v = epilogue_value(t, o0 + lid, {acc('red[lid * WG]', 'o0 + lid')}, {acc2});")
         L.append("    if (QWRITE_Y) { y_write1(0u, t, 0u, o0 + lid, v); }")

@@ -57,7 +57,6 @@ class LoraOut:
                                          "entry index"),
                     "LB_DECL": b.array("lb", "array<u32>", f"(P, {self.cols}) f16 B^T rows, two halves per u32"),
                     "LORA": False, "LFUSE": True, "LR": self.max_rank, "LJW": jw, "LP4": max(jw // 4, min(wg, 256)),
-                    "LBPRE": self.max_rank <= 16,
                     "LBO": self.cols, "LO1": n_out, "LSEG3": len(self.splits) == 2,
                     "LS1": self.splits[0] if self.splits else 0, "LS2": self.splits[1] if len(self.splits) > 1 else 0}
         uw = u_width(self.nseg, self.max_rank)
