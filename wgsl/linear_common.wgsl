@@ -53,24 +53,22 @@ fn lora_delta(t: u32, o: u32, part: u32) -> f32 {
 #endif
   let col = o + part * {{LO1}}u;
   let u0 = row + 4u + seg * {{LR}}u;
-  // eight terms' loads in flight (one dependent load pair per iteration waited a memory latency
-  // per rank; the last round's terms past the rank are masked, their loads clamped into it)
+  // four terms in flight (one dependent load pair per iteration waited a memory latency per rank)
   var v = 0.0;
-  for (var j = 0u; j < rank; j += 8u) {
-    v += ((lora_term(u0, off, rank, col, j) + lora_term(u0, off, rank, col, j + 1u))
-        + (lora_term(u0, off, rank, col, j + 2u) + lora_term(u0, off, rank, col, j + 3u)))
-       + ((lora_term(u0, off, rank, col, j + 4u) + lora_term(u0, off, rank, col, j + 5u))
-        + (lora_term(u0, off, rank, col, j + 6u) + lora_term(u0, off, rank, col, j + 7u)));
+  var j = 0u;
+  for (; j + 4u <= rank; j += 4u) {
+    v += (lora_term(u0, off, col, j) + lora_term(u0, off, col, j + 1u))
+       + (lora_term(u0, off, col, j + 2u) + lora_term(u0, off, col, j + 3u));
   }
+  for (; j < rank; j++) { v += lora_term(u0, off, col, j); }
   return v;
 }
 
-// u[j] * B[off + j, col] (B: f16, two per u32) for j < rank, else 0
-fn lora_term(u0: u32, off: u32, rank: u32, col: u32, j: u32) -> f32 {
-  let jc = min(j, rank - 1u);
-  let c = (off + jc) * {{LBO}}u + col;
+// u[j] * B[off + j, col] (B: f16, two per u32)
+fn lora_term(u0: u32, off: u32, col: u32, j: u32) -> f32 {
+  let c = (off + j) * {{LBO}}u + col;
   let bw = unpack2x16float(lb[c / 2u]);
-  return select(0.0, bitcast<f32>(lu[u0 + jc]) * select(bw.x, bw.y, (c & 1u) == 1u), j < rank);
+  return bitcast<f32>(lu[u0 + j]) * select(bw.x, bw.y, (c & 1u) == 1u);
 }
 #endif
 
