@@ -6,8 +6,9 @@ both read (A and B in f16, packed two per u32, so no shader-f16 is needed).
 The shrink without a dispatch of its own (LoraPartials + LoraOut(fused=True), one token row of
 the int8 chain): the kernel that writes the GEMV's int8 input row (a quantizing GEMV epilogue or
 the attention combine) also writes each 32-block's share of x_in A^T (quantize_block.wgsl), and
-the GEMV sums the shares before its epilogue (linear_blk.wgsl): a dependent dispatch less per
-LoRA GEMV.
+the GEMV sums the shares before its block loop (linear_blk.wgsl): a dependent dispatch less per
+LoRA GEMV. Both read the adapter from table entry 0, the one every row of a single request
+points at (models/lora.py activate), so only single-request programs take this form.
 Must not: import numpy or wgpu.
 """
 
@@ -45,7 +46,7 @@ class LoraOut:
 
     def declare(self, b: Bindings, n_out: int, n_in: int = 0, wg: int = 0) -> dict:
         """The bindings "lu" (the shrink's rows; fused: the blocks' shares, then "lctl" the
-        adapter table) and "lb" (the B pool) and the template defines. n_in, wg: the GEMV's inputs
+        control buffer, whose entry 0 it reads) and "lb" (the B pool) and the template defines. n_in, wg: the GEMV's inputs
         and workgroup size (fused)."""
         if self.fused:
             jw = self.nseg * self.max_rank
@@ -83,8 +84,8 @@ class LoraPartials:
     n_in: int
 
     def declare(self, b: Bindings) -> dict:
-        """The bindings "lpa" (the next GEMV's A pool), "lpc" (the adapter table) and "lpw" (the
-        shares) and the template defines."""
+        """The bindings "lpa" (the next GEMV's A pool), "lpc" (the control buffer: its entry 0)
+        and "lpw" (the shares) and the template defines."""
         if self.n_in % 32:
             raise ValueError(f"the LoRA shares are per 32-block; {self.n_in} inputs")
         return {"LPART": True,

@@ -211,7 +211,7 @@ class Attention(Op):
 @dataclass(frozen=True, eq=False, kw_only=True)
 class Combine(Op):
     quant: str | None            # write the O projection's int8 row for weights of this format
-                                 # (with two writes: the f32 rows too, the second)
+                                 # (a second write: the f32 rows too, or the shares of `lora`)
     nsplit: int                  # the attention's chunks per query row
     lora: LoraShares | None = None   # with quant: the O projection's LoRA shares
 
