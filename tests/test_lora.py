@@ -295,15 +295,13 @@ def test_formats_and_int8_paths(setup, fmt):
 
 
 def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
-    """With LoRA and int8 activations, where the O projection has a shrink dispatch (several token
-    rows: the streams, a prefill over the decode kernels; here the decode step with the fused
-    shrink switched off), the attention combine writes the O projection's int8 row and the f32
+    """With LoRA and int8 activations, where the O projection has a shrink dispatch (every program
+    but the decode step with lora_fused_shrink), the attention combine writes the O projection's int8 row and the f32
     rows the O shrink reads (no quantize dispatch per layer): decode logits bit-identical to the
     build where the combine writes f32 rows and a quantize dispatch the int8 row (the graph
     builder told the combine cannot quantize; the rest of the int8 chain unchanged)."""
     from webdrift.kernels.attention import AttentionCombineKernel
     from webdrift.models import forward
-    monkeypatch.setattr(forward, "FUSE_LORA_SHRINK", False)
 
     class FloatCombine(AttentionCombineKernel):
         @staticmethod
@@ -355,25 +353,24 @@ def small_workgroups(monkeypatch):
 
 @pytest.mark.parametrize("fmt,name,scale,small,slots", [("q8", "a", 1.0, False, 16), ("q4", "b", 0.5, True, 20)])
 def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, small, slots):
-    """The decode step of the int8 chain (one token row) has no shrink dispatch but layer 0's
-    q|k|v: the kernels writing each GEMV's int8 input row (the previous GEMV's quantizing
+    """With lora_fused_shrink, the decode step of the int8 chain (one token row) has no shrink
+    dispatch but layer 0's q|k|v: the kernels writing each GEMV's int8 input row (the previous GEMV's quantizing
     epilogue, the attention combine) also write each 32-block's share of x_in A^T, which the GEMV
     sums (kernels/lora.py). Its decode logits vs the build with a shrink dispatch per GEMV
-    (FUSE_LORA_SHRINK off; the same sums in another order) and vs the float GEMVs' teacher-forced
+    (the default; the same sums in another order) and vs the float GEMVs' teacher-forced
     logits at the same position (peft's reference for those: test_formats_and_int8_paths).
     Adapter a has rank 8 in slots of 16; b fills them. The int8 rows round each value to 1/127 of
     its block's maximum, so the order of a sum can move a value across a rounding step: on q4 a
     lora_scale 1e-6 away moves these logits by 0.09 (lavapipe, 2026-11-25); a share of the wrong
     rows or adapter moves them by the whole LoRA term (over 4 here). small: small_workgroups;
     slots of rank 20: not a power of two."""
-    from webdrift.models import forward
     if small:
         small_workgroups(monkeypatch)
 
-    def load():
+    def load(fused):
         return webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=slots,
                              max_context=128, prefill_chunk=64, autotune=False, weight_format=fmt,
-                             int8_activations=True)
+                             int8_activations=True, lora_fused_shrink=fused)
 
     def decode_logits(eng):
         res = eng.generate(ids, max_new_tokens=4, lora=name, lora_scale=scale, stop_at_eos=False)
@@ -381,14 +378,13 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
             :4 * eng.model.cfg.vocab_size].view(np.float32).copy()
         return res.token_ids, lg
     ids = ids_for(20, seed=31)
-    fused = load()
+    fused = load(True)
     labels = [d.label for d in fused.decode.dispatches(1)]
     ops = {op.label: op for op in fused.decode.graph.ops}
     assert not small or (ops["L1.qkv+rope_kv"].variant.wg, ops["L0.down+residual+quant"].variant.qlast) == (32, True)
     assert fused.decode.int8_chain and [x for x in labels if ".lora_" in x] == ["L0.lora_qkv"]
     toks, got = decode_logits(fused)
-    monkeypatch.setattr(forward, "FUSE_LORA_SHRINK", False)
-    sep = load()
+    sep = load(False)
     assert sum(".lora_" in d.label for d in sep.decode.dispatches(1)) == 4 * len(sep.model.layers)
     sep_toks, want = decode_logits(sep)
     assert toks == sep_toks
@@ -415,7 +411,8 @@ def test_fused_shrink_shares_against_the_adapter(setup, monkeypatch, small):
     if small:
         small_workgroups(monkeypatch)
     eng = webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
-                        max_context=128, prefill_chunk=64, autotune=False, weight_format="q8", int8_activations=True)
+                        max_context=128, prefill_chunk=64, autotune=False, weight_format="q8", int8_activations=True,
+                        lora_fused_shrink=True)
     eng.generate(ids_for(20, seed=33), max_new_tokens=2, lora=name, stop_at_eos=False)
     disp = eng.decode.dispatches(1)
     labels = [d.label for d in disp]
@@ -512,6 +509,8 @@ def _model_gguf(tmp_path):
 
 
 def test_engine_without_lora_slots(setup):
+    with pytest.raises(InvalidArgumentError, match="lora_fused_shrink"):
+        webdrift.EngineOptions(lora_fused_shrink="yes")
     plain = webdrift.load(str(setup["base"]), max_context=128, prefill_chunk=64, autotune=False)
     with pytest.raises(InvalidArgumentError, match="enable_lora"):
         plain.add_lora("a", str(setup["dirs"]["a"]))

@@ -212,14 +212,15 @@ def test_compare_puts_reports_side_by_side(tmp_path, capsys):
 def test_bench_lora_rank_fields():
     """--lora-rank R: each row gets decode tok/s with a random rank-R adapter on all seven targets,
     with the LoRA slots but no adapter, the ratio to the plain engine and the switch host time;
-    with --streams, K streams with one adapter each."""
+    with --streams, K streams with one adapter each; lora_fused_shrink (--lora-fused-shrink) noted."""
     from webdrift.gpu.native import get_device
     from webdrift.tools.bench import bench_model
     from webdrift.weights.synthetic import synthetic_source
-    rows = bench_model(get_device(), synthetic_source("tiny", "q4"), [(8, 4)], 100.0, lora_rank=4, streams=[3])
+    rows = bench_model(get_device(), synthetic_source("tiny", "q4"), [(8, 4)], 100.0, lora_rank=4, streams=[3],
+                       lora_fused_shrink=True)
     lo = rows[0]["lora"]
     assert "error" not in lo, lo
-    assert lo["rank"] == 4 and lo["decode_tps"] > 0 and lo["slots_no_adapter_decode_tps"] > 0
+    assert lo["rank"] == 4 and lo["fused_shrink"] is True and lo["decode_tps"] > 0 and lo["slots_no_adapter_decode_tps"] > 0
     assert lo["decode_ratio"] == round(lo["decode_tps"] / rows[0]["decode_tps"], 3)
     assert 0 < lo["switch_ms"] < 1.0 and lo["pool_bytes"] > 0
     s3 = lo["streams"]["3"]    # three streams, one adapter each

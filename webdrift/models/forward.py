@@ -36,7 +36,8 @@ stream) and a LoraEpilogue (+ u B^T on each output, before the bias, the activat
 quantizing epilogue). Two fusions write one more output with LoRA, because the shrink reads
 float inputs: the attention combine writes the float rows as well as the O projection's int8
 row, and the int8 chain's gate/up GEMV also writes act (the down shrink's input). One token row
-of the int8 chain (the decode step; FUSE_LORA_SHRINK) needs no shrink op after layer 0's q|k|v:
+of the int8 chain (the decode step) with the pool's fused_shrink (EngineOptions.lora_fused_shrink)
+needs no shrink op after layer 0's q|k|v:
 the kernel writing a GEMV's int8 input row (the previous GEMV's quantizing epilogue, the
 attention combine) also writes each block's share of x_in A^T (LoraShares), summed by the GEMV
 (kernels/lora.py). Without a pool the ops are exactly those of a build without LoRA.
@@ -65,9 +66,6 @@ from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
 from .choices import layer_role_weights
-
-# the one-row int8 chain's LoRA shrinks in the producers' epilogues (tests switch it off to compare)
-FUSE_LORA_SHRINK = True
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -273,7 +271,7 @@ class ForwardBuilder:
         # rows its shrink reads)
         self.combine_quant = self.int8["o"] and AttentionCombineKernel.quant_supported(cfg.head_dim)
         # one token row of the int8 chain: the LoRA shrinks in the producers' epilogues
-        self.lora_fused = (lora is not None and FUSE_LORA_SHRINK and self.chain and capacity == 1
+        self.lora_fused = (lora is not None and lora.fused_shrink and self.chain and capacity == 1
                            and not streams and not tree and lora.max_rank % 4 == 0)
         self.nrm = (cfg.norm_eps, cfg.norm_weight_offset)
         # prefill (one sequence, no tree): the one-pass attention writes attn{i} itself

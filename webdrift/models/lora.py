@@ -92,8 +92,11 @@ class LoraPool:
     """GPU buffers of the resident adapters (see the module docstring); `entry0` is what the
     programs apply to every row now."""
 
-    def __init__(self, dev, cfg, max_rank: int, pool_rank: int, rows_cap: int):
+    def __init__(self, dev, cfg, max_rank: int, pool_rank: int, rows_cap: int, fused_shrink: bool = False):
+        """fused_shrink: programs of one token row over the int8 chain take their shrinks in the
+        producers' epilogues (models/forward.py, EngineOptions.lora_fused_shrink)."""
         self.dev, self.cfg, self.max_rank, self.pool_rank = dev, cfg, max_rank, pool_rank
+        self.fused_shrink = fused_shrink
         self.groups = lora_groups(cfg)
         for g in self.groups.values():
             if g.n_in % 4 or g.cols % 2:

@@ -270,7 +270,8 @@ class Engine:
         if options.enable_lora:
             from ..models.lora import LoraPool
             self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
-                                      options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64))
+                                      options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64),
+                                      fused_shrink=options.lora_fused_shrink)
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         # with LoRA slots, also the programs without them (built now, sharing the arena): a request

@@ -39,6 +39,7 @@ class EngineOptions:
     enable_lora: bool = False             # build the programs with LoRA slots (load(loras=...) sets it)
     max_lora_rank: int = 64               # the largest adapter rank the slots take
     lora_pool_rank: int | None = None     # rank rows of resident adapters (None: 2 * max_lora_rank)
+    lora_fused_shrink: bool = False       # the int8 chain's decode step with the shrinks in the producers
     steps_per_submit: int | None = None   # most decode steps in one GPU submit (None: the device's default)
 
     def __post_init__(self):
@@ -72,6 +73,8 @@ class EngineOptions:
             bad("max_binding_bytes", "must be an integer >= 1024")
         if not isinstance(self.enable_lora, bool):
             bad("enable_lora", "must be True or False")
+        if not isinstance(self.lora_fused_shrink, bool):
+            bad("lora_fused_shrink", "must be True or False")
         if not _is_int(self.max_lora_rank) or not 1 <= self.max_lora_rank <= 1024:
             bad("max_lora_rank", "must be an integer in [1, 1024]")
         if self.steps_per_submit is not None and (not _is_int(self.steps_per_submit)

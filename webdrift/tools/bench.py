@@ -134,14 +134,14 @@ def random_lora(cfg, rank: int, seed: int):
 
 
 def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log,
-               streams: list[int] | None = None, repeats: int = 1) -> dict:
+               streams: list[int] | None = None, repeats: int = 1, fused_shrink: bool = False) -> dict:
     """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and on
     the same engine with no adapter (field slots_no_adapter_decode_tps: the engine with LoRA
     slots runs its programs without them for such a request); the host time of switching adapters; with
     streams, the aggregate decode tok/s of k streams each with its own adapter (generate(n=k,
     lora=[...]): no shared prompt, so the context holds k copies of it). Each figure the best of
     `repeats` generations (one generation's adapter figure read 494 and 613 tok/s in two runs of
-    the same code on the same H100, 2026-11-24)."""
+    the same code on the same H100, 2026-11-24). fused_shrink: EngineOptions.lora_fused_shrink."""
     from ..profile.benchmark import astreams_tps
     from ..runtime.engine import SamplingParams, _run
     from ..runtime.loading import EngineOptions, assemble
@@ -150,7 +150,7 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activati
     ctx = max(max([p + m] + [k * (ceil_div(p + m, 64) + 1) * 64 for k in ks]) for p, m in protocols)
     options = EngineOptions(max_context=min(ctx, src.config.max_position or ctx), prefill_chunk=prefill_chunk,
                             int8_activations=int8_activations, enable_lora=True, max_lora_rank=rank,
-                            lora_pool_rank=rank * max([2, *ks]))
+                            lora_pool_rank=rank * max([2, *ks]), lora_fused_shrink=fused_shrink)
     eng = assemble(src, options, dev, tokenizer=NullTokenizer())
     try:
         for name, seed in (("a", 1), ("b", 2)):
@@ -197,7 +197,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
                 streams: list[int] | None = None, peak_tflops: float | None = None,
-                lora_rank: int | None = None, prefill_kernels: str = "auto",
+                lora_rank: int | None = None, lora_fused_shrink: bool = False, prefill_kernels: str = "auto",
                 int8_peak_tflops: float | None = None, weight_format: str | None = None,
                 profile_tokens: int = 0, steps_per_submit: int | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
@@ -223,9 +223,10 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
     ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
     if lora_rank:
         try:
-            lr = bench_lora(dev, src, protocols, lora_rank, prefill_chunk, int8_activations, log, streams, repeats)
+            lr = bench_lora(dev, src, protocols, lora_rank, prefill_chunk, int8_activations, log, streams, repeats,
+                            fused_shrink=lora_fused_shrink)
             for r in rows:
-                v = dict(lr.get(f"{r['prompt_tokens']}/{r['new_tokens']}", {}), rank=lora_rank,
+                v = dict(lr.get(f"{r['prompt_tokens']}/{r['new_tokens']}", {}), rank=lora_rank, fused_shrink=lora_fused_shrink,
                          switch_ms=lr["switch_ms"], pool_bytes=lr["pool_bytes"])
                 if v.get("decode_tps") and r.get("decode_tps"):
                     v["decode_ratio"] = round(v["decode_tps"] / r["decode_tps"], 3)   # target >= 0.85
@@ -324,6 +325,7 @@ def run_bench(args, dev=None, log=None) -> dict:
                                streams=parse_streams(getattr(args, "streams", None)),
                                peak_tflops=roof["compute"]["f32"]["tflops"],
                                lora_rank=getattr(args, "lora_rank", None),
+                               lora_fused_shrink=getattr(args, "lora_fused_shrink", False),
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
                                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
                                weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0,
@@ -544,6 +546,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also decode with a random rank-R LoRA adapter on all seven targets (and on that engine "
                         "with no adapter), and time switching adapters (row field `lora`); with --streams, "
                         "also K streams with one adapter each (lora.streams)")
+    p.add_argument("--lora-fused-shrink", action="store_true",
+                   help="with --lora-rank: the engine's lora_fused_shrink option (the decode step's LoRA shrinks "
+                        "in the producers' epilogues)")
     p.add_argument("--profile-tokens", type=int, default=0, metavar="N",
                    help="after each model's protocol, profile N tokens after the last prompt (the last row's "
                         "kernel_profile: GPU us per decode step by kernel family, the step timed whole, host "
