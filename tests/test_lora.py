@@ -332,9 +332,10 @@ def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
 
 
 def small_workgroups(monkeypatch):
-    """The chain's GEMVs in the shapes an H100's tuner picked (2026-11-25): q|k|v 2 rows in
+    """The chain's GEMVs in shapes like those an H100's tuner picked (2026-11-25): q|k|v 2 rows in
     workgroups of 32 (fewer invocations than its 48 shares per block), the quantizing epilogues
-    2 rows per subgroup, and down's the last-workgroup form (qlast: 2 rows, workgroups of 64)."""
+    2 rows per subgroup, and down's the last-workgroup form (qlast: 2 rows; workgroups of 32,
+    fewer than the q|k|v shares it writes, so their A words are loaded one share at a time)."""
     from dataclasses import replace
 
     from webdrift.models import forward
@@ -346,7 +347,7 @@ def small_workgroups(monkeypatch):
 
     def choose_qout(dev, w, w2=None, enabled=True):
         v = qout(dev, w, w2, enabled=enabled)
-        return replace(v, rows=2, wg=64, qlast=True) if w.i > w.o else replace(v, rps=2)
+        return replace(v, rows=2, wg=32, qlast=True) if w.i > w.o else replace(v, rps=2)
     monkeypatch.setattr(forward, "choose_gemv", choose_gemv)
     monkeypatch.setattr(forward, "choose_qout", choose_qout)
 
@@ -381,7 +382,8 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
     fused = load(True)
     labels = [d.label for d in fused.decode.dispatches(1)]
     ops = {op.label: op for op in fused.decode.graph.ops}
-    assert not small or (ops["L1.qkv+rope_kv"].variant.wg, ops["L0.down+residual+quant"].variant.qlast) == (32, True)
+    assert not small or (ops["L1.qkv+rope_kv"].variant.wg, ops["L0.down+residual+quant"].variant.wg,
+                         ops["L0.down+residual+quant"].variant.qlast) == (32, 32, True)
     assert fused.decode.int8_chain and [x for x in labels if ".lora_" in x] == ["L0.lora_qkv"]
     toks, got = decode_logits(fused)
     sep = load(False)
