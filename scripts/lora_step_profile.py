@@ -6,7 +6,6 @@ rank-R adapter on all seven targets, after a 1024-token prompt:
 Each '-' profiles a step without the adapter, each 'a' one with it (in that order: alternate
 them to see drift on a shared machine). --fused: the engine's lora_fused_shrink option."""
 import argparse
-import functools
 
 from webdrift.gpu.native import get_device
 from webdrift.profile import benchmark as B
@@ -29,13 +28,8 @@ eng = assemble(src, EngineOptions(max_context=2048, enable_lora=True, max_lora_r
                tokenizer=NullTokenizer())
 eng.add_lora("a", random_lora(src.config, args.rank, 10))
 ids = B.prompt_ids(src.config.vocab_size, 1024)
-generate = B.agenerate_ids
-try:
-    for run in args.runs:
-        B.agenerate_ids = functools.partial(generate, lora=None if run == "-" else "a")
-        kp = _run(B.akernel_profile(eng, ids, 64))
-        B.log_kernel_profile(print, "no adapter" if run == "-" else f"rank-{args.rank} adapter", kp)
-        if kp:
-            print(f"    host: {kp['host']}", flush=True)
-finally:
-    B.agenerate_ids = generate
+for run in args.runs:
+    kp = _run(B.akernel_profile(eng, ids, 64, lora=None if run == "-" else "a"))
+    B.log_kernel_profile(print, "no adapter" if run == "-" else f"rank-{args.rank} adapter", kp)
+    if kp:
+        print(f"    host: {kp['host']}", flush=True)

@@ -113,9 +113,10 @@ async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None =
     return best
 
 
-async def akernel_profile(eng, ids: list[int], new_tokens: int, n: int = 1) -> dict | None:
+async def akernel_profile(eng, ids: list[int], new_tokens: int, n: int = 1, lora: str | None = None) -> dict | None:
     """Where a decode step's time goes, from three greedy generations of new_tokens after `ids`
-    (n > 1: n streams decoded together, generate(n=n); a step then makes n tokens),
+    (n > 1: n streams decoded together, generate(n=n); a step then makes n tokens; lora: a
+    resident adapter they apply),
     or None where the adapter has no timestamp-query. First every dispatch timed in its own pass
     (profile/profiler.py): GPU us per step by kernel family (the per-kernel passes add their own
     cost, so compare families, not the total with the step); then each step timed whole (one
@@ -131,7 +132,7 @@ async def akernel_profile(eng, ids: list[int], new_tokens: int, n: int = 1) -> d
         prof = Profiler(True, kernels=kernels, steps=steps)
         eng.profiler = prof
         try:
-            out = await agenerate_ids(eng, ids, new_tokens, n=n)
+            out = await agenerate_ids(eng, ids, new_tokens, n=n, lora=lora)
         finally:
             eng.profiler = DISABLED
         await prof.acollect(eng.dev)
