@@ -93,6 +93,20 @@ def ref_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].float().numpy()
 
 
+def decode_tensor(eng, name, dtype, arena=None):
+    """Tensor `name` of the engine's decode program as the arena holds it (arena: its bytes, read
+    already; else read now)."""
+    if arena is None:
+        arena = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)
+    t = eng.decode.graph.tensors[name]
+    return arena[t.offset:t.offset + t.desc.nbytes].view(dtype)
+
+
+def decode_logits(eng):
+    """The logits of the last decode step."""
+    return decode_tensor(eng, "logits", np.float32)[:eng.model.cfg.vocab_size].copy()
+
+
 def assert_matches(got, want, cos_min=0.999, top1_min=0.98):
     cos = (got * want).sum(-1) / (np.linalg.norm(got, axis=-1) * np.linalg.norm(want, axis=-1))
     top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
@@ -313,20 +327,18 @@ def test_int8_combine_writes_both_rows_with_lora(setup, monkeypatch):
                              max_context=128, prefill_chunk=64, autotune=False, weight_format="q8",
                              int8_activations=True)
 
-    def decode_logits(eng):
-        ids = ids_for(12, seed=21)
-        eng.generate(ids, max_new_tokens=3, lora="a", stop_at_eos=False)
-        return np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)[eng.decode.graph.tensors["logits"].offset:][
-            :4 * eng.model.cfg.vocab_size].view(np.float32).copy()
+    def logits_after_generate(eng):
+        eng.generate(ids_for(12, seed=21), max_new_tokens=3, lora="a", stop_at_eos=False)
+        return decode_logits(eng)
     both = load()
     labels = [d.label for d in both.decode.dispatches(1)]
     assert "L0.attn_combine+quant" in labels and not any("quant_o" in x for x in labels)
-    a = decode_logits(both)
+    a = logits_after_generate(both)
     monkeypatch.setattr(forward, "AttentionCombineKernel", FloatCombine)
     sep = load()
     sep_labels = [d.label for d in sep.decode.dispatches(1)]
     assert "L0.quant_o" in sep_labels and len(sep_labels) == len(labels) + len(both.model.layers)
-    b = decode_logits(sep)
+    b = logits_after_generate(sep)
     assert np.isfinite(a).all() and np.abs(a).max() > 0
     np.testing.assert_array_equal(a, b)
 
@@ -373,11 +385,9 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
                              max_context=128, prefill_chunk=64, autotune=False, weight_format=fmt,
                              int8_activations=True, lora_fused_shrink=fused)
 
-    def decode_logits(eng):
+    def generate(eng):
         res = eng.generate(ids, max_new_tokens=4, lora=name, lora_scale=scale, stop_at_eos=False)
-        lg = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)[eng.decode.graph.tensors["logits"].offset:][
-            :4 * eng.model.cfg.vocab_size].view(np.float32).copy()
-        return res.token_ids, lg
+        return res.token_ids, decode_logits(eng)
     ids = ids_for(20, seed=31)
     fused = load(True)
     labels = [d.label for d in fused.decode.dispatches(1)]
@@ -385,10 +395,10 @@ def test_fused_shrink_in_the_int8_chain(setup, monkeypatch, fmt, name, scale, sm
     assert not small or (ops["L1.qkv+rope_kv"].variant.wg, ops["L0.down+residual+quant"].variant.wg,
                          ops["L0.down+residual+quant"].variant.qlast) == (32, 32, True)
     assert fused.decode.int8_chain and [x for x in labels if ".lora_" in x] == ["L0.lora_qkv"]
-    toks, got = decode_logits(fused)
+    toks, got = generate(fused)
     sep = load(False)
     assert sum(".lora_" in d.label for d in sep.decode.dispatches(1)) == 4 * len(sep.model.layers)
-    sep_toks, want = decode_logits(sep)
+    sep_toks, want = generate(sep)
     assert toks == sep_toks
     np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(want).max())
     flt = webdrift.load(str(setup["base"]), loras={name: str(setup["dirs"][name])}, max_lora_rank=16,
@@ -428,11 +438,7 @@ def test_fused_shrink_shares_against_the_adapter(setup, monkeypatch, small):
                                         ("L0.down+residual+quant", "qkv", 1, "xqa1")):
         eng.dev.submit(disp[:labels.index(producer) + 1])
         arena = np.frombuffer(eng.dev.read_buffer_sync(eng.arena), np.uint8)
-
-        def tensor(n, dtype, arena=arena):
-            t = eng.decode.graph.tensors[n]
-            return arena[t.offset:t.offset + t.desc.nbytes].view(dtype)
-        words = tensor(row, np.uint32)
+        words = decode_tensor(eng, row, np.uint32, arena)
         a = np.stack([params[f"base_model.model.model.layers.{layer}.{m}.lora_A.default.weight"].detach().numpy()
                       for m in mods[group]])                         # (nseg, rank, n_in)
         nseg, n_in = a.shape[0], a.shape[2]
@@ -440,7 +446,7 @@ def test_fused_shrink_shares_against_the_adapter(setup, monkeypatch, small):
         q = words[:8 * nb].view(np.int8).astype(np.float32).reshape(nb, 32)
         x = (q * words[8 * nb:9 * nb].view(np.float32)[:, None]).reshape(-1)   # q8 rows: natural order, then d
         want = np.einsum("bi,srbi->bsr", x.reshape(nb, 32), a.reshape(nseg, rank, nb, 32))
-        got = tensor(f"lp_{group}{layer}", np.float32)[:nb * nseg * 16].reshape(nb, nseg, 16)[:, :, :rank]
+        got = decode_tensor(eng, f"lp_{group}{layer}", np.float32, arena)[:nb * nseg * 16].reshape(nb, nseg, 16)[:, :, :rank]
         np.testing.assert_allclose(got, want, rtol=0, atol=0.02 * np.abs(want).max(), err_msg=f"{group} of L{layer}")
 
 

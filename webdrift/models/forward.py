@@ -429,7 +429,7 @@ class ForwardBuilder:
             # and act too with LoRA (the down shrink's input), or the shrink's shares
             sh = self._shares(i, "down")
             write_y = lora is not None and sh is None
-            writes = (f"act{i}",) * write_y + (f"xqd{i}", *self._part(sh))
+            writes = ((f"act{i}",) if write_y else ()) + (f"xqd{i}", *self._part(sh))
             g.add(Linear(label=f"L{i}.gate_up+act+quant", reads=(f"xqf{i}", *self._u(lora)), writes=writes, y=f"act{i}",
                          int8_input=True, variant=self._qout_variant(lw.w_gate, lw.w_up), pre_norm=True,
                          x_partials=self._chained(True),
