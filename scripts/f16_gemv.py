@@ -65,5 +65,5 @@ for shape in sys.argv[1:] or ["llama-3.1-8b"]:
                 print(f"  {role} {v}: {type(e).__name__}: {str(e)[:100]}")
         res_.sort(key=lambda r: r[0])
         print(f"{shape} {role} {O}x{I}{' dual' if dual else ''}: " + "; ".join(
-            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}{'k' * v.ksplit}"
-            for t, v in res_[:6]), flush=True)
+            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}{"k" * v.ksplit}"
+            for t, v in res_[:int(__import__("os").environ.get("TOP", "6"))]), flush=True)

@@ -171,7 +171,9 @@ VARIANT_CASES = [pytest.param(t.values[0], *case, id=f"{t.id}-{case[0]}-{case[1]
                  for t in VARIANTS
                  for case in [("f32", "OI4O4", 45, 67), ("f16", "OI", 45, 67), ("q8", "OI", 45, 576),
                               ("q4", "OI", 45, 576), ("q4", "OI", 4097, 128), ("f16", "OI", 70, 136),
-                              ("q8", "OI", 301, 1536)]
+                              ("q8", "OI", 301, 1536),
+                              # 1025 f16 blocks: split K's 2-4 strides at a time run, then its tail
+                              ("f16", "OI", 37, 8200)]
                  if _supported(t.values[0], case[0], case[1], case[3])]
 
 

@@ -68,7 +68,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let o = wid.x * ROWS + r;
     if (o >= w_O) { break; }
 {{MR_DECL}}
-    for (var b = b0; b < w_NB; b += bstep) {
+    var b = b0;
+#if KUNROLL
+    // KU strides at a time: KU x MROWS weight blocks in flight per invocation
+{{MR_DECL_U}}
+    for (; b + ({{KU}}u - 1u) * bstep < w_NB; b += {{KU}}u * bstep) {
+{{MR_ACC_U}}
+    }
+{{MR_MERGE_U}}
+#endif
+    for (; b < w_NB; b += bstep) {
 {{MR_ACC}}
     }
 {{MR_RED}}

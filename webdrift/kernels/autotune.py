@@ -73,6 +73,14 @@ CANDIDATES = (
     GemvVariant("wide", rows=8, wg=256, mrows=4, ksplit=True),
     GemvVariant("wide", rows=2, wg=128, mrows=2, ksplit=True),
     GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True),
+    # ... taking 2 or 4 strides of the block loop at a time (more weight blocks in flight per
+    # invocation before a row group's sums meet)
+    GemvVariant("wide", rows=4, wg=256, mrows=4, ksplit=True, unroll=2),
+    GemvVariant("wide", rows=8, wg=256, mrows=4, ksplit=True, unroll=2),
+    GemvVariant("wide", rows=8, wg=256, mrows=8, ksplit=True, unroll=2),
+    GemvVariant("wide", rows=2, wg=256, mrows=2, ksplit=True, unroll=4),
+    GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True, unroll=2),
+    GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True, unroll=4),
 )
 # the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
 BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
@@ -687,6 +695,8 @@ def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgr
         return blk_cols(v, tokens, dual, qout, subgroups)
     if v.variant not in ("subgroup", "wide") or tokens <= 1:
         return v
+    if v.ksplit:   # several strides at a time is a one-column form of split K
+        v = replace(v, unroll=1)
     chains = 4 if v.unroll == 4 else 1
     acc = chains * v.mrows * (2 if dual else 1)
     xf = chains * 4 * (wide_slices(fmt) if v.variant == "wide" else 1)

@@ -44,7 +44,8 @@ class GemvVariant:
     variant: str = "split"   # "split" | "row" | "subgroup" | "wide" | "blk"
     rows: int = 4            # outputs per workgroup (row: unused, WG outputs per workgroup)
     wg: int = 64             # invocations per workgroup
-    unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane
+    unroll: int = 1          # subgroup / wide: 4 = four loads in flight per lane; wide split K
+                             # (one column): 2-4 strides of the block loop at a time
     rps: int = 4             # blk with QuantOut: rows per subgroup at a time
     mrows: int = 1           # wide: consecutive rows per subgroup at a time (input loaded once for them)
     cols: int = 1            # blk / subgroup / wide: token rows per workgroup, each weight block
@@ -139,14 +140,18 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device, ks_slots: int = 0) -> i
     return red
 
 
-def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, ksplit: bool = False) -> dict:
+def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, ksplit: bool = False,
+                kunroll: int = 1) -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
     weight's last read its last row, and are not written) and the NCOL columns (c: token row
     t{c}, input block xb{c}; each column the one-column statements); nt: the token count.
     rope (one column, m even): the m rows are output indices o + j, weight rows rperm(o + j)
     (rope_epilogue.wgsl), and each two adjacent ones, rotation partners, go to rope_out.
     ksplit (KSPLIT, also for m = 1): the sums' slots, each subgroup's partials put into red
-    (KS_PUT) and the totals taken back (KS_GET) for the epilogue."""
+    (KS_PUT) and the totals taken back (KS_GET) for the epilogue; kunroll > 1 (with ksplit): the
+    block loop takes kunroll strides at a time (blocks b + u bstep), each stride's sums in
+    accumulators of their own (MR_ACC_U) added to the first's after the loop (MR_MERGE_U), so
+    kunroll x m weight blocks are in flight per invocation."""
     if m <= 1 and not ksplit:
         return {"MROWS": False, "KSPLIT": False}
     js, cs = range(m), range(cols)
@@ -173,7 +178,18 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
                for j in js[::2]]
     sums = [v for c in cs for j in js for v in ([f"m{j}_{c}"] + ([f"n{j}_{c}"] if pair else []))]
     d = {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
-         "MR_EPI": "\n".join(epi), "KSPLIT": ksplit}
+         "MR_EPI": "\n".join(epi), "KSPLIT": ksplit, "KUNROLL": ksplit and kunroll > 1}
+    if ksplit and kunroll > 1:   # (one column: LinearKernel checks)
+        us = range(1, kunroll)
+        acc_u = [f"      let xb0_{u} = x_blk(x_row(t0), b + {u}u * bstep, inv0);" for u in range(kunroll)]
+        acc_u += [f"      m{j}_0{'_' * (u > 0)}{u or ''} += w_dot({row[j]}, b + {u}u * bstep, xb0_{u});"
+                  + (f" n{j}_0{'_' * (u > 0)}{u or ''} += w2_dot({row[j]}, b + {u}u * bstep, xb0_{u});" if pair else "")
+                  for u in range(kunroll) for j in js]
+        d.update(KU=kunroll, MR_ACC_U="\n".join(acc_u),
+                 MR_DECL_U="\n".join(f"    var {v}_{u} = 0.0;" for u in us for v in sums),
+                 MR_MERGE_U="\n".join(f"    {v} += " + " + ".join(f"{v}_{u}" for u in us) + ";" for v in sums))
+    else:
+        d.update(KU=1, MR_DECL_U="", MR_ACC_U="", MR_MERGE_U="")
     if ksplit:
         d.update(KS_SLOTS=len(sums), KS_PUT="\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(sums)),
                  KS_GET="\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(sums)))
@@ -271,6 +287,9 @@ class LinearKernel(Kernel):
                              f"count and the QKV weight; {w.name} ({v}, {rows} rows)")
         if gemm is None and variant.ksplit and (v != "wide" or not dev.has_subgroups):
             raise ValueError(f"split K (ksplit) is a wide-GEMV option with subgroups; got {v}")
+        if gemm is None and variant.ksplit and variant.unroll > 1 and (variant.cols != 1 or variant.unroll > 4):
+            raise ValueError(f"split K takes 2 to 4 strides at a time (unroll) with one token row; got unroll "
+                             f"{variant.unroll} with {variant.cols} columns")
         if gemm is None and (variant.mrows > 1 or variant.ksplit) and (v != "wide" or rows % variant.mrows
                                                                        or (rope is not None and variant.mrows % 2)):
             raise ValueError(f"several rows per subgroup (mrows {variant.mrows}) are a wide-GEMV option, for a row "
@@ -321,7 +340,7 @@ class LinearKernel(Kernel):
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
         mr = _mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None,
-                         gemm is None and variant.ksplit)
+                         gemm is None and variant.ksplit, variant.unroll if gemm is None else 1)
         d.update(mr)
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",
