@@ -3,6 +3,7 @@ the way the tuner times kernels (each run after an L2 flush, the median of 5), a
 role's candidates fastest first with the weight bytes streamed per second (issue 10: the f16
 rows). Random f16 weights and activations; one token row.
     PYTHONPATH=. python scripts/f16_gemv.py [llama-3.1-8b|llama-3.2-1b|llama-3.2-3b ...]"""
+import os
 import sys
 
 import numpy as np
@@ -18,6 +19,7 @@ SHAPES = {"llama-3.1-8b": (4096, 14336, 32, 8, 128), "llama-3.2-3b": (3072, 8192
           "llama-3.2-1b": (2048, 8192, 32, 8, 64)}
 dev = get_device()
 rng = np.random.default_rng(0)
+TOP = int(os.environ.get("TOP", "6"))   # candidates printed per role
 
 
 def make_weight(name: str, o: int, i: int):
@@ -65,5 +67,5 @@ for shape in sys.argv[1:] or ["llama-3.1-8b"]:
                 print(f"  {role} {v}: {type(e).__name__}: {str(e)[:100]}")
         res_.sort(key=lambda r: r[0])
         print(f"{shape} {role} {O}x{I}{' dual' if dual else ''}: " + "; ".join(
-            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}{"k" * v.ksplit}"
-            for t, v in res_[:int(__import__("os").environ.get("TOP", "6"))]), flush=True)
+            f"{t:.1f}us {nbytes / t / 1e6:.2f}TB/s {v.variant[:2]}r{v.rows}w{v.wg}u{v.unroll}m{v.mrows}{'k' * v.ksplit}"
+            for t, v in res_[:TOP]), flush=True)
