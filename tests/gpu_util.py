@@ -106,6 +106,20 @@ def f32_buffer(a: np.ndarray, label: str = ""):
     return buf
 
 
+def cache_buffer(a: np.ndarray, f16: bool = False, label: str = ""):
+    """A KV cache buffer holding a's values as f32, or with f16 as f16 (kernels/rope.kv_type)."""
+    a = np.ascontiguousarray(a, np.float16 if f16 else np.float32)
+    buf = device().create_buffer(a.nbytes, label=label)
+    device().write_buffer(buf, a)
+    return buf
+
+
+def read_cache(buf, n: int | None = None, f16: bool = False) -> np.ndarray:
+    """A cache buffer's values (f16 ones widened) as float32."""
+    out = np.frombuffer(device().read_buffer_sync(buf), np.float16 if f16 else np.float32).astype(np.float32)
+    return out if n is None else out[:n]
+
+
 def read_f32(buf, n: int | None = None) -> np.ndarray:
     out = np.frombuffer(device().read_buffer_sync(buf), np.float32)
     return out if n is None else out[:n]

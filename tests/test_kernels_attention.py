@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
+from tests.gpu_util import cache_buffer, device, download, f32_buffer, read_f32, run, upload
 from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel
 from webdrift.tensor import TensorDesc
 
@@ -51,28 +51,31 @@ def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None, str
     return out
 
 
-def random_inputs(kvh, rows, dh, cap, seed):
+def random_inputs(kvh, rows, dh, cap, seed, kv_f16=False):
+    """q_rel, K and V caches; kv_f16: the caches' values are f16 ones (held as float32 here)."""
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((kvh, rows, dh)).astype(np.float32),      # q_rel
-            rng.standard_normal((kvh, cap, dh)).astype(np.float32),       # K cache
-            rng.standard_normal((kvh, dh, cap)).astype(np.float32))       # V cache
+    kvt = np.float16 if kv_f16 else np.float32
+    return (rng.standard_normal((kvh, rows, dh)).astype(np.float32),                     # q_rel
+            rng.standard_normal((kvh, cap, dh)).astype(kvt).astype(np.float32),          # K cache
+            rng.standard_normal((kvh, dh, cap)).astype(kvt).astype(np.float32))          # V cache
 
 
 def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, out_layout="linear",
-                  q_layout="linear", t_cap=None, seed=0, variant=None, streams=None):
+                  q_layout="linear", t_cap=None, seed=0, variant=None, streams=None, kv_f16=False):
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
     rows_cap = t_cap * group
-    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed, kv_f16)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}))
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}),
+                          kv_f16=kv_f16)
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
-    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part}, T, pos0=pos0,
-        streams=streams)
+    run(att, {"q": upload(q_d, q), "kc": cache_buffer(kc, kv_f16), "vc": cache_buffer(vc, kv_f16), "part": part},
+        T, pos0=pos0, streams=streams)
     run(comb, {"part": part, "out": ob}, T, pos0=pos0, streams=streams)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
@@ -84,22 +87,23 @@ def assert_close(got, ref):
 
 
 def run_prefill_attention(H, KVH, DH, cap, pos0, T, window=0, softcap=None, scale=None, t_cap=None, seed=0,
-                          out_layout="linear", q_layout="linear", kernel=None, poison=False):
+                          out_layout="linear", q_layout="linear", kernel=None, poison=False, kv_f16=False):
     """AttentionPrefillKernel over T rows at positions pos0.. (their keys: cache rows 0 .. pos0 + T - 1);
     poison: the cache rows past them hold NaN (what an earlier sequence may leave must not reach the sums)."""
     group = H // KVH
     scale = scale if scale is not None else DH ** -0.5
     t_cap = t_cap or T
-    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
+    q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed, kv_f16)
     if poison:
         kc[:, pos0 + T:] = np.nan
         vc[:, :, pos0 + T:] = np.nan
     q_d = TensorDesc("q", DH, t_cap * group, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
     k = AttentionPrefillKernel(device(), q_d, out_d, H, KVH, DH, cap, t_cap * group, scale, window, softcap,
-                               **(kernel or {}))
+                               **(kernel or {}), kv_f16=kv_f16)
     ob = upload(out_d, fill=SENTINEL)
-    run(k, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "out": ob}, T, pos0=pos0)
+    run(k, {"q": upload(q_d, q), "kc": cache_buffer(kc, kv_f16), "vc": cache_buffer(vc, kv_f16), "out": ob}, T,
+        pos0=pos0)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
     return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap)
@@ -116,6 +120,17 @@ def run_prefill_attention(H, KVH, DH, cap, pos0, T, window=0, softcap=None, scal
 ])
 def test_prefill_attention(H, KVH, DH, pos0, T):
     assert_close(*run_prefill_attention(H, KVH, DH, 512, pos0, T, t_cap=T + 3, q_layout="sliced" if DH == 80 else "linear"))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_attention_f16_caches(variant):
+    """The caches as f16 (the engine's default where shader-f16 exists): every decode kernel reads
+    them as f32, so the result is the reference over the f16 values."""
+    assert_close(*run_attention(8, 2, 64, 256, 150, 3, variant=variant, kv_f16=True))
+
+
+def test_prefill_attention_f16_caches():
+    assert_close(*run_prefill_attention(8, 2, 128, 512, 101, 9, kv_f16=True))
 
 
 def test_prefill_attention_block_past_the_cache():

@@ -12,7 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu_util import device, download, f32_buffer, make_weight, upload, write_step
+from tests.gpu_util import (
+    cache_buffer,
+    device,
+    download,
+    f32_buffer,
+    make_weight,
+    read_cache,
+    upload,
+    write_step,
+)
 from tests.test_kernels_linear import FUSIONS, SENTINEL, _weights, fusion_case, gelu_tanh, rms_norm_ref, silu
 from webdrift.errors import UnsupportedModelError
 from webdrift.kernels.linear import Epilogue, GemvVariant, LinearKernel, PreNorm, QuantOut, RopeOut
@@ -230,9 +239,10 @@ ROPE_CASES = [("blk", "q4", True, False, 4, 1), ("blk", "q4", False, True, 2, 1)
               ("wide", "f16", True, True, 4, 2, 2, True), ("wide", "q8", False, False, 8, 4, 4, True)]
 
 
+@pytest.mark.parametrize("kv_f16", [False, True], ids=["kv32", "kv16"])
 @pytest.mark.parametrize("variant,fmt,rope_half,bias,rows,unroll,mrows,ksplit",
                          [c + (1,) * (7 - len(c)) + (False,) * (len(c) < 8) for c in ROPE_CASES])
-def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows, ksplit):
+def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows, ksplit, kv_f16):
     """rope: the QKV GEMV applies RoPE, writes q in the attention's relayout and appends K/V to
     the caches itself: the same q rows and cache contents as the plain GEMV followed by
     RopeQKVKernel (both pairings; with the QKV bias; two tokens at positions 37, 38). blk: the
@@ -264,18 +274,18 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows, kspli
     bb = {"bias": f32_buffer(rng.standard_normal(O).astype(np.float32))} if bias else {}
     inv_freq = f32_buffer((10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32))
     q_rel = TensorDesc("q", DH, T * (H // KVH), b=KVH)
-    cache = lambda: f32_buffer(np.full(KVH * cap * DH, 7.0, np.float32))
+    cache = lambda: cache_buffer(np.full(KVH * cap * DH, 7.0), kv_f16)   # (kv_f16: the caches hold f16)
     # reference: plain GEMV into qkv, then RopeQKVKernel
     yd = TensorDesc("qkv", O, CAP)
     yb = upload(yd, None)
     run(LinearKernel(dev, "decode", src, yd, gw, variant=tuning, pre_norm=norm, epilogue=Epilogue(bias=bias)),
         {"x": sb, "y": yb, "w": gw.buffers, **bb, **tail}, T, pos0=pos0)
     qr, kr, vr = upload(q_rel, None), cache(), cache()
-    run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half),
+    run(RopeQKVKernel(dev, yd, q_rel, H, KVH, DH, cap, rope_half, kv_f16=kv_f16),
         {"qkv": yb, "q": qr, "kc": kr, "vc": vr, "inv_freq": inv_freq}, T, pos0=pos0)
     # fused
     qf, kf, vf = upload(q_rel, None), cache(), cache()
-    rope = RopeOut(q_rel, H, KVH, DH, cap, rope_half)
+    rope = RopeOut(q_rel, H, KVH, DH, cap, rope_half, kv_f16)
     k = LinearKernel(dev, "decode", src, yd, gw, variant=tuning, pre_norm=norm, epilogue=Epilogue(bias=bias, rope=rope))
     write_step(T, pos0=pos0)
     dev.submit([k.dispatch({"step": step_buffer(), "x": sb, "y": upload(yd, None), "w": gw.buffers, **bb, **tail,
@@ -283,8 +293,9 @@ def test_rope_epilogue(variant, fmt, rope_half, bias, rows, unroll, mrows, kspli
     np.testing.assert_allclose(download(q_rel, qf, squeeze=False), download(q_rel, qr, squeeze=False),
                                rtol=1e-5, atol=1e-5)
     for got, want in ((kf, kr), (vf, vr)):
-        g, w = np.frombuffer(dev.read_buffer_sync(got), np.float32), np.frombuffer(dev.read_buffer_sync(want), np.float32)
-        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+        g, w = read_cache(got, f16=kv_f16), read_cache(want, f16=kv_f16)
+        # (f16: the same f32 sums in another order can round to neighbouring f16 values)
+        np.testing.assert_allclose(g, w, rtol=2 ** -10 if kv_f16 else 1e-5, atol=1e-5)
         assert (g != 7.0).sum() == KVH * T * DH      # exactly the two positions were appended
     with pytest.raises(ValueError, match="RoPE in the GEMV epilogue"):
         LinearKernel(dev, "decode", src, yd, gw, variant=GemvVariant(variant, rows=3, wg=64), epilogue=Epilogue(rope=rope))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.gpu_util import device, download, f32_buffer, read_f32, run, upload
+from tests.gpu_util import cache_buffer, device, download, f32_buffer, read_cache, read_f32, run, upload
 from webdrift.kernels.rope import RopeQKVKernel
 from webdrift.tensor import TensorDesc
 
@@ -47,11 +47,13 @@ CONFIGS = [  # (H, KVH, DH)
 ]
 
 
+@pytest.mark.parametrize("kv_f16", [False, True], ids=["kv32", "kv16"])
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("style", ["half", "interleaved"])
 @pytest.mark.parametrize("H,KVH,DH", CONFIGS)
 @pytest.mark.parametrize("T,pos0,cap", [(5, 37, 64), (1, 63, 64)])
-def test_rope_qkv(T, pos0, cap, H, KVH, DH, style, qk_norm):
+def test_rope_qkv(T, pos0, cap, H, KVH, DH, style, qk_norm, kv_f16):
+    """kv_f16: the caches hold f16 (the appended K and V rounded to it, the other rows untouched)."""
     group = H // KVH
     eps, w_offset = 1e-6, (1.0 if qk_norm else 0.0)
     rng = np.random.default_rng(H * 1000 + DH + pos0)
@@ -60,14 +62,15 @@ def test_rope_qkv(T, pos0, cap, H, KVH, DH, style, qk_norm):
     # the accessors make the kernel layout-agnostic: a sliced qkv for one config, a sliced q_rel for another
     qkv_d = TensorDesc("qkv", (H + 2 * KVH) * DH, T_CAP, layout="sliced" if DH == 32 else "linear")
     q_d = TensorDesc("q", DH, T_CAP * group, b=KVH, layout="sliced" if DH == 128 else "linear")
-    kc0 = rng.standard_normal((KVH, cap, DH)).astype(np.float32)     # (KVH, CAP, DH)
-    vc0 = rng.standard_normal((KVH, DH, cap)).astype(np.float32)     # (KVH, DH, CAP)
+    kvt = np.float16 if kv_f16 else np.float32
+    kc0 = rng.standard_normal((KVH, cap, DH)).astype(kvt).astype(np.float32)     # (KVH, CAP, DH)
+    vc0 = rng.standard_normal((KVH, DH, cap)).astype(kvt).astype(np.float32)     # (KVH, DH, CAP)
     qb = upload(q_d, fill=CACHE_FILL)
-    kcb, vcb = f32_buffer(kc0), f32_buffer(vc0)
+    kcb, vcb = cache_buffer(kc0, kv_f16), cache_buffer(vc0, kv_f16)
     bufs = {"qkv": upload(qkv_d, qkv), "q": qb, "kc": kcb, "vc": vcb, "inv_freq": f32_buffer(inv_freq(DH))}
     if qk_norm:
         bufs |= {"qn": f32_buffer(qn), "kn": f32_buffer(kn)}
-    k = RopeQKVKernel(device(), qkv_d, q_d, H, KVH, DH, cap, style == "half", qk_norm, eps, w_offset)
+    k = RopeQKVKernel(device(), qkv_d, q_d, H, KVH, DH, cap, style == "half", qk_norm, eps, w_offset, kv_f16=kv_f16)
     run(k, bufs, T, pos0=pos0)
 
     x = qkv.astype(np.float64)
@@ -86,10 +89,15 @@ def test_rope_qkv(T, pos0, cap, H, KVH, DH, style, qk_norm):
     np.testing.assert_allclose(got_q[:, : T * group], q_rel_ref, **tol)
     assert (got_q[:, T * group:] == CACHE_FILL).all()
 
-    kc = read_f32(kcb, kc0.size).reshape(kc0.shape)
-    vc = read_f32(vcb, vc0.size).reshape(vc0.shape)
-    np.testing.assert_allclose(kc[:, pos], kk.transpose(1, 0, 2), **tol)
-    np.testing.assert_array_equal(vc[:, :, pos], v.transpose(1, 2, 0).astype(np.float32))
+    kc = read_cache(kcb, kc0.size, kv_f16).reshape(kc0.shape)
+    vc = read_cache(vcb, vc0.size, kv_f16).reshape(vc0.shape)
+    if kv_f16:   # f16 keeps 11 significant bits: a value within half a unit of the last (2^-11 of it)
+        np.testing.assert_allclose(kc[:, pos], kk.transpose(1, 0, 2), rtol=2 ** -11 + 1e-4, atol=2e-4)
+        np.testing.assert_allclose(vc[:, :, pos], v.transpose(1, 2, 0), rtol=2 ** -11, atol=0)
+        assert (vc[:, :, pos] != v.transpose(1, 2, 0).astype(np.float32)).any(), "the values are rounded to f16"
+    else:
+        np.testing.assert_allclose(kc[:, pos], kk.transpose(1, 0, 2), **tol)
+        np.testing.assert_array_equal(vc[:, :, pos], v.transpose(1, 2, 0).astype(np.float32))
     others = np.setdiff1d(np.arange(cap), pos)
     np.testing.assert_array_equal(kc[:, others], kc0[:, others])
     np.testing.assert_array_equal(vc[:, :, others], vc0[:, :, others])

@@ -263,7 +263,7 @@ export class Engine {
 // these names to Python's in ENGINE_OPTION_NAMES).
 const ENGINE_OPTIONS = ["maxContext", "weightFormat", "prefillChunk", "layout", "fuse", "autotune",
                         "prefillKernels", "int8Activations", "maxBindingBytes", "enableLora", "maxLoraRank",
-                        "loraPoolRank", "loraFusedShrink", "stepsPerSubmit"];
+                        "loraPoolRank", "loraFusedShrink", "stepsPerSubmit", "kvCache"];
 
 async function startWorker(options, model) {
   const check = checkWebGPU();
@@ -289,7 +289,8 @@ async function startWorker(options, model) {
  * maxContext (KV-cache length; default min(model, 2048)), and the desktop's other engine options
  * (webdrift.load's, in camelCase): weightFormat, prefillChunk, layout, fuse, autotune, prefillKernels,
  * int8Activations, maxBindingBytes, enableLora (LoRA slots for loadLora), maxLoraRank, loraPoolRank,
- * loraFusedShrink, stepsPerSubmit (decode steps per GPU submit; default the device's); cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
+ * loraFusedShrink, stepsPerSubmit (decode steps per GPU submit; default the device's), kvCache ("f16" or
+ * "f32"; default f16 where the adapter has shader-f16); cache (false: do not use the browser cache), onProgress({phase, loaded, total, percent, message}).
  */
 export async function createEngine(options = {}) {
   const check = checkWebGPU();

@@ -50,7 +50,8 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
          progress=None, fuse: bool = True, autotune: bool | str = True, prefill_kernels: str = "auto",
          int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None,
          loras: dict | None = None, enable_lora: bool = False, max_lora_rank: int = 64,
-         lora_pool_rank: int | None = None, lora_fused_shrink: bool = False, steps_per_submit: int | None = None):
+         lora_pool_rank: int | None = None, lora_fused_shrink: bool = False, steps_per_submit: int | None = None,
+         kv_cache: str | None = None):
     """Load a model: a known name (see `webdrift.hub.KNOWN_MODELS`; default `webdrift.hub.DEFAULT_MODEL`,
     smollm2-135m), a .gguf path, or an HF folder.
 
@@ -89,6 +90,10 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     steps_per_submit: the most decode steps the engine puts in one GPU submit (1-32; default: the
     device's, `Device.decode_steps_per_submit`); more steps per submit spend less host time per
     token, fewer let a stopped generation end sooner (docs/ARCHITECTURE.md, "The host loop").
+    kv_cache: the KV cache's values, "f16" (half the memory of "f32", and half of what decode
+    attention reads at depth: llama.cpp's default) or "f32"; default f16 where the adapter has
+    shader-f16, else f32. K and V are rounded to f16 as they are appended; scores, softmax and
+    sums stay f32.
     device: a device to load onto (default: wgpu-native's, `webdrift.gpu.native.get_device()`).
     auto_pull: fetch a known model into the cache if it is not there yet (False: ModelNotFoundError).
     progress: progress(done, total, name) called per weight tensor uploaded.
@@ -105,7 +110,7 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
                             int8_activations=int8_activations, max_binding_bytes=max_binding_bytes,
                             enable_lora=enable_lora or bool(loras), max_lora_rank=max_lora_rank,
                             lora_pool_rank=lora_pool_rank, lora_fused_shrink=lora_fused_shrink,
-                            steps_per_submit=steps_per_submit)
+                            steps_per_submit=steps_per_submit, kv_cache=kv_cache)
     return load_desktop(model, options, device=device, auto_pull=auto_pull, progress=progress, loras=loras)
 
 

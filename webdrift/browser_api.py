@@ -90,7 +90,8 @@ ENGINE_OPTION_NAMES = {"maxContext": "max_context", "weightFormat": "weight_form
                        "prefillKernels": "prefill_kernels", "int8Activations": "int8_activations",
                        "maxBindingBytes": "max_binding_bytes", "enableLora": "enable_lora",
                        "maxLoraRank": "max_lora_rank", "loraPoolRank": "lora_pool_rank",
-                       "loraFusedShrink": "lora_fused_shrink", "stepsPerSubmit": "steps_per_submit"}
+                       "loraFusedShrink": "lora_fused_shrink", "stepsPerSubmit": "steps_per_submit",
+                       "kvCache": "kv_cache"}
 # generate()'s options: the Engine's SamplingParams.
 SAMPLING_OPTION_NAMES = {"maxNewTokens": "max_new_tokens", "temperature": "temperature", "topK": "top_k",
                          "topP": "top_p", "seed": "seed", "stopAtEos": "stop_at_eos", "numResponses": "n",

@@ -39,7 +39,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (vis) {
     let kb = (kvh * CAP + key_slot(t, k)) * (DH / 4u);
     var acc = 0.0;
-    for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], kc[kb + d]); }
+    for (var d = 0u; d < DH / 4u; d++) { acc += dot(qs[d], vec4<f32>(kc[kb + d])); }
     s = score(acc);
   }
   red[lid] = s;

@@ -45,11 +45,11 @@ fn v_keys(kvh: u32, d: u32, t: u32, k: u32) -> vec4<f32> {
 #if TREE
   if (k + 3u >= tree[t * TREE_ROW + 1u]) {
     var v: vec4<f32>;
-    for (var i = 0u; i < 4u; i++) { let s = b + key_slot(t, k + i); v[i] = vc[s / 4u][s % 4u]; }
+    for (var i = 0u; i < 4u; i++) { let s = b + key_slot(t, k + i); v[i] = f32(vc[s / 4u][s % 4u]); }
     return v;
   }
 #endif
-  return vc[(b + k) / 4u];
+  return vec4<f32>(vc[(b + k) / 4u]);
 }
 
 // Whether a query at position p (window start lo) sees key position k: causal (with TREE in the

@@ -52,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kb = (kvh * CAP + key_slot(t, k)) * DH4;
 {{A_DECL}}
     for (var d = 0u; d < DH4; d++) {
-      let kv = kc[kb + d];
+      let kv = vec4<f32>(kc[kb + d]);
 {{A_ACC}}
     }
 {{S_SET}}

@@ -59,13 +59,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = lid; i < BK * DH4; i += WG) {
       let j = i / DH4;
       let c = i % DH4;
-      ks[j * DH4P + c] = select(vec4<f32>(0.0), kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c], k0 + j < k_hi);
+      ks[j * DH4P + c] = select(vec4<f32>(0.0), vec4<f32>(kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c]), k0 + j < k_hi);
     }
     for (var i = lid; i < DH * (BK / 4u); i += WG) {   // channel d, keys 4 g .. 4 g + 3
       let d = i / (BK / 4u);
       let g = i % (BK / 4u);
       let kg = k0 + 4u * g;
-      let v = select(vec4<f32>(0.0), vc[((kvh * DH + d) * CAP + min(kg, CAP - 4u)) / 4u],
+      let v = select(vec4<f32>(0.0), vec4<f32>(vc[((kvh * DH + d) * CAP + min(kg, CAP - 4u)) / 4u]),
                      vec4<bool>(kg < k_hi, kg + 1u < k_hi, kg + 2u < k_hi, kg + 3u < k_hi));
       let o = 4u * g * DH4P + d / 4u;
       vs[o][d % 4u] = v.x;

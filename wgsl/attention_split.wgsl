@@ -101,7 +101,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (vis) {
           let kb = (kvh * CAP + key_slot(t, k0 + kk)) * DH4;
           for (var c = lane; c < DH4; c += sg) {
-            let kv = kc[kb + c];
+            let kv = vec4<f32>(kc[kb + c]);
 {{A_ACC}}
           }
         }

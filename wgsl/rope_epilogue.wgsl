@@ -7,6 +7,7 @@
 {{Q_DECL}}
 {{KC_DECL}}
 {{VC_DECL}}
+alias kv_t = {{KV_T}};   // the caches' value type (f32, or f16: kernels/rope.py kv_type)
 {{INV_FREQ_DECL}}
 const RH: u32 = {{RH}}u;
 const RKVH: u32 = {{RKVH}}u;
@@ -33,7 +34,7 @@ fn rope_out(t: u32, idx: u32, vs: f32, vp: f32) {
   let slot = idx / RDH;        // [0, H) q heads, [H, H + KVH) k heads, then v heads
   let m = idx % RDH;
   if (slot >= RH + RKVH) {
-    vc[((slot - RH - RKVH) * RDH + m) * RCAP + cr] = vs;
+    vc[((slot - RH - RKVH) * RDH + m) * RCAP + cr] = kv_t(vs);
     return;
   }
   let k = m / 2u;
@@ -52,6 +53,6 @@ fn rope_out(t: u32, idx: u32, vs: f32, vp: f32) {
   if (slot < RH) {
     q_write1(slot / RGROUP, t * RGROUP + slot % RGROUP, 0u, c, r);
   } else {
-    kc[((slot - RH) * RCAP + cr) * RDH + c] = r;
+    kc[((slot - RH) * RCAP + cr) * RDH + c] = kv_t(r);
   }
 }

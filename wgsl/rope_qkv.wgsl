@@ -15,6 +15,7 @@
 {{Q_DECL}}
 {{KC_DECL}}
 {{VC_DECL}}
+alias kv_t = {{KV_T}};   // the caches' value type (f32, or f16: kernels/rope.py kv_type)
 {{INV_FREQ_DECL}}
 {{QN_DECL}}
 {{KN_DECL}}
@@ -48,8 +49,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   var b = qkv_read1(0u, t, 0u, base + c1);
   if (j >= H + KVH) {   // value head: straight into the V cache, transposed
     let kvh = j - H - KVH;
-    vc[(kvh * DH + c0) * CAP + cr] = a;
-    vc[(kvh * DH + c1) * CAP + cr] = b;
+    vc[(kvh * DH + c0) * CAP + cr] = kv_t(a);
+    vc[(kvh * DH + c1) * CAP + cr] = kv_t(b);
     return;
   }
 #if QK_NORM
@@ -82,7 +83,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     q_write1(kvh, row, 0u, c1, rb);
   } else {
     let kvh = j - H;
-    kc[(kvh * CAP + cr) * DH + c0] = ra;
-    kc[(kvh * CAP + cr) * DH + c1] = rb;
+    kc[(kvh * CAP + cr) * DH + c0] = kv_t(ra);
+    kc[(kvh * CAP + cr) * DH + c1] = kv_t(rb);
   }
 }

@@ -67,12 +67,13 @@ def test_attach_sets_values_and_ratios(tmp_path):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF")
     src, rows = _rows(str(gguf))
-    llama_cpp.attach_llama_cpp(rows, _script(tmp_path, STAND_IN), src, [(16, 4)], 3, kv_bytes=lambda n: 400 * n)
+    # kv_extra: an f32 cache reads 200 bytes a position more than llama.cpp's f16 one
+    llama_cpp.attach_llama_cpp(rows, _script(tmp_path, STAND_IN), src, [(16, 4)], 3, kv_extra=lambda n: 200 * n)
     v = rows[0]["peers"]["llama_cpp"]
     assert v["prefill_tps"] == PP and v["decode_tps"] == round(TG - 16 / 1000, 2)   # pp at depth 0, tg at depth P
     assert v["decode_ratio"] == round(61.6125 / v["decode_tps"], 3) == 0.5
     assert v["prefill_ratio"] == round(1000.0 / PP, 3)
-    assert v["read_bytes_per_token"] == int(10_000 - 400 * (16 + 1.5) / 2)
+    assert v["read_bytes_per_token"] == int(10_000 - 200 * (16 + 1.5))
     assert "-d 0,16" in v["command"] and "-r 3" in v["command"]
 
 
@@ -81,16 +82,16 @@ def test_attach_errors_name_the_binary_and_synthetic_is_not_run(tmp_path):
     gguf.write_bytes(b"GGUF")
     missing = str(tmp_path / "no-such-llama-bench")
     src, rows = _rows(str(gguf))
-    llama_cpp.attach_llama_cpp(rows, missing, src, [(16, 4)], 1, kv_bytes=lambda n: 0)
+    llama_cpp.attach_llama_cpp(rows, missing, src, [(16, 4)], 1, kv_extra=lambda n: 0)
     assert rows[0]["peers"]["llama_cpp"] == {"error": f"--llama-bench {missing!r}: no such executable file"}
     failing = _script(tmp_path, f"#!{sys.executable}\nimport sys\nsys.stderr.write('error: unknown model arch')\n"
                                 "sys.exit(3)\n", "failing-bench")
     src, rows = _rows(str(gguf))
-    llama_cpp.attach_llama_cpp(rows, failing, src, [(16, 4)], 1, kv_bytes=lambda n: 0)
+    llama_cpp.attach_llama_cpp(rows, failing, src, [(16, 4)], 1, kv_extra=lambda n: 0)
     err = rows[0]["peers"]["llama_cpp"]["error"]
     assert failing in err and "exit status 3" in err and "unknown model arch" in err
     _, rows = _rows(str(gguf))
-    llama_cpp.attach_llama_cpp(rows, failing, NS(path="tiny", format="synthetic"), [(16, 4)], 1, kv_bytes=lambda n: 0)
+    llama_cpp.attach_llama_cpp(rows, failing, NS(path="tiny", format="synthetic"), [(16, 4)], 1, kv_extra=lambda n: 0)
     assert rows[0]["peers"]["llama_cpp"]["skipped"].startswith("not run: llama.cpp reads GGUF files")
 
 

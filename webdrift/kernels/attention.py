@@ -18,18 +18,20 @@ from .base import Kernel, ceil_div, wgsl_float
 from .bindings import Bindings
 from .lora import LoraPartials
 from .quantize import block_defines, declare_rows, row_words
+from .rope import kv_type
 from .tree import declare_tree
 
 
-def _attention_defines(b: Bindings, q_rel: TensorDesc, n_kv: int, group: int, head_dim: int, cap: int,
-                       scale: float, window: int, softcap: float | None) -> dict:
+def _attention_defines(b: Bindings, dev: Device, q_rel: TensorDesc, n_kv: int, group: int, head_dim: int, cap: int,
+                       scale: float, window: int, softcap: float | None, kv_f16: bool) -> dict:
     """What every attention kernel starts with: its first bindings (the step uniform, the queries,
-    the K and V caches, wgsl/attention_inputs.wgsl) and the shapes, score scale, window and
-    soft-cap (attention_score.wgsl)."""
+    the K and V caches, wgsl/attention_inputs.wgsl; f32 or, kv_f16, f16 values read as f32) and
+    the shapes, score scale, window and soft-cap (attention_score.wgsl)."""
+    t = kv_type(dev, kv_f16)
     return {"STEP_DECL": b.step(), "Q_DECL": b.tensor("q", q_rel),
-            "KC_DECL": b.array("kc", "array<vec4<f32>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
+            "KC_DECL": b.array("kc", f"array<vec4<{t}>>", f"({n_kv}, {cap}, {head_dim // 4}) = (KVH, CAP, DH / 4)",
                                writable=True),
-            "VC_DECL": b.array("vc", "array<vec4<f32>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
+            "VC_DECL": b.array("vc", f"array<vec4<{t}>>", f"({n_kv}, {head_dim}, {cap // 4}) = (KVH, DH, CAP / 4)",
                                writable=True),
             "DH": head_dim, "DH4": head_dim // 4, "GROUP": group, "CAP": cap, "SCALE": wgsl_float(scale),
             "WINDOW": window or 0, "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0)}
@@ -56,8 +58,8 @@ class AttentionKernel(Kernel):
     (sum_k e_k V[:, k], m = max score, l = sum e_k). Bindings:
       step  the Step uniform (queries at positions pos0 .. pos0 + T - 1)
       q     (B = KVH, W = rows_cap, C = DH) activation: RopeQKVKernel's relayout
-      kc    (KVH, cap, DH / 4) vec4<f32> K cache
-      vc    (KVH, DH, cap / 4) vec4<f32> V cache
+      kc    (KVH, cap, DH / 4) vec4<f32> K cache (vec4<f16> with kv_f16: read as f32)
+      vc    (KVH, DH, cap / 4) vec4<f32> V cache (the same)
       part  (KVH, rows_cap, nsplit, DH + 2) f32 partials
       tree  (rows_cap / GROUP, ROW_WORDS) u32 per query row, only with tree (kernels/tree.py)
     Dispatch: per head (nsplit, T * GROUP, KVH); grouped and split (nsplit, T, KVH)."""
@@ -88,7 +90,7 @@ class AttentionKernel(Kernel):
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
                  variant: str = "head", chunk: int = 32, prefetch_v: bool = False, tree: bool = False,
-                 lanes: int | None = None, adapt: int = 0):
+                 lanes: int | None = None, adapt: int = 0, kv_f16: bool = False):
         """cap: cache rows per KV head (a multiple of 4); rows_cap: q_rel's rows; window: sliding
         window (0: none); softcap: scores soft-capped at it. variant: "head" (attention.wgsl, one
         workgroup per query head and chunk of chunk_for(head_dim) keys), "grouped"
@@ -126,7 +128,7 @@ class AttentionKernel(Kernel):
         if cap % 4:
             raise ValueError(f"attention reads V four keys at a time: cache rows {cap} must be a multiple of 4")
         b = Bindings()
-        d = _attention_defines(b, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap)
+        d = _attention_defines(b, dev, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap, kv_f16)
         d.update({"PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {self.nsplit}, {head_dim + 2}) = "
                                        "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
                   "CHUNK4": self.CHUNK // 4, "NJ": nj, "JL": jl, "CHUNK": self.CHUNK, "NSPLIT": self.nsplit,
@@ -179,8 +181,8 @@ class AttentionKernel(Kernel):
                    f"  let vis{i} = kk{i} < CHUNK && visible(p, lo, kp0 + kk{i});"]
             kd += [f"  var x{i}_{r}: vec4<f32>;" for r in range(r_n)]
             kl.append(f"    let kb{i} = (kvh * CAP + key_slot(t, k0 + kk{i})) * DH4 + sub;")
-            kl += [f"    x{i}_{r} = kc[kb{i} + {r * lk}u];" if (r + 1) * lk <= dh4 else
-                   f"    x{i}_{r} = select(vec4<f32>(0.0), kc[kb{i} + {r * lk}u], sub + {r * lk}u < DH4);"
+            kl += [f"    x{i}_{r} = vec4<f32>(kc[kb{i} + {r * lk}u]);" if (r + 1) * lk <= dh4 else
+                   f"    x{i}_{r} = select(vec4<f32>(0.0), vec4<f32>(kc[kb{i} + {r * lk}u]), sub + {r * lk}u < DH4);"
                    for r in range(r_n)]
         km += [f"    var a{i}_{h} = " + " + ".join(f"dot(q{h}_{r}, x{i}_{r})" for r in range(r_n)) + ";"
                for i in range(kpl) for h in hs]
@@ -233,8 +235,8 @@ class AttentionPrefillKernel(Kernel):
     Bindings:
       step  the Step uniform
       q     (B = KVH, W = rows_cap, C = DH) activation: RopeQKVKernel's relayout
-      kc    (KVH, cap, DH / 4) vec4<f32> K cache
-      vc    (KVH, DH, cap / 4) vec4<f32> V cache
+      kc    (KVH, cap, DH / 4) vec4<f32> K cache (vec4<f16> with kv_f16: read as f32)
+      vc    (KVH, DH, cap / 4) vec4<f32> V cache (the same)
       out   (T_cap, H * DH) activation, token-major (as AttentionCombineKernel writes it)
     Dispatch: workgroups(T) = (ceil(T / BQ), KVH)."""
     template = "attention_prefill"
@@ -257,7 +259,7 @@ class AttentionPrefillKernel(Kernel):
 
     def __init__(self, dev: Device, q_rel: TensorDesc, out: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
                  cap: int, rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
-                 lanes: int | None = None, keys: int = 8, rows: int = ROWS):
+                 lanes: int | None = None, keys: int = 8, rows: int = ROWS, kv_f16: bool = False):
         """lanes a query row (a power of two, at most the adapter's smallest subgroup; default
         lanes(head_dim)), keys per iteration (4 or 8, dividing cap) and the invocations a workgroup
         aims at (rows) are tuning knobs (scripts/prefill_attention.py)."""
@@ -292,7 +294,7 @@ class AttentionPrefillKernel(Kernel):
         vmath = [f"    o{i} = o{i} * corr + " + " + ".join(
             f"e{j // 4}.{'xyzw'[j % 4]} * vs[(kk + {j}u) * DH4P + lane + {i * lanes}u]" for j in range(keys)) + ";"
             for i in range(nv)]
-        d = _attention_defines(b, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap)
+        d = _attention_defines(b, dev, q_rel, n_kv, self.group, head_dim, cap, scale, window, softcap, kv_f16)
         d.update({"OUT_DECL": b.tensor("out", out), "LANES": lanes, "BQ": self.bq,
                  "KB": keys, "BK": self.bk, "DH4P": head_dim // 4 + 1, "WG": lanes * self.group * self.bq,
                  "ROW_SUM": j(f"  s += subgroupShuffleXor(s, {m}u);" for m in (lanes >> k for k in range(1, 5)) if m),

@@ -549,7 +549,7 @@ def _measure_int8(dev: Device, w, w2, pre_norm: bool, quantize_dispatch: bool):
 
 
 def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, k_cache, v_cache,
-                     window: int = 0, enabled=True) -> AttnChoice:
+                     window: int = 0, enabled=True, kv_f16: bool = False) -> AttnChoice:
     """The decode attention kernel: "head" (attention.wgsl: a workgroup per query head),
     "grouped" (attention_gqa.wgsl: one per KV head serving its query heads) or "split"
     (attention_split.wgsl: grouped, 16- to 64-key chunks, subgroups, V loaded before or after the
@@ -558,16 +558,18 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     Unmeasured adapters: split (32 keys; on an H100 a quarter less time than grouped at depth
     1024, level at 4096) where subgroups exist on a GPU (browsers until tuned), else grouped on
     software adapters (what lavapipe's timings chose for all of the 20 shapes they were taken on,
-    1.05x to 4x faster than per-head), else per-head."""
+    1.05x to 4x faster than per-head), else per-head. kv_f16: the caches hold f16 (chosen apart
+    from f32 caches: half the bytes to read)."""
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]
-    key = f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}"
+    key = f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}" + ("|kv16" if kv_f16 else "")
     static = AttnChoice("split", 32)
     if dev.info.is_cpu or static not in cands:
         static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
     got = _decide(dev, key, enabled,
-                  lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands),
+                  lambda: _measure_attention(dev, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands,
+                                             kv_f16),
                   static._asdict())
     return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"], got.get("adapt", 0))
 
@@ -592,7 +594,7 @@ def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoic
     return cands
 
 
-def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands):
+def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cache, window, cands, kv_f16=False):
     group = n_heads // n_kv
     q = TensorDesc("q", head_dim, group, b=n_kv)
     out = TensorDesc("o", n_heads * head_dim)
@@ -605,7 +607,7 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
             pb = None
             try:
                 k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, variant=c.variant,
-                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v, adapt=c.adapt)
+                                    chunk=c.chunk or 32, prefetch_v=c.prefetch_v, adapt=c.adapt, kv_f16=kv_f16)
                 comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group)
                 yield CHECK
                 pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")

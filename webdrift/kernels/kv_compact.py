@@ -10,6 +10,7 @@ import struct
 from ..gpu.base import Device
 from .base import Kernel, ceil_div
 from .bindings import Bindings
+from .rope import declare_caches
 
 
 def moves_bytes(max_moves: int) -> int:
@@ -30,17 +31,16 @@ def pack_moves(moves: list[tuple[int, int]], max_moves: int) -> bytes:
 class KVCompactKernel(Kernel):
     """Moves K/V cache rows src -> dst of one layer. Bindings:
       moves  (1 + 2 max_moves) u32 (n, src_0, dst_0, ...)
-      kc     (KVH, cap, DH) f32 K cache
-      vc     (KVH, DH, cap) f32 V cache
+      kc     (KVH, cap, DH) K cache (f32, or f16 with kv_f16)
+      vc     (KVH, DH, cap) V cache
     Dispatch: (ceil(KVH * DH / 64), 1, 1)."""
     template = "kv_compact"
 
-    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int, max_moves: int):
+    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int, max_moves: int, kv_f16: bool = False):
         self.n = n_kv * head_dim
         b = Bindings()
         d = {"MOVES_DECL": b.array("moves", "array<u32>", f"(1 + 2 * {max_moves}) (n, src, dst, ...)"),
-             "KC_DECL": b.array("kc", "array<f32>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
-             "VC_DECL": b.array("vc", "array<f32>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
+             **declare_caches(b, dev, n_kv, head_dim, cap, kv_f16),
              "KVH": n_kv, "DH": head_dim, "CAP": cap}
         super().__init__(dev, d, b, "kv_compact")
 

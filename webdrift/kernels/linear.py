@@ -90,6 +90,7 @@ class RopeOut:
     head_dim: int
     cap: int
     rope_half: bool
+    kv_f16: bool = False         # the caches hold f16 (rope.kv_type)
 
 
 @dataclass(frozen=True)
@@ -315,7 +316,7 @@ class LinearKernel(Kernel):
              "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not i8 else "",
              "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
         if rope is not None:   # rope_epilogue.wgsl
-            d.update(declare_rope_outputs(b, rope.q, rope.n_kv, rope.head_dim, rope.cap),
+            d.update(declare_rope_outputs(b, dev, rope.q, rope.n_kv, rope.head_dim, rope.cap, rope.kv_f16),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
                      RCAP=rope.cap, ROPE_HALF=rope.rope_half)
         fused = ep.lora is not None and ep.lora.fused

@@ -9,6 +9,7 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
+from ..errors import UnsupportedModelError
 from ..gpu.base import Device
 from ..tensor import TensorDesc
 from .base import Kernel, wgsl_float
@@ -16,12 +17,33 @@ from .bindings import Bindings
 from .tree import declare_tree
 
 
-def declare_rope_outputs(b: Bindings, q: TensorDesc, n_kv: int, head_dim: int, cap: int) -> dict:
+def kv_type(dev: Device, kv_f16: bool) -> str:
+    """The caches' element type: "f16" (half the bytes a decode step's attention reads, as
+    llama.cpp's default cache; needs shader-f16) or "f32"."""
+    if kv_f16 and not dev.has_f16:
+        raise UnsupportedModelError("an f16 KV cache needs shader-f16, which this adapter lacks")
+    return "f16" if kv_f16 else "f32"
+
+
+def kv_bytes(kv_f16: bool) -> int:
+    """Bytes of one cache value."""
+    return 2 if kv_f16 else 4
+
+
+def declare_caches(b: Bindings, dev: Device, n_kv: int, head_dim: int, cap: int, kv_f16: bool) -> dict:
+    """KC_DECL, VC_DECL (bindings "kc", "vc": the caches as arrays of values) and KV_T, the values'
+    type (writes convert to it: `kv_t(x)`, wgsl alias)."""
+    t = kv_type(dev, kv_f16)
+    return {"KC_DECL": b.array("kc", f"array<{t}>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
+            "VC_DECL": b.array("vc", f"array<{t}>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
+            "KV_T": t}
+
+
+def declare_rope_outputs(b: Bindings, dev: Device, q: TensorDesc, n_kv: int, head_dim: int, cap: int,
+                         kv_f16: bool) -> dict:
     """Q_DECL, KC_DECL, VC_DECL, INV_FREQ_DECL: where RoPE's results go (bindings "q", "kc",
-    "vc") and the rotation frequencies ("inv_freq"), in this order."""
-    return {"Q_DECL": b.tensor("q", q),
-            "KC_DECL": b.array("kc", "array<f32>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
-            "VC_DECL": b.array("vc", "array<f32>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
+    "vc": declare_caches) and the rotation frequencies ("inv_freq"), in this order."""
+    return {"Q_DECL": b.tensor("q", q), **declare_caches(b, dev, n_kv, head_dim, cap, kv_f16),
             "INV_FREQ_DECL": b.array("inv_freq", "array<f32>", f"({head_dim // 2}) per pair, scaling applied")}
 
 
@@ -31,7 +53,8 @@ class RopeQKVKernel(Kernel):
       qkv       (T_cap, (H + 2 KVH) DH) activation
       q         (B = KVH, W = T_cap * H / KVH, C = DH) activation: the query heads sharing a KV
                 head become consecutive rows
-      kc, vc    K cache (KVH, cap, DH) and V cache (KVH, DH, cap), f32, written at the positions
+      kc, vc    K cache (KVH, cap, DH) and V cache (KVH, DH, cap), f32 or (kv_f16) f16, written
+                at the positions
       inv_freq  (DH / 2) f32 rotation frequencies
       qn, kn    (DH) f32 QK-norm weights, only with qk_norm
       tree      (T_cap, ROW_WORDS) u32 per-row records, only with tree: row t is rotated by its
@@ -41,13 +64,13 @@ class RopeQKVKernel(Kernel):
 
     def __init__(self, dev: Device, qkv: TensorDesc, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int,
                  cap: int, rope_half: bool, qk_norm: bool = False, eps: float = 1e-6, w_offset: float = 0.0,
-                 tree: bool = False):
+                 tree: bool = False, kv_f16: bool = False):
         """rope_half: rotate pairs (i, i + DH/2) (HF); else (2i, 2i+1) (llama.cpp's GGUF order).
         qk_norm: RMSNorm (eps, weight + w_offset) of each q and k head before rotation (Gemma 3)."""
         self.n_slots = n_heads + 2 * n_kv
         b = Bindings()
         d = {"STEP_DECL": b.step(), "QKV_DECL": b.tensor("qkv", qkv),
-             **declare_rope_outputs(b, q_rel, n_kv, head_dim, cap),
+             **declare_rope_outputs(b, dev, q_rel, n_kv, head_dim, cap, kv_f16),
              "QN_DECL": b.array("qn", "array<f32>", f"({head_dim}) q norm weight") if qk_norm else "",
              "KN_DECL": b.array("kn", "array<f32>", f"({head_dim}) k norm weight") if qk_norm else "",
              "H": n_heads, "KVH": n_kv, "DH": head_dim, "HALF": head_dim // 2, "GROUP": n_heads // n_kv,
@@ -67,16 +90,14 @@ class KVSegmentCopyKernel(Kernel):
     (a shared prompt), or a whole prompt (seg_base 0, n_tokens 2, seg_stride = the target
     stream's offset: streams with their own adapters). Bindings:
       step  the Step uniform (n_tokens = streams, pos0 = prompt length, seg_base, seg_stride)
-      kc    (KVH, CAP, DH) K cache;  vc (KVH, DH, CAP) V cache
+      kc    (KVH, CAP, DH) K cache;  vc (KVH, DH, CAP) V cache (f32, or f16 with kv_f16)
     Dispatch: workgroups(streams, rows) (a grid-stride loop over the rows' values)."""
     template = "kv_segment_copy"
 
-    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int):
+    def __init__(self, dev: Device, n_kv: int, head_dim: int, cap: int, kv_f16: bool = False):
         self.per_row = n_kv * head_dim
         b = Bindings()
-        d = {"STEP_DECL": b.step(),
-             "KC_DECL": b.array("kc", "array<f32>", f"({n_kv}, {cap}, {head_dim}) = (KVH, CAP, DH)", writable=True),
-             "VC_DECL": b.array("vc", "array<f32>", f"({n_kv}, {head_dim}, {cap}) = (KVH, DH, CAP)", writable=True),
+        d = {"STEP_DECL": b.step(), **declare_caches(b, dev, n_kv, head_dim, cap, kv_f16),
              "KVH": n_kv, "DH": head_dim, "CAP": cap}
         super().__init__(dev, d, b, "kv_segment_copy")
 

@@ -119,12 +119,12 @@ def plan_weights(source, weight_format: str | None = None) -> list[WeightPlan]:
     return plans
 
 
-def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float) -> float:
+def decode_read_bytes(cfg: ModelConfig, plans: list[WeightPlan], kv_len: float, kv_value_bytes: int = 4) -> float:
     """Bytes one decode step reads at cache length kv_len: each per-token weight once (an untied
     embedding table only one row; a norm vector its n floats, not its padded buffer) plus K and V
-    of kv_len positions in every layer (f32)."""
+    of kv_len positions in every layer (values of kv_value_bytes: 4 f32, 2 f16)."""
     w = sum(4 * p.i if p.o == 1 else p.nbytes if p.per_token else p.nbytes / p.o for p in plans)
-    return w + kv_cache_bytes(cfg, kv_len)
+    return w + kv_cache_bytes(cfg, kv_len, value_bytes=kv_value_bytes)
 
 
 def binding_limit(dev, max_binding: int | None = None) -> int:

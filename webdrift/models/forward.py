@@ -376,7 +376,7 @@ class ForwardBuilder:
             if self.stage == "decode":
                 lw = m.layers[i]
                 c = choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
-                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune)
+                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune, kv_f16=m.kv_f16)
             chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
                      else AttentionKernel.chunk_for(cfg.head_dim))
             self._attn[window] = c._replace(chunk=chunk)

@@ -16,10 +16,11 @@ import math
 import struct
 from dataclasses import dataclass
 
-from ..errors import GPULimitError, UnsupportedModelError
+from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device
 from ..kernels.autotune import GEMM_TUNE_ROWS, choose_layout
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
+from ..kernels.rope import kv_bytes
 from ..kernels.weights import GPUWeight
 from .choices import Int8Choice, choose_int8, choose_prefill_int8
 from .footprint import binding_limit, check_limits
@@ -64,8 +65,8 @@ class LayerWeights:
     w_gate: GPUWeight           # (ffn_dim, dim)
     w_up: GPUWeight             # (ffn_dim, dim), the same format as w_gate
     w_down: GPUWeight           # (dim, ffn_dim)
-    k_cache: Buffer             # (KVH, CAP, DH) f32
-    v_cache: Buffer             # (KVH, DH, CAP) f32
+    k_cache: Buffer             # (KVH, CAP, DH) f32, or f16 (GPUModel.kv_f16)
+    v_cache: Buffer             # (KVH, DH, CAP)
     q_norm: Buffer | None = None          # (head_dim) Gemma 3
     k_norm: Buffer | None = None
     post_attn_norm: Buffer | None = None  # (dim) Gemma 3
@@ -78,10 +79,13 @@ class GPUModel:
     def __init__(self, dev: Device, source, max_context: int, weight_format: str | None = None,
                  progress=None, autotune: bool = True, int8_activations: bool | dict | None = None,
                  prefill_int8: bool | None = None,
-                 max_binding_bytes: int | None = None, prefill_rows: int = GEMM_TUNE_ROWS):
+                 max_binding_bytes: int | None = None, prefill_rows: int = GEMM_TUNE_ROWS,
+                 kv_cache: str | None = None):
         """max_binding_bytes: hold no weight buffer larger than this (below the adapter's limits):
         the token embedding / LM head split into row shards at this size, other weights must fit.
-        prefill_rows: the prefill chunk (the rows the int8-or-float GEMM choice is timed over)."""
+        prefill_rows: the prefill chunk (the rows the int8-or-float GEMM choice is timed over).
+        kv_cache: the caches' values, "f16" (half the memory, and of what decode attention reads;
+        llama.cpp's default) or "f32"; None: f16 where the adapter has shader-f16."""
         self.dev, self.cfg, self.cap = dev, source.config, max_context
         self.cap_stride = (max_context + 3) // 4 * 4   # KV cache rows per head (attention reads V as vec4)
         cfg = self.cfg
@@ -101,7 +105,13 @@ class GPUModel:
         plans = check_limits(dev, source, weight_format, max_context, max_binding=max_binding_bytes)
         self._shard_plan = {p.label: p.shards for p in plans if p.shards}
         self._limit = binding_limit(dev, max_binding_bytes)
-        self.kv_bytes = kv_cache_bytes(cfg, max_context)
+        if kv_cache not in (None, "f16", "f32"):
+            raise InvalidArgumentError(f"kv_cache {kv_cache!r}: expected 'f16', 'f32' or None (f16 where the "
+                                       "adapter has shader-f16)")
+        if kv_cache == "f16" and not dev.has_f16:
+            raise UnsupportedModelError("kv_cache='f16' needs shader-f16, which this adapter lacks; use 'f32'")
+        self.kv_f16 = kv_cache == "f16" or (kv_cache is None and dev.has_f16)
+        self.kv_bytes = kv_cache_bytes(cfg, max_context, value_bytes=kv_bytes(self.kv_f16))
         man = model_manifest(cfg, source.tensors)
         # tok_embd / output: the first shard (its format and shape); one shard when it fits
         self.tok_embd_shards = self._matrix_shards(man.tok_embd)
@@ -231,8 +241,8 @@ class GPUModel:
             w_gate=self._matrix(lm.w_gate),
             w_up=self._matrix(lm.w_up),
             w_down=self._matrix(lm.w_down),
-            k_cache=self.dev.create_buffer(kvh * cap * dh * 4, STORAGE, p + "k_cache"),
-            v_cache=self.dev.create_buffer(kvh * dh * cap * 4, STORAGE, p + "v_cache"),
+            k_cache=self.dev.create_buffer(kvh * cap * dh * kv_bytes(self.kv_f16), STORAGE, p + "k_cache"),
+            v_cache=self.dev.create_buffer(kvh * dh * cap * kv_bytes(self.kv_f16), STORAGE, p + "v_cache"),
             q_norm=opt[lm.q_norm], k_norm=opt[lm.k_norm],
             post_attn_norm=opt[lm.post_attn_norm], post_ffn_norm=opt[lm.post_ffn_norm])
 

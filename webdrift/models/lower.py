@@ -38,6 +38,7 @@ class LowerContext:
     tree: Buffer | None = None   # (capacity, ROW_WORDS) u32 tree records (kernels/tree.py), tree programs
     forecast: Buffer | None = None   # (rows, dim) f32 forecast vectors (DS2D drafts), tree programs
     qlast: tuple | None = None   # (qy, qcnt) of the last-workgroup quantizing GEMVs (Program.qlast_buffers)
+    kv_f16: bool = False         # the KV caches hold f16 (GPUModel.kv_f16)
 
     def desc(self, name: str):
         return self.graph.desc(name)
@@ -85,7 +86,7 @@ def _linear(op: F.Linear, c: LowerContext):
     rope = qout = None
     if op.rope is not None:
         rope = RopeOut(c.desc(op.rope.q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
-                       rope_half=cfg.rope_style == "half")
+                       rope_half=cfg.rope_style == "half", kv_f16=c.kv_f16)
     if op.qout is not None:
         q = op.qout
         qout = QuantOut(c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
@@ -142,7 +143,7 @@ def _rope(op: F.RopeKV, c: LowerContext):
     (qkv,), (q,) = op.reads, op.writes
     k = RopeQKVKernel(c.dev, c.desc(qkv), c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
                       rope_half=cfg.rope_style == "half", qk_norm=op.q_norm is not None, eps=cfg.norm_eps,
-                      w_offset=cfg.norm_weight_offset, tree=op.tree)
+                      w_offset=cfg.norm_weight_offset, tree=op.tree, kv_f16=c.kv_f16)
     binds = {"step": c.step, "qkv": c.arena_range(qkv), "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
              "inv_freq": op.inv_freq} | ({"tree": c.tree} if op.tree else {})
     return k, binds | ({"qn": op.q_norm, "kn": op.k_norm} if op.q_norm is not None else {})
@@ -155,11 +156,11 @@ def _attention(op: F.Attention, c: LowerContext):
     if op.flash:
         k = AttentionPrefillKernel(c.dev, c.desc(q), c.desc(part), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                    c.cap_stride, c.rows_cap, scale, window=op.window,
-                                   keys=8 if c.cap_stride % 8 == 0 else 4)
+                                   keys=8 if c.cap_stride % 8 == 0 else 4, kv_f16=c.kv_f16)
         return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
                    "out": c.arena_range(part)}
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
-                        scale, window=op.window, **op.kernel._asdict(), tree=op.tree)
+                        scale, window=op.window, **op.kernel._asdict(), tree=op.tree, kv_f16=c.kv_f16)
     return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
                "part": c.arena_range(part)} | ({"tree": c.tree} if op.tree else {})
 

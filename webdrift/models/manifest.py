@@ -175,8 +175,8 @@ def model_manifest(cfg: ModelConfig, tensors: dict) -> ModelManifest:
         output=Matrix("output", ("output.weight",), shardable=True) if untied else None)
 
 
-def kv_cache_bytes(cfg: ModelConfig, positions: float, layers: int | None = None) -> float:
-    """Bytes of K and V for `positions` cache rows (f32, n_kv_heads x head_dim per row each) in
-    `layers` layers (default: every layer). One layer's K (or V) buffer is
-    kv_cache_bytes(cfg, rows, 1) / 2."""
-    return 2 * (cfg.n_layers if layers is None else layers) * cfg.kv_dim * positions * 4
+def kv_cache_bytes(cfg: ModelConfig, positions: float, layers: int | None = None, value_bytes: int = 4) -> float:
+    """Bytes of K and V for `positions` cache rows (n_kv_heads x head_dim values per row each, of
+    value_bytes: 4 for f32, 2 for an f16 cache) in `layers` layers (default: every layer). One
+    layer's K (or V) buffer is kv_cache_bytes(cfg, rows, 1, value_bytes) / 2."""
+    return 2 * (cfg.n_layers if layers is None else layers) * cfg.kv_dim * positions * value_bytes

@@ -68,7 +68,7 @@ class Program:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
                                self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf,
-                               self.qlast_buffers())
+                               self.qlast_buffers(), m.kv_f16)
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)

@@ -82,14 +82,14 @@ def model_label(src) -> tuple[str, str]:
 
 def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
                  autotune=True, prefill_kernels: str = "auto", weight_format: str | None = None,
-                 steps_per_submit: int | None = None):
+                 steps_per_submit: int | None = None, kv_cache: str | None = None):
     """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
     assembly path (runtime/loading.py)."""
     from ..runtime.loading import EngineOptions, assemble
     from ..weights.synthetic import NullTokenizer
     options = EngineOptions(max_context=max_context, prefill_chunk=prefill_chunk, int8_activations=int8_activations,
                             autotune=autotune, prefill_kernels=prefill_kernels, weight_format=weight_format,
-                            steps_per_submit=steps_per_submit)
+                            steps_per_submit=steps_per_submit, kv_cache=kv_cache)
     return assemble(src, options, dev, tokenizer=NullTokenizer())
 
 
@@ -255,9 +255,10 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                        streams: list[int] | None = None, peak_tflops: float | None = None,
                        prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
                        weight_format: str | None = None, profile_tokens: int = 0,
-                       steps_per_submit: int | None = None) -> list[dict]:
+                       steps_per_submit: int | None = None, kv_cache: str | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
-    steps_per_submit: the engine option (decode steps per GPU submit; None: the device's).
+    steps_per_submit, kv_cache: the engine options (decode steps per GPU submit, the KV cache's
+    values; None: the device's); the rows say what ran.
     profile_tokens: after the protocol, the last row also gets `kernel_profile` (akernel_profile
     over that many new tokens after its prompt).
     weight_format: the engine option (every matrix in that runtime format; the row's quant).
@@ -268,6 +269,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     dot4I8Packed peak, used instead where the prefill runs the int8 GEMM; prefill_kernels: the
     engine option (bench --prefill-kernels), the row says what ran (prefill_kernels, prefill_tile)."""
     from ..kernels import autotune as tuner
+    from ..kernels.rope import kv_bytes as kv_value_bytes
     from ..models.footprint import decode_read_bytes, plan_weights
     from ..profile.roofline import decode_ceiling
     from .compute import prefill_flops_per_token
@@ -292,7 +294,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     try:
         progress("load", 0, 1)
         eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                           weight_format, steps_per_submit)
+                           weight_format, steps_per_submit, kv_cache)
         await dev.check_errors()
         queued = tuner.pending(dev)
         if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
@@ -302,7 +304,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             gc.collect()
             before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
             eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                               weight_format, steps_per_submit)
+                               weight_format, steps_per_submit, kv_cache)
             await dev.check_errors()
         progress("load", 1, 1)
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
@@ -310,6 +312,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             peak_tflops = int8_peak_tflops
         base["int8_activations"] = eng.model.int8
         base["steps_per_submit"] = eng.steps_per_submit
+        base["kv_cache"] = "f16" if eng.model.kv_f16 else "f32"
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
@@ -336,7 +339,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                 if fastest_prefill is None or st.prefill_s < fastest_prefill.prefill_s:
                     fastest_prefill = st
             best = replace(best, prefill_s=fastest_prefill.prefill_s)   # each figure the best of the repeats
-            read = decode_read_bytes(cfg, plans, p + (m - 1) / 2)            # mean cache length of the run
+            read = decode_read_bytes(cfg, plans, p + (m - 1) / 2,            # mean cache length of the run
+                                     kv_value_bytes(eng.model.kv_f16))
             ceil = decode_ceiling(bandwidth_GBps, read)
             dtps = best.decode_tokens_per_s
             rows.append(empty_row(base, p, m, prefill_tps=round(best.prefill_tokens_per_s, 2), decode_tps=round(dtps, 2),

@@ -247,7 +247,8 @@ class Engine:
                               int8_activations=options.int8_activations,
                               # the GEMMs' int8 rows: forced, refused, or chosen (not measured for GEMVs)
                               prefill_int8=False if gemv else {"gemm_int8": True, "gemm_float": False}.get(pk),
-                              max_binding_bytes=options.max_binding_bytes, prefill_rows=self.prefill_chunk)
+                              max_binding_bytes=options.max_binding_bytes, prefill_rows=self.prefill_chunk,
+                              kv_cache=options.kv_cache)
         # shared per-engine buffers
         # decode steps per submit; several: each step's uniform copied on the GPU from
         # step_records (kernels/step_advance.py) by a dispatch ahead of the step's kernels

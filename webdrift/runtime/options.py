@@ -41,6 +41,7 @@ class EngineOptions:
     lora_pool_rank: int | None = None     # rank rows of resident adapters (None: 2 * max_lora_rank)
     lora_fused_shrink: bool = False       # the int8 chain's decode step with the shrinks in the producers
     steps_per_submit: int | None = None   # most decode steps in one GPU submit (None: the device's default)
+    kv_cache: str | None = None           # the KV cache's values: "f16" | "f32" (None: f16 where shader-f16 exists)
 
     def __post_init__(self):
         def bad(name: str, want: str):
@@ -73,6 +74,8 @@ class EngineOptions:
             bad("max_binding_bytes", "must be an integer >= 1024")
         if not isinstance(self.enable_lora, bool):
             bad("enable_lora", "must be True or False")
+        if self.kv_cache not in (None, "f16", "f32"):
+            bad("kv_cache", 'choose "f16", "f32" or None (f16 where the adapter has shader-f16)')
         if not isinstance(self.lora_fused_shrink, bool):
             bad("lora_fused_shrink", "must be True or False")
         if not _is_int(self.max_lora_rank) or not 1 <= self.max_lora_rank <= 1024:

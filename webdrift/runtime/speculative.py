@@ -381,7 +381,7 @@ class TreeVerifier:
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
         self.words: tuple = ()       # the last pass's spans, row-major
         cfg = e.config
-        k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE)
+        k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE, m.kv_f16)
         self.compact = [k.dispatch({"moves": self.moves, "kc": lw.k_cache, "vc": lw.v_cache}, k.workgroups(),
                                    f"L{i}.kv_compact") for i, lw in enumerate(m.layers)]
 

@@ -91,7 +91,7 @@ class StreamRunner:
         m = eng.model
         self.chunk = AttentionKernel.chunk_for(m.cfg.head_dim)
         self.programs: dict = {}     # rows -> Program
-        k = KVSegmentCopyKernel(eng.dev, m.cfg.n_kv_heads, m.cfg.head_dim, m.cap_stride)
+        k = KVSegmentCopyKernel(eng.dev, m.cfg.n_kv_heads, m.cfg.head_dim, m.cap_stride, m.kv_f16)
         self.copy = [(k, k.bind(eng.dev, {"step": eng.step_buf, "kc": lw.k_cache, "vc": lw.v_cache}))
                      for lw in m.layers]
 

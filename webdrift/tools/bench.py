@@ -199,7 +199,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 streams: list[int] | None = None, peak_tflops: float | None = None,
                 lora_rank: int | None = None, lora_fused_shrink: bool = False, prefill_kernels: str = "auto",
                 int8_peak_tflops: float | None = None, weight_format: str | None = None,
-                profile_tokens: int = 0, steps_per_submit: int | None = None) -> list[dict]:
+                profile_tokens: int = 0, steps_per_submit: int | None = None, kv_cache: str | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     weight_format: load every matrix in that runtime format (the rows' quant).
     profile_tokens: the last row's kernel_profile (akernel_profile: where a decode step goes).
@@ -215,7 +215,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                              int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
                              prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops,
                              weight_format=weight_format, profile_tokens=profile_tokens,
-                             steps_per_submit=steps_per_submit))
+                             steps_per_submit=steps_per_submit, kv_cache=kv_cache))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -240,8 +240,10 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 r["lora"] = {"rank": lora_rank, "error": f"{type(e).__name__}: {e}"}
     if llama_bench:
         from .llama_cpp import attach_llama_cpp
-        attach_llama_cpp(rows, llama_bench, src, protocols, repeats, kv_bytes=lambda kv_len: kv_cache_bytes(cfg, kv_len),
-                         log=log)
+        # llama.cpp's cache is f16: what webdrift's reads beyond that
+        extra = 4 - 2 if rows[0].get("kv_cache") == "f32" else 0
+        attach_llama_cpp(rows, llama_bench, src, protocols, repeats,
+                         kv_extra=lambda kv_len: kv_cache_bytes(cfg, kv_len, value_bytes=extra), log=log)
     if peers:
         from .bench_peers import run_peers
         cache_key = (model, tuple(protocols))
@@ -255,8 +257,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
         for r in rows:
             key = f"{r['prompt_tokens']}/{r['new_tokens']}"
             kv_len = r["prompt_tokens"] + (r["new_tokens"] - 1) / 2
-            # the peers read fp16 weights and an fp16 KV cache (webdrift's is f32: halve that part)
-            read16 = decode_read_bytes(cfg, plans16, kv_len) - kv_cache_bytes(cfg, kv_len) / 2
+            read16 = decode_read_bytes(cfg, plans16, kv_len, 2)   # the peers: fp16 weights and KV cache
             ceil16 = decode_ceiling(bandwidth_GBps, read16)
             r["peers"] = r.get("peers") or {}
             for name in ("hf_eager", "cuda_graph"):
@@ -317,7 +318,8 @@ def run_bench(args, dev=None, log=None) -> dict:
             sources.append(synthetic_source(name, q))
     results, peer_cache = [], {}
     formats = parse_list(getattr(args, "weight_format", None), "weight format", WEIGHT_FORMAT_CHOICES) or [None]
-    for src, wf in ((s, f) for s in sources for f in formats):
+    kvs = parse_list(getattr(args, "kv_cache", None), "KV cache", ("f16", "f32")) or [None]
+    for src, wf, kv in ((s, f, k) for s in sources for f in formats for k in kvs):
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
@@ -329,7 +331,7 @@ def run_bench(args, dev=None, log=None) -> dict:
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
                                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
                                weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0,
-                               steps_per_submit=getattr(args, "steps_per_submit", None))
+                               steps_per_submit=getattr(args, "steps_per_submit", None), kv_cache=kv)
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -535,6 +537,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-kernels", choices=PREFILL_KERNELS, default="auto",
                    help="prefill kernels: auto, gemm (int8 GEMM on q4/q8 where the GPU has integer dot products), "
                         "gemm_float / gemm_int8 (forced), gemv (default auto)")
+    p.add_argument("--kv-cache", action="append", default=None, metavar="F16,F32",
+                   help="the KV cache's values, f16 or f32, or both comma-separated (each model loaded once per "
+                        "value; default: f16 where the adapter has shader-f16)")
     p.add_argument("--steps-per-submit", type=int, default=None, metavar="N",
                    help="decode steps per GPU submit, 1-32 (default: the device's; the rows say what ran)")
     p.add_argument("--int8-activations", choices=sorted(INT8_CHOICES), default="auto",

@@ -80,10 +80,11 @@ def run_llama_bench(binary: str, gguf: str, prompt: int, new: int, repeats: int)
     return res
 
 
-def attach_llama_cpp(rows: list[dict], binary: str, src, protocols, repeats: int, kv_bytes, log=None) -> None:
+def attach_llama_cpp(rows: list[dict], binary: str, src, protocols, repeats: int, kv_extra, log=None) -> None:
     """Run llama-bench for each row's protocol pair on src's GGUF file and put the result, with the
-    ratios webdrift / llama.cpp, into row["peers"]["llama_cpp"]. kv_bytes(kv_len): webdrift's f32
-    KV bytes at that length (llama.cpp's cache is f16: half of it) for the plot's x position."""
+    ratios webdrift / llama.cpp, into row["peers"]["llama_cpp"]. kv_extra(kv_len): the KV bytes a
+    webdrift decode step reads at that length beyond llama.cpp's f16 cache (0 with webdrift's f16
+    cache), for the plot's x position."""
     log = log or (lambda s: None)
     path = str(getattr(src, "path", ""))
     for r in rows:
@@ -103,7 +104,7 @@ def attach_llama_cpp(rows: list[dict], binary: str, src, protocols, repeats: int
             v["decode_ratio"] = round(r["decode_tps"] / v["decode_tps"], 3) if v["decode_tps"] else None
             v["prefill_ratio"] = round(r["prefill_tps"] / v["prefill_tps"], 3) if v["prefill_tps"] else None
             kv_len = p + (m - 1) / 2
-            v["read_bytes_per_token"] = int(r["read_bytes_per_token"] - kv_bytes(kv_len) / 2)
+            v["read_bytes_per_token"] = int(r["read_bytes_per_token"] - kv_extra(kv_len))
             log(f"  llama.cpp {p}/{m}: prefill {v['prefill_tps']} tok/s, decode {v['decode_tps']} tok/s "
                 f"(webdrift / llama.cpp: decode {v['decode_ratio']}x, prefill {v['prefill_ratio']}x)")
         r["peers"]["llama_cpp"] = v
