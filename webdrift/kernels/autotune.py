@@ -344,19 +344,30 @@ def forget(dev: Device | None = None) -> None:
 
 # -- timing ----------------------------------------------------------------------------------------
 
+BUSY_SETTLE_S = 2.0   # _busy: at most this long past its minimum, waiting for the clocks to settle
+
+
 def _busy(dev: Device, d, seconds: float):
-    """Keep the GPU busy with dispatch d for about `seconds`: a batch is always queued behind the
-    one being waited for (a read-back after each batch would leave the GPU idle for the round
-    trip), and never more than two, so a slow kernel cannot pile up work."""
+    """Keep the GPU busy with dispatch d for at least `seconds`, then until its clocks have risen
+    (the last batch of d no slower than 1.03x the fastest batch so far), at most BUSY_SETTLE_S
+    more: on an H100 fresh from idle, a first model's load-time timings of small kernels came
+    out 2-4x slow after the 0.25 s (the LM head's, bound by memory, unchanged), and the choices
+    made from them decoded 3% slower (2026-11-25). A batch is always queued behind the one being
+    waited for (a read-back after each batch would leave the GPU idle for the round trip), and
+    never more than two, so a slow kernel cannot pile up work."""
     end = time.perf_counter() + seconds
-    prev = None
+    prev, best, settled = None, None, False
     while True:
         rec = TimestampRecorder(1, whole=True)
         dev.submit([d] * 64, timestamps=rec)
         if prev is not None:
             yield prev
+            span = sum(b - a for a, b in prev.ticks_ns)
+            settled = best is not None and span <= 1.03 * best
+            best = span if best is None else min(best, span)
         prev = rec
-        if time.perf_counter() >= end:
+        now = time.perf_counter()
+        if now >= end and (settled or now >= end + BUSY_SETTLE_S):
             break
     yield prev
 
