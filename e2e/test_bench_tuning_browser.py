@@ -41,7 +41,8 @@ def desktop_report(tmp_path_factory):
     holds this process's event loop), for the schema comparison."""
     out = tmp_path_factory.mktemp("bench") / "desktop.json"
     r = subprocess.run([sys.executable, "-m", "webdrift", "bench", "--quick", "--synthetic", "tiny", "--quant", "q4",
-                        "--protocol", "8/4", "--roofline-mib", "4", "--no-peers", "--json", str(out)],
+                        "--protocol", "8/4", "--roofline-mib", "4", "--no-peers", "--kv-cache", "f16,f32",
+                        "--json", str(out)],
                        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     return json.loads(out.read_text())
@@ -78,8 +79,9 @@ def test_bench_page_returns_the_desktop_schema(chromium, server, desktop_report,
         assert r["error"] is None and r["model"] == "tiny" and r["quant"] == "q4"
         assert r["prefill_tps"] > 0 and r["decode_tps"] > 0 and r["load_s"] > 0
         assert r["peak_gpu_bytes"] >= r["weight_bytes"] > 0
-        # the same model and protocol read the same bytes per token on either route
-        d = desktop_report["results"][0]
+        # the same model, protocol and KV cache read the same bytes per token on either route (the
+        # desktop ran both caches; SwiftShader has no shader-f16: f32)
+        d = next(x for x in desktop_report["results"] if x["kv_cache"] == r["kv_cache"])
         assert (r["weight_bytes"], r["read_bytes_per_token"], r["params"]) == (
             d["weight_bytes"], d["read_bytes_per_token"], d["params"])
     assert report["machine"]["route"] == BROWSER_ROUTE and desktop_report["machine"]["route"].startswith("desktop")

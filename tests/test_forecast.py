@@ -26,7 +26,8 @@ PROMPTS = [[5, 77, 100, 23, 9, 44, 200, 3], [40, 41, 42], list(range(10, 60)), [
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("forecast")
     path = write_tiny_gguf(d / "tiny.gguf")
-    eng = webdrift.load(path, max_context=256, autotune=False)
+    # an f32 KV cache: the forecast rows' logits are checked against torch's f32 forward to 1e-3
+    eng = webdrift.load(path, max_context=256, autotune=False, kv_cache="f32")
     ref = __import__("transformers").AutoModelForCausalLM.from_pretrained(
         str(d), gguf_file="tiny.gguf", dtype=torch.float32).eval()
     return d, eng, ref

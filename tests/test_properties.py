@@ -450,7 +450,8 @@ option_values = {"max_context": st.integers(-2, 600), "weight_format": st.sample
                  "int8_activations": st.sampled_from([None, False, "on", {"head": 1}, {"qkv": False}]),
                  "max_binding_bytes": st.one_of(st.none(), st.integers(0, 2**40)), "enable_lora": st.booleans(),
                  "max_lora_rank": st.integers(-1, 2000), "lora_pool_rank": st.one_of(st.none(), st.integers(-1, 70000)),
-                 "lora_fused_shrink": st.booleans(), "steps_per_submit": st.one_of(st.none(), st.integers(-1, 40))}
+                 "lora_fused_shrink": st.booleans(), "steps_per_submit": st.one_of(st.none(), st.integers(-1, 40)),
+                 "kv_cache": st.sampled_from([None, "f16", "f32", "bf16", 16])}
 
 
 @given(st.data())

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -38,6 +39,15 @@ def prompt_of(n: int, seed: int) -> list[int]:
 def top_k_ids(row: np.ndarray, k: int) -> list[int]:
     """The k largest entries' ids, ties to the lowest id."""
     return [int(i) for i in np.lexsort((np.arange(len(row)), -row.astype(np.float64)))[:k]]
+
+
+def assert_top_k(ids: list[int], row: np.ndarray, tol: float) -> None:
+    """ids are row's len(ids) largest entries, largest first, up to near-ties within tol (logits
+    from another program: the GPU sampler picked from the generation's own)."""
+    v = row.astype(np.float64)
+    rest = np.delete(v, ids)
+    assert len(set(ids)) == len(ids) and all(v[a] >= v[b] - tol for a, b in pairwise(ids)), (ids, v[ids])
+    assert v[ids].min() >= rest.max() - tol, (ids, v[ids], top_k_ids(row, len(ids)))
 
 
 @pytest.mark.parametrize("n,plen", [(2, 1), (3, 63), (3, 64), (4, 70), (5, 130), (8, 5)])

@@ -19,7 +19,7 @@ import torch
 import webdrift
 from tests.test_engine_hf import CASES, VOCAB, make_model, torch_greedy
 from tests.test_lora import tok_dir  # noqa: F401 (fixture)
-from tests.test_streams import prompt_of, top_k_ids
+from tests.test_streams import assert_top_k, prompt_of, top_k_ids
 from tests.tiny_model import write_tiny_gguf
 from webdrift.models.forward import Linear
 
@@ -62,7 +62,9 @@ def test_int8_streams_equal_single_runs(tiny_int8, n, plen):
     eng = tiny_int8
     prompt = prompt_of(plen, plen)
     rs = eng.generate(prompt, max_new_tokens=6, n=n)
-    assert [r.token_ids[0] for r in rs] == top_k_ids(eng.logits(prompt)[-1], n)
+    # the first tokens: the prompt's top n (eng.logits is the scoring program's forward: the int8
+    # rows after an f16 K/V can swap near-ties, 0.011 apart on q8 5/70 at 2026-11-25)
+    assert_top_k([r.token_ids[0] for r in rs], eng.logits(prompt)[-1], 0.05)
     for r in rs:
         assert len(r.token_ids) == 6
         assert r.token_ids[1:] == eng.generate(prompt + [r.token_ids[0]], max_new_tokens=5).token_ids
@@ -77,8 +79,9 @@ def test_int8_chain_streams(tmp_path, hf_tokenizer_dir, monkeypatch):
                                                   "num_attention_heads": 4, "num_key_value_heads": 2,
                                                   "tie_word_embeddings": True})
     d, ref = make_model("llama_hd32_f32", tmp_path, hf_tokenizer_dir)
+    # (an f32 KV cache: the top-3 vs transformers' below needs the f32 forward's margins)
     eng = webdrift.load(str(d), max_context=512, prefill_chunk=64, autotune=False, weight_format="q8",
-                        int8_activations=True)
+                        int8_activations=True, kv_cache="f32")
     eng.generate([5, 6], max_new_tokens=2, n=8)
     assert eng._streams.program(8).int8_chain
     labels = blk_cols(eng._streams.program(8))
