@@ -52,6 +52,7 @@ class PerplexityResult:
     nll_mean: float
     chunk_ppl: list[float] = field(default_factory=list)   # running ppl after each window, as llama.cpp prints
     seconds: float = 0.0
+    kv_cache: str = "f32"           # the KV cache's values the engine ran with (EngineOptions.kv_cache)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -202,7 +203,7 @@ def score_windows(eng, tokens: list[int], wins: list[list[int]], ctx: int, n_chu
         model=name or str(eng.path), weight_format=eng.options.weight_format, weight_bytes=eng.model.weight_bytes,
         adapter=eng.dev.info.adapter, ctx=ctx, n_text_tokens=len(tokens), n_chunks=len(wins), n_scored=count,
         add_bos=bool(eng.tokenizer.add_bos), ppl=ppl, ppl_stderr=err, nll_mean=mean, chunk_ppl=running,
-        seconds=time.perf_counter() - t0)
+        seconds=time.perf_counter() - t0, kv_cache="f16" if eng.model.kv_f16 else "f32")
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -215,6 +216,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunks", type=int, default=None, help="score only the first N windows (default all)")
     p.add_argument("--weight-format", default=None,
                    help=f"runtime weight format: {', '.join(WEIGHT_FORMATS)} (default follows the file)")
+    p.add_argument("--kv-cache", choices=("f16", "f32"), default=None,
+                   help="the KV cache's values (default f16 where the adapter has shader-f16): what rounding K "
+                        "and V to f16 costs")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON ('-' for stdout)")
     p.set_defaults(func=cmd_perplexity)
 
@@ -229,10 +233,10 @@ def cmd_perplexity(args) -> int:
         sys.stderr.flush()
 
     res = perplexity(args.model, text, args.ctx, weight_format=args.weight_format, n_chunks=args.chunks,
-                     progress=show)
+                     progress=show, **({"kv_cache": args.kv_cache} if args.kv_cache else {}))
     line = (f"{res.model}: PPL = {res.ppl:.4f} +/- {res.ppl_stderr:.5f} over {res.n_scored} tokens "
             f"({res.n_chunks} windows of {res.ctx}; weights {res.weight_bytes / 2**20:.1f} MiB, "
-            f"{res.weight_format or 'file formats'})")
+            f"{res.weight_format or 'file formats'}; KV cache {res.kv_cache})")
     if args.json == "-":
         sys.stderr.write(line + "\n")
         print(json.dumps(res.as_dict()))
