@@ -11,6 +11,7 @@ nothing and its `read_timestamps` (async) reports the cost the test assigns to e
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -230,3 +231,36 @@ def test_choices_of_other_kernels_are_measured_again(tuner, monkeypatch, tmp_pat
         assert fake.reads > reads and len(autotune._load_file()) == 2
     finally:
         template.kernels_id.cache_clear()
+
+
+class RampingClock:
+    """A device whose batches take `spans` ns in turn (the last repeated): a GPU's clocks rising
+    from idle. submit() and the synchronous timestamp read are all _busy uses."""
+
+    def __init__(self, spans, read_s: float = 0.0):
+        self.spans, self.read, self.read_s = list(spans), 0, read_s
+
+    def submit(self, dispatches, timestamps=None):
+        pass
+
+    def read_timestamps_sync(self, rec):
+        time.sleep(self.read_s)        # (a batch's round trip)
+        rec.ticks_ns = [(0, self.spans[min(self.read, len(self.spans) - 1)])]
+        self.read += 1
+
+
+def test_busy_waits_for_the_clocks_to_settle(monkeypatch):
+    """_busy keeps the GPU busy past its minimum while its batches still speed up (clocks rising),
+    stops at the first batch no more than 3% faster than the fastest before it, and gives up
+    BUSY_SETTLE_S later on a GPU that keeps speeding up."""
+    ramp = RampingClock([400, 300, 200, 150, 120, 118, 100])
+    autotune._drive_sync(ramp, autotune._busy(ramp, None, 0.0))
+    assert ramp.read == 7         # 400 .. 120 each > 3% faster than the best before; 118 is not (+ the batch queued)
+    flat = RampingClock([100])
+    autotune._drive_sync(flat, autotune._busy(flat, None, 0.0))
+    assert flat.read == 3
+    monkeypatch.setattr(autotune, "BUSY_SETTLE_S", 0.05)
+    faster = RampingClock([int(1e12 * 0.9 ** i) for i in range(200)], read_s=0.001)   # 10% faster each batch
+    t0 = time.perf_counter()
+    autotune._drive_sync(faster, autotune._busy(faster, None, 0.0))
+    assert 0.05 <= time.perf_counter() - t0 < 1.0 and faster.read > 3

@@ -348,8 +348,8 @@ BUSY_SETTLE_S = 2.0   # _busy: at most this long past its minimum, waiting for t
 
 
 def _busy(dev: Device, d, seconds: float):
-    """Keep the GPU busy with dispatch d for at least `seconds`, then until its clocks have risen
-    (the last batch of d no slower than 1.03x the fastest batch so far), at most BUSY_SETTLE_S
+    """Keep the GPU busy with dispatch d for at least `seconds`, then until its clocks have stopped
+    rising (a batch of d no more than 3% faster than the fastest before it), at most BUSY_SETTLE_S
     more: on an H100 fresh from idle, a first model's load-time timings of small kernels came
     out 2-4x slow after the 0.25 s (the LM head's, bound by memory, unchanged), and the choices
     made from them decoded 3% slower (2026-11-25). A batch is always queued behind the one being
@@ -363,7 +363,7 @@ def _busy(dev: Device, d, seconds: float):
         if prev is not None:
             yield prev
             span = sum(b - a for a, b in prev.ticks_ns)
-            settled = best is not None and span <= 1.03 * best
+            settled = best is not None and span >= 0.97 * best
             best = span if best is None else min(best, span)
         prev = rec
         now = time.perf_counter()
