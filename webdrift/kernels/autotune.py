@@ -347,6 +347,26 @@ def forget(dev: Device | None = None) -> None:
 BUSY_SETTLE_S = 2.0   # _busy: at most this long past its minimum, waiting for the clocks to settle
 
 
+def _warm(dev: Device, d):
+    """A GPU idle for more than 0.1 s is first kept busy with d (_busy): 0.25 s the first time per
+    device, 0.05 s after."""
+    last = _last_busy.get(id(dev))
+    if (last is None or time.perf_counter() - last > 0.1) and not dev.info.is_cpu:
+        yield from _busy(dev, d, 0.25 if last is None else 0.05)
+
+
+def _rounds(median):
+    """The best of up to 4 rounds of `median()` (a generator returning one round's median ns),
+    stopping at a round no faster than 0.97x the best so far."""
+    best = None
+    for _ in range(4):
+        med = yield from median()
+        if best is not None and med > 0.97 * best:
+            return min(best, med)
+        best = med if best is None else min(best, med)
+    return best
+
+
 def _busy(dev: Device, d, seconds: float):
     """Keep the GPU busy with dispatch d for at least `seconds`, then until its clocks have stopped
     rising (a batch of d no more than 3% faster than the fastest before it), at most BUSY_SETTLE_S
@@ -400,30 +420,24 @@ def _time(dev: Device, d):
     than the best so far (at most 4 rounds), the best median kept. An idle GPU's clocks are low
     and timings taken before they rise came out up to 4x slow (H100, 2026-11-21: load-time
     timings of the first model of a run, whichever candidate came first losing): a GPU idle for
-    more than 0.1 s is first kept busy for 0.25 s (the first time per device) or 0.05 s.
+    more than 0.1 s is first kept busy (_warm: 0.25 s the first time per device, 0.05 s after, then
+    until its clocks stop rising).
     Asynchronous timing (browser): batches of k dispatches in one timed pass, k growing 4x until
     a batch lasts BATCH_MIN_NS and, where timestamps are quantized (browsers), d's share of it
     spans QUANTA quanta; on GPUs each run after the L2-evicting dispatch, whose batch is timed
     alone and subtracted, the median of 5 such rounds / k; on software adapters (no flush) the
     best of 3 batches / k."""
-    now = time.perf_counter()
-    last = _last_busy.get(id(dev))
-    if (last is None or now - last > 0.1) and not dev.info.is_cpu:
-        yield from _busy(dev, d, 0.25 if last is None else 0.05)
+    yield from _warm(dev, d)
     if dev.can_time_sync:
         dev.submit([d] * 8)
         flush = _flush_dispatch(dev, d)
-        best = None
-        for _ in range(4):
+
+        def median():
             rec = TimestampRecorder(10 if flush else 5)
             dev.submit([f for _ in range(5) for f in ((flush, d) if flush else (d,))], timestamps=rec)
             yield rec
-            ticks = rec.ticks_ns[1::2] if flush else rec.ticks_ns
-            med = sorted(b - a for a, b in ticks)[2]
-            if best is not None and med > 0.97 * best:
-                best = min(best, med)
-                break
-            best = med if best is None else min(best, med)
+            return sorted(b - a for a, b in (rec.ticks_ns[1::2] if flush else rec.ticks_ns))[2]
+        best = yield from _rounds(median)
     else:
         # a batch of k runs of d, each after the L2-evicting dispatch where there is one; the
         # flush's own time is a batch of k flushes, timed in the same round and subtracted (the
@@ -474,14 +488,11 @@ def _time_seq(dev: Device, ds: list):
         for d in ds:
             total += yield from _time(dev, d)
         return total
-    now = time.perf_counter()
-    last = _last_busy.get(id(dev))
-    if (last is None or now - last > 0.1) and not dev.info.is_cpu:
-        yield from _busy(dev, ds[0], 0.25 if last is None else 0.05)
+    yield from _warm(dev, ds[0])
     dev.submit(ds * 4)
     flush = _flush_dispatch(dev, ds[0])
-    best = None
-    for _ in range(4):
+
+    def median():
         recs = []
         for _ in range(5):
             if flush:
@@ -489,11 +500,8 @@ def _time_seq(dev: Device, ds: list):
             recs.append(TimestampRecorder(1, whole=True))
             dev.submit(ds, timestamps=recs[-1])
         yield from recs
-        med = sorted(b - a for rec in recs for a, b in rec.ticks_ns)[2]
-        if best is not None and med > 0.97 * best:
-            best = min(best, med)
-            break
-        best = med if best is None else min(best, med)
+        return sorted(b - a for rec in recs for a, b in rec.ticks_ns)[2]
+    best = yield from _rounds(median)
     _last_busy[id(dev)] = time.perf_counter()
     return best
 
