@@ -182,9 +182,12 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
          "MR_EPI": "\n".join(epi), "KSPLIT": ksplit, "KUNROLL": ksplit and kunroll > 1}
     if ksplit and kunroll > 1:   # (one column: LinearKernel checks)
         us = range(1, kunroll)
+
+        def s(v: str, u: int) -> str:   # stride u's accumulator of sum v (stride 0: v itself)
+            return f"{v}_{u}" if u else v
         acc_u = [f"      let xb0_{u} = x_blk(x_row(t0), b + {u}u * bstep, inv0);" for u in range(kunroll)]
-        acc_u += [f"      m{j}_0{'_' * (u > 0)}{u or ''} += w_dot({row[j]}, b + {u}u * bstep, xb0_{u});"
-                  + (f" n{j}_0{'_' * (u > 0)}{u or ''} += w2_dot({row[j]}, b + {u}u * bstep, xb0_{u});" if pair else "")
+        acc_u += [f"      {s(f'm{j}_0', u)} += w_dot({row[j]}, b + {u}u * bstep, xb0_{u});"
+                  + (f" {s(f'n{j}_0', u)} += w2_dot({row[j]}, b + {u}u * bstep, xb0_{u});" if pair else "")
                   for u in range(kunroll) for j in js]
         d.update(KU=kunroll, MR_ACC_U="\n".join(acc_u),
                  MR_DECL_U="\n".join(f"    var {v}_{u} = 0.0;" for u in us for v in sums),
