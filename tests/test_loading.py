@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
     ({"prefill_chunk": 2.5}, "prefill_chunk"), ({"layout": "tiled"}, "layout"), ({"fuse": "yes"}, "fuse"),
     ({"autotune": None}, "autotune"), ({"prefill_kernels": "fast"}, "prefill_kernels"),
     ({"int8_activations": "on"}, "int8_activations"), ({"int8_activations": {"head": 1}}, "int8_activations"),
-    ({"max_binding_bytes": 512}, "max_binding_bytes"),
+    ({"max_binding_bytes": 512}, "max_binding_bytes"), ({"kv_cache": "bf16"}, "kv_cache"),
 ])
 def test_each_bad_option_is_named(kw, name):
     with pytest.raises(InvalidArgumentError, match=f"^{name}="):
@@ -44,6 +44,25 @@ def test_load_checks_options_before_resolving_the_model(monkeypatch):
         webdrift.load("smollm2-135m", layout="tiled")
     with pytest.raises(InvalidArgumentError, match="weight_format"):
         webdrift.load(weight_format="int4")
+
+
+def test_kv_cache_follows_the_adapter(monkeypatch):
+    """The KV cache holds f16 where the adapter has shader-f16 (half the bytes of f32), f32
+    without it; kv_cache="f16" there is an UnsupportedModelError naming the feature."""
+    from webdrift.gpu.base import Device
+    from webdrift.gpu.native import get_device
+    from webdrift.weights.synthetic import NullTokenizer, synthetic_source
+    dev, src = get_device(), synthetic_source("tiny", "q4")
+    f16 = assemble(src, EngineOptions(max_context=40, autotune=False), dev, tokenizer=NullTokenizer())
+    f32 = assemble(src, EngineOptions(max_context=40, autotune=False, kv_cache="f32"), dev, tokenizer=NullTokenizer())
+    assert dev.has_f16 and f16.model.kv_f16 and not f32.model.kv_f16
+    assert f16.model.kv_bytes * 2 == f32.model.kv_bytes
+    assert f16.model.layers[0].k_cache.size * 2 == f32.model.layers[0].k_cache.size
+    monkeypatch.setattr(Device, "has_f16", property(lambda self: False))
+    plain = assemble(src, EngineOptions(max_context=40, autotune=False), dev, tokenizer=NullTokenizer())
+    assert not plain.model.kv_f16 and plain.model.kv_bytes == f32.model.kv_bytes
+    with pytest.raises(webdrift.UnsupportedModelError, match="shader-f16"):
+        assemble(src, EngineOptions(max_context=40, autotune=False, kv_cache="f16"), dev, tokenizer=NullTokenizer())
 
 
 def test_open_source_kinds(tmp_path):

@@ -16,7 +16,7 @@ import math
 import struct
 from dataclasses import dataclass
 
-from ..errors import GPULimitError, InvalidArgumentError, UnsupportedModelError
+from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device
 from ..kernels.autotune import GEMM_TUNE_ROWS, choose_layout
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
@@ -105,10 +105,7 @@ class GPUModel:
         plans = check_limits(dev, source, weight_format, max_context, max_binding=max_binding_bytes)
         self._shard_plan = {p.label: p.shards for p in plans if p.shards}
         self._limit = binding_limit(dev, max_binding_bytes)
-        if kv_cache not in (None, "f16", "f32"):
-            raise InvalidArgumentError(f"kv_cache {kv_cache!r}: expected 'f16', 'f32' or None (f16 where the "
-                                       "adapter has shader-f16)")
-        if kv_cache == "f16" and not dev.has_f16:
+        if kv_cache == "f16" and not dev.has_f16:   # (the value itself: EngineOptions checks it)
             raise UnsupportedModelError("kv_cache='f16' needs shader-f16, which this adapter lacks; use 'f32'")
         self.kv_f16 = kv_cache == "f16" or (kv_cache is None and dev.has_f16)
         self.kv_bytes = kv_cache_bytes(cfg, max_context, value_bytes=kv_bytes(self.kv_f16))

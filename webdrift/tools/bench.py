@@ -240,8 +240,7 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 r["lora"] = {"rank": lora_rank, "error": f"{type(e).__name__}: {e}"}
     if llama_bench:
         from .llama_cpp import attach_llama_cpp
-        # llama.cpp's cache is f16: what webdrift's reads beyond that
-        extra = 4 - 2 if rows[0].get("kv_cache") == "f32" else 0
+        extra = 2 if rows[0].get("kv_cache") == "f32" else 0   # bytes a value beyond llama.cpp's f16 cache
         attach_llama_cpp(rows, llama_bench, src, protocols, repeats,
                          kv_extra=lambda kv_len: kv_cache_bytes(cfg, kv_len, value_bytes=extra), log=log)
     if peers:
