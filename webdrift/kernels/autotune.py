@@ -658,15 +658,20 @@ def _measure_attention(dev: Device, n_heads, n_kv, head_dim, cap, k_cache, v_cac
     steps = [_step_buffer(dev, min(cap, ctx) - 1) for ctx in sorted({min(cap, 1024), min(cap, 4096)})]
     qb = dev.create_buffer(q.nbytes, label="tune.q")
     ob = dev.create_buffer(out.nbytes, label="tune.o")
-    times = {}
+    times, built = {}, []
     try:
-        for c in cands:
-            pb = None
+        for c in cands:   # every candidate built before the first is timed (as _fastest)
             try:
                 k = AttentionKernel(dev, q, n_heads, n_kv, head_dim, cap, group, 0.125, window, variant=c.variant,
                                     chunk=c.chunk or 32, prefetch_v=c.prefetch_v, adapt=c.adapt, kv_f16=kv_f16)
                 comb = AttentionCombineKernel(dev, out, n_heads, n_kv, head_dim, k.nsplit, group)
                 yield CHECK
+            except (GPUError, UnsupportedModelError):
+                continue
+            built.append((c, k, comb))
+        for c, k, comb in built:
+            pb = None
+            try:
                 pb = dev.create_buffer(n_kv * group * k.nsplit * (head_dim + 2) * 4, label="tune.part")
                 t = 0
                 for sb in steps:
@@ -780,15 +785,21 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
     kernel (a candidate this adapter or weight cannot run raises one of `errors`, or fails to
     compile, and is skipped), each dispatched on `binds` over t token rows and timed; confirm:
     the `confirm` fastest are timed once more and each keeps its better time (one slow timing
-    cannot decide a long candidate list). Returns (the fastest candidate or None, its GPU ns or None)."""
-    timed = []     # (ns, order, candidate, dispatch)
+    cannot decide a long candidate list). Every candidate is built before the first is timed:
+    compiling between timings left the GPU idle for a driver's compile time each (hundreds of ms
+    with a cold shader cache), and on an H100 the first process of a fresh machine timed small
+    kernels 1.5-4x slow, its later processes, compiling from the cache, not (2026-11-25).
+    Returns (the fastest candidate or None, its GPU ns or None)."""
+    built = []     # (candidate, dispatch)
     for cand in cands:
         try:
             k = build(cand)
             yield CHECK
         except errors:
             continue
-        d = k.dispatch(_declared(k, binds), k.workgroups(t))
+        built.append((cand, k.dispatch(_declared(k, binds), k.workgroups(t))))
+    timed = []     # (ns, order, candidate, dispatch)
+    for cand, d in built:
         ns = yield from _time(dev, d)
         if ns > 0:
             timed.append((ns, len(timed), cand, d))
