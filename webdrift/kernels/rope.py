@@ -21,7 +21,7 @@ def kv_type(dev: Device, kv_f16: bool) -> str:
     """The caches' element type: "f16" (half the bytes a decode step's attention reads, as
     llama.cpp's default cache; needs shader-f16) or "f32"."""
     if kv_f16 and not dev.has_f16:
-        raise UnsupportedModelError("an f16 KV cache needs shader-f16, which this adapter lacks")
+        raise UnsupportedModelError("kv_cache='f16' needs shader-f16, which this adapter lacks; use kv_cache='f32'")
     return "f16" if kv_f16 else "f32"
 
 

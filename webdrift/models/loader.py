@@ -20,7 +20,7 @@ from ..errors import GPULimitError, UnsupportedModelError
 from ..gpu.base import STORAGE, Buffer, Device
 from ..kernels.autotune import GEMM_TUNE_ROWS, choose_layout
 from ..kernels.convert import SOURCE_TYPES, allocate_weight, upload_rows
-from ..kernels.rope import kv_bytes
+from ..kernels.rope import kv_bytes, kv_type
 from ..kernels.weights import GPUWeight
 from .choices import Int8Choice, choose_int8, choose_prefill_int8
 from .footprint import binding_limit, check_limits
@@ -105,9 +105,8 @@ class GPUModel:
         plans = check_limits(dev, source, weight_format, max_context, max_binding=max_binding_bytes)
         self._shard_plan = {p.label: p.shards for p in plans if p.shards}
         self._limit = binding_limit(dev, max_binding_bytes)
-        if kv_cache == "f16" and not dev.has_f16:   # (the value itself: EngineOptions checks it)
-            raise UnsupportedModelError("kv_cache='f16' needs shader-f16, which this adapter lacks; use 'f32'")
-        self.kv_f16 = kv_cache == "f16" or (kv_cache is None and dev.has_f16)
+        # "f16" / "f32" (kv_type refuses f16 without shader-f16; the value itself: EngineOptions checks it)
+        self.kv_cache = kv_type(dev, kv_cache == "f16" or (kv_cache is None and dev.has_f16))
         self.kv_bytes = kv_cache_bytes(cfg, max_context, value_bytes=kv_bytes(self.kv_f16))
         man = model_manifest(cfg, source.tensors)
         # tok_embd / output: the first shard (its format and shape); one shard when it fits
@@ -124,6 +123,11 @@ class GPUModel:
         self.int8_choice: Int8Choice = choose_int8(self, int8_activations)
         # the layers' prefill GEMMs on int8 rows, by role (choices.choose_prefill_int8)
         self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8, prefill_rows)
+
+    @property
+    def kv_f16(self) -> bool:
+        """Whether the KV caches hold f16 (self.kv_cache == "f16")."""
+        return self.kv_cache == "f16"
 
     @property
     def prefill_int8(self) -> bool:

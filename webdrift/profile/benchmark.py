@@ -312,7 +312,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
             peak_tflops = int8_peak_tflops
         base["int8_activations"] = eng.model.int8
         base["steps_per_submit"] = eng.steps_per_submit
-        base["kv_cache"] = "f16" if eng.model.kv_f16 else "f32"
+        base["kv_cache"] = eng.model.kv_cache
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))

@@ -203,7 +203,7 @@ def score_windows(eng, tokens: list[int], wins: list[list[int]], ctx: int, n_chu
         model=name or str(eng.path), weight_format=eng.options.weight_format, weight_bytes=eng.model.weight_bytes,
         adapter=eng.dev.info.adapter, ctx=ctx, n_text_tokens=len(tokens), n_chunks=len(wins), n_scored=count,
         add_bos=bool(eng.tokenizer.add_bos), ppl=ppl, ppl_stderr=err, nll_mean=mean, chunk_ppl=running,
-        seconds=time.perf_counter() - t0, kv_cache="f16" if eng.model.kv_f16 else "f32")
+        seconds=time.perf_counter() - t0, kv_cache=eng.model.kv_cache)
 
 
 # -- the command ---------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def cmd_perplexity(args) -> int:
         sys.stderr.flush()
 
     res = perplexity(args.model, text, args.ctx, weight_format=args.weight_format, n_chunks=args.chunks,
-                     progress=show, **({"kv_cache": args.kv_cache} if args.kv_cache else {}))
+                     progress=show, kv_cache=args.kv_cache)
     line = (f"{res.model}: PPL = {res.ppl:.4f} +/- {res.ppl_stderr:.5f} over {res.n_scored} tokens "
             f"({res.n_chunks} windows of {res.ctx}; weights {res.weight_bytes / 2**20:.1f} MiB, "
             f"{res.weight_format or 'file formats'}; KV cache {res.kv_cache})")
