@@ -254,7 +254,7 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     the big matrices repay their quantize dispatch): logits stay close to the float path's on
     the same weights; an unknown role is an InvalidArgumentError; int8_pays measures both paths."""
     from webdrift.gpu.native import get_device
-    from webdrift.kernels.autotune import chain_pays, int8_pays
+    from webdrift.kernels.autotune import int8_pays
     from webdrift.tools.bench import build_engine
     from webdrift.weights.synthetic import synthetic_source
     dev = get_device()
@@ -272,8 +272,51 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     lw = ref.model.layers[0]
     m = int8_pays(dev, lw.w_gate, lw.w_up, pre_norm=True)
     assert m["float_ns"] > 0 and m["int8_ns"] > 0 and isinstance(m["int8"], bool)
-    c = chain_pays(dev, [(lw.wo, None, "q4", True), (lw.w_gate, lw.w_up, "q4", False)])
-    assert c["separate_ns"] > 0 and c["chained_ns"] > 0 and c["chain"] == (c["chained_ns"] < c["separate_ns"])
+
+
+def test_int8_chain_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
+    """Where choose_int8 leaves the int8 chain open (timed adapters: forced here on lavapipe), the
+    engine builds the decode step both ways, times each whole (autotune.chain_pays) and keeps the
+    faster: the verdict is cached (a second engine measures nothing), the decode program follows
+    it, and both kinds of step decode greedy tokens that are the float path's top tokens, or
+    within int8 rounding of them, on the same prefixes."""
+    from webdrift.gpu.native import get_device
+    from webdrift.kernels import autotune
+    from webdrift.models import loader
+    from webdrift.models.choices import Int8Choice
+    from webdrift.runtime import engine as E
+    from webdrift.tools.bench import build_engine
+    from webdrift.weights.synthetic import synthetic_source
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    roles = dict.fromkeys(("qkv", "o", "gateup", "down", "head"), True)
+    unchained = dict(roles, qkv=False, o=False)
+    monkeypatch.setattr(loader, "choose_int8", lambda model, wanted: Int8Choice(roles, True, unchained))
+    verdicts, measured = [], []
+    real, real_measure = E.chain_pays, autotune._measure_chain
+    monkeypatch.setattr(autotune, "_measure_chain", lambda *a: measured.append(1) or real_measure(*a))
+    monkeypatch.setattr(E, "chain_pays", lambda *a, **k: verdicts.append(real(*a, **{**k, "enabled": "force"}))
+                        or verdicts[-1])
+    dev = get_device()
+    src = synthetic_source("tiny", "q4")
+    ids = [5, 17, 3, 99, 42, 7, 1, 250]
+    eng = build_engine(dev, src, 48)
+    got = verdicts[-1]
+    assert got["chained_ns"] > 0 and got["separate_ns"] > 0 and got["chain"] == (got["chained_ns"] < got["separate_ns"])
+    assert eng.model.int8_chain == eng.decode.int8_chain == got["chain"] and measured == [1]
+    build_engine(dev, src, 48)
+    assert verdicts[-1] == got and measured == [1]        # cached
+    ref = build_engine(dev, src, 48, int8_activations=False)
+    for chain in (True, False):
+        monkeypatch.setattr(E, "chain_pays", lambda *a, chain=chain, **k: {"chain": chain})
+        e = build_engine(dev, src, 48)
+        assert e.decode.int8_chain is chain and e.model.int8_roles == (roles if chain else unchained)
+        labels = [d.label.split(".", 1)[-1] for d in e.decode.dispatches(1)]
+        assert ("quant_down" in labels) is not chain and ("norm+qkv" in labels) is not chain
+        out = e.generate(ids, max_new_tokens=10, stop_at_eos=False).token_ids
+        want = ref.logits(ids + out[:-1], first=len(ids) - 1)
+        gaps = want.max(1) - want[np.arange(len(out)), out]
+        assert gaps.max() <= 0.05 * want.std(axis=1).mean() and (gaps == 0).sum() >= 8, gaps
 
 
 @pytest.mark.parametrize(("fmt", "ggml"), [("q8", "Q8_0"), ("q4", "Q4_1")])

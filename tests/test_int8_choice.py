@@ -25,7 +25,18 @@ def fake_model(fmt="q4", dim=2048, ffn=8192, is_cpu=False, dp4a=True, timed=Fals
 def test_untimed_gpu_takes_size_rule_and_chain():
     c = choose_int8(fake_model(), None)
     assert c.roles == {"qkv": True, "o": True, "gateup": True, "down": True, "head": True}
-    assert c.chain
+    assert c.chain and c.unchained is None      # nothing for the engine to time
+
+
+def test_timed_gpu_leaves_the_chain_to_the_engine(monkeypatch):
+    """A timed adapter: the per-role choice (here only gate/up and the head repay a quantize
+    dispatch) is kept as `unchained` beside the chain, for the engine to time a decode step each
+    way (runtime/engine.py _choose_chain)."""
+    from webdrift.models import choices
+    monkeypatch.setattr(choices, "int8_pays", lambda dev, w, w2=None, **k: {"int8": w2 is not None or w.o > 100000})
+    c = choose_int8(fake_model(timed=True), None)
+    assert c.chain and all(c.roles.values())
+    assert c.unchained == {"qkv": False, "o": False, "gateup": True, "down": False, "head": True}
 
 
 def test_small_layers_stay_float_without_timing():

@@ -331,11 +331,10 @@ def test_cols_measured_where_tuned(monkeypatch, tmp_path):
         assert {c.cols for c in cands} == {1, 2, 4, 8}
 
 
-def test_last_workgroup_choice_is_timed_with_its_buffers(monkeypatch, tmp_path):
+def test_last_workgroup_choice_in_the_column_search(monkeypatch, tmp_path):
     """A quantizing GEMV chosen in its last-workgroup form (qlast: timing decides, so a loaded
-    machine may pick it anywhere) is timed with its scratch bindings by chain_pays, and a
-    several-row program's search (choose_cols) times it beside the 32-row kinds, whose several-
-    column forms stand in for it (qlast takes one column)."""
+    machine may pick it anywhere): a several-row program's search (choose_cols) times it beside
+    the 32-row kinds, whose several-column forms stand in for it (qlast takes one column)."""
     from webdrift.kernels import autotune
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
     monkeypatch.setattr(autotune, "_memory", {})
@@ -347,8 +346,6 @@ def test_last_workgroup_choice_is_timed_with_its_buffers(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_search_qout", search_qout)
     dev = device()
     gw, _ = make_weight(_weights(64, 256), "q8")
-    c = autotune.chain_pays(dev, [(gw, None, "q8", True)])
-    assert c["chained_ns"] > 0 and c["separate_ns"] > 0
     assert autotune.choose_qout(dev, gw, enabled="force") == qlast
     calls = []
     real = autotune._search_cols

@@ -348,8 +348,8 @@ BUSY_SETTLE_S = 2.0   # _busy: at most this long past its minimum, waiting for t
 
 
 def _warm(dev: Device, d):
-    """A GPU idle for more than 0.1 s is first kept busy with d (_busy): 0.25 s the first time per
-    device, 0.05 s after."""
+    """A GPU idle for more than 0.1 s is first kept busy with d (a dispatch or the list timed:
+    _busy): 0.25 s the first time per device, 0.05 s after."""
     last = _last_busy.get(id(dev))
     if (last is None or time.perf_counter() - last > 0.1) and not dev.info.is_cpu:
         yield from _busy(dev, d, 0.25 if last is None else 0.05)
@@ -368,7 +368,8 @@ def _rounds(median):
 
 
 def _busy(dev: Device, d, seconds: float):
-    """Keep the GPU busy with dispatch d for at least `seconds`, then until its clocks have stopped
+    """Keep the GPU busy with dispatch d (or a list of dispatches, run in order: at least 64 a
+    batch) for at least `seconds`, then until its clocks have stopped
     rising (a batch of d no more than 3% faster than the fastest before it), at most BUSY_SETTLE_S
     more: on an H100 fresh from idle, a first model's load-time timings of small kernels came
     out 2-4x slow after the 0.25 s (the LM head's, bound by memory, unchanged), and the choices
@@ -377,9 +378,10 @@ def _busy(dev: Device, d, seconds: float):
     never more than two, so a slow kernel cannot pile up work."""
     end = time.perf_counter() + seconds
     prev, best, settled = None, None, False
+    ds = d if isinstance(d, list) else [d]
     while True:
         rec = TimestampRecorder(1, whole=True)
-        dev.submit([d] * 64, timestamps=rec)
+        dev.submit(ds * ceil_div(64, len(ds)), timestamps=rec)
         if prev is not None:
             yield prev
             span = sum(b - a for a, b in prev.ticks_ns)
@@ -488,7 +490,7 @@ def _time_seq(dev: Device, ds: list):
         for d in ds:
             total += yield from _time(dev, d)
         return total
-    yield from _warm(dev, ds[0])
+    yield from _warm(dev, ds)
     dev.submit(ds * 4)
     flush = _flush_dispatch(dev, ds[0])
 
@@ -897,53 +899,46 @@ def _search_cols(dev: Device, w, w2, cands: list, t: int, qout: bool):
     return _as_dict(best or cands[0])
 
 
-def chain_pays(dev: Device, links: list, enabled=FORCE, static: bool = True) -> dict:
-    """Whether quantizing epilogues beat separate quantize dispatches for one layer. links: per
-    producing GEMV (w, w2, next_fmt, next_norm: bool) -- O projection, gate/up, down. Compares
-    sum(best integer-dot GEMV and QuantizeKernel of its output, timed back to back (_time_seq),
-    + host cost of that dispatch) with sum(best quantizing-epilogue GEMV, timed the same way).
-    Returns {"separate_ns", "chained_ns", "chain": bool};
-    `static` is the verdict while unmeasured (asynchronous timing); measured whenever called,
-    like int8_pays."""
-    key = f"{key_prefix(dev)}chain2|" + ";".join(
-        f"{w.fmt},{w.o},{w.i},{int(w2 is not None)},{nf},{int(nn)}" for w, w2, nf, nn in links)
-    return _decide(dev, key, enabled, lambda: _measure_chain(dev, links),
-                   {"separate_ns": None, "chained_ns": None, "chain": static})
+def chain_pays(dev: Device, key: str, build, pos: int, enabled=FORCE) -> dict:
+    """Whether a model's int8 chain (each layer GEMV writing the next one's int8 row) beats its
+    decode step with separate quantize dispatches on this adapter. build(chain, step) -> the
+    decode program of each (models/program.py Program, unbound; `step`: the Step uniform of a
+    one-token step at position pos); both are bound to one scratch arena and each whole step is
+    timed back to back in one pass (_time_seq), twice each, alternately. Timing each layer GEMV
+    with its quantize dispatch against the quantizing GEMV instead came out level on an H100 where
+    the chain decoded the 1B q4 9% faster (and the 8B q4 1% slower), choosing the chain in one of
+    six fresh runs; the whole steps' timings ranked the programs as their decode speeds did, to
+    0.3% (2026-11-25). Needs whole-pass timestamps (synchronous timing): elsewhere, e.g. browsers,
+    the chain. Cached under key (the model's shapes and formats, choices.chain_key).
+    Returns {"separate_ns", "chained_ns", "chain"}."""
+    static = {"separate_ns": None, "chained_ns": None, "chain": True}
+    if not dev.can_time_sync:
+        return static
+    return _decide(dev, f"{key_prefix(dev)}chain3|{key}", enabled, lambda: _measure_chain(dev, build, pos), static)
 
 
-def _measure_chain(dev: Device, links: list):
-    sep = chained = 0
-    sb = _step_buffer(dev)
+def _measure_chain(dev: Device, build, pos: int):
+    sb = _step_buffer(dev, pos)
+    arena = None
     try:
-        for w, w2, nfmt, nnorm in links:
-            x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
-            xb, yb = dev.create_buffer(x.nbytes, label="tune"), dev.create_buffer(y.nbytes, label="tune")
-            qbufs = _qout_buffers(dev, w)
-            wb = _weights(w, w2)
-            norm = PreNorm(1e-5, 0.0) if nnorm else None
-            try:
-                gv = yield from _gemv_choice(dev, w, w2, True)
-                k = LinearKernel(dev, "decode", x, y, w, w2, variant=gv)
-                qk = QuantizeKernel(dev, y, q, nfmt, pre_norm=norm)
-                yield CHECK
-                sep += (yield from _time_seq(dev, [
-                    k.dispatch({"step": sb, "x": xb, "y": yb, **wb}, k.workgroups(1)),
-                    qk.dispatch({"step": sb, "x": yb, "xq": qbufs["qout"]} | ({"nw": qbufs["qnw"]} if nnorm else {}),
-                                qk.workgroups(1))])) + HOST_NS_PER_DISPATCH
-                qv = GemvVariant(**(yield from _sub(_qout_key(dev, w, w2), lambda w=w, w2=w2: _search_qout(dev, w, w2))))
-                kq = LinearKernel(dev, "decode", x, y, w, w2, variant=qv,
-                                  epilogue=Epilogue(qout=QuantOut(q, nfmt, 0.0 if nnorm else None, True)))
-                yield CHECK
-                chained += yield from _time_seq(dev, [kq.dispatch(_declared(kq, {"step": sb, "x": xb, "y": yb, **wb,
-                                                                                  **qbufs}), kq.workgroups(1))])
-            finally:
-                for b in (xb, yb, *qbufs.values()):
-                    dev.release_buffer(b)
+        progs = [build(chain, sb) for chain in (True, False)]
+        arena = dev.create_buffer(max(p.arena_bytes for p in progs), label="tune.arena")
+        for p in progs:
+            p.bind(arena)
+        steps = [p.dispatches(1) for p in progs]   # every kernel compiled before the first timing
+        yield CHECK
+        ns = [None, None]
+        for _ in range(2):
+            for i, ds in enumerate(steps):
+                t = yield from _time_seq(dev, ds)
+                ns[i] = t if ns[i] is None else min(ns[i], t)
     except (GPUError, UnsupportedModelError, ValueError):
         return {"separate_ns": None, "chained_ns": None, "chain": False}
     finally:
-        dev.release_buffer(sb)
-    return {"separate_ns": sep, "chained_ns": chained, "chain": chained < sep}
+        for b in (sb, arena):
+            if b is not None:
+                dev.release_buffer(b)
+    return {"separate_ns": ns[1], "chained_ns": ns[0], "chain": ns[0] < ns[1]}
 
 
 def _search(dev: Device, w, w2, int8: bool):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..kernels import linear_blk
 from ..kernels.attention import AttentionCombineKernel
-from ..kernels.autotune import GEMM_TUNE_ROWS, chain_pays, gemm_int8_pays, int8_pays, tunable
+from ..kernels.autotune import GEMM_TUNE_ROWS, gemm_int8_pays, int8_pays, tunable
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -24,9 +24,19 @@ LAYER_ROLES = ("qkv", "o", "gateup", "down")
 class Int8Choice:
     """roles[r]: the decode GEMV of role r (qkv, o, gateup, down, head) reads int8-quantized
     activations with integer dot products; chain: every layer GEMV writes the next one's int8
-    row in its epilogue (no quantize dispatch but layer 0's)."""
+    row in its epilogue (no quantize dispatch but layer 0's); unchained: where the adapter is
+    timed, the roles without the chain (the engine times a decode step each way and keeps the
+    faster: runtime/engine.py, autotune.chain_pays)."""
     roles: dict
     chain: bool = False
+    unchained: dict | None = None
+
+
+def chain_key(model) -> str:
+    """What the chain's verdict depends on besides the adapter: the layer shapes and formats."""
+    cfg, lw = model.cfg, model.layers[0]
+    return (f"{cfg.dim},{cfg.ffn_dim},{cfg.n_layers},{cfg.n_heads},{cfg.n_kv_heads},{cfg.head_dim},{cfg.vocab_size}|"
+            + ",".join(w.fmt for w in (lw.wqkv, lw.wo, lw.w_gate, lw.w_down, model.output)) + f"|{model.kv_cache}")
 
 
 def layer_role_weights(lw) -> dict:
@@ -81,7 +91,8 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     extra quantize dispatch (kernels/autotune.py int8_pays; unmeasured -- no timestamps, or timed
     asynchronously and not yet tuned --, for
     weights >= 12 MiB); then, where gate/up pays and the layer allows it, every layer GEMV with
-    the int8 chain if chain_pays measures it faster (untimed: always); never on software adapters.
+    the int8 chain (timed adapters: the per-role choice kept as `unchained`, and the engine keeps
+    whichever decode step is faster); never on software adapters.
     `model`: dev, cfg, layers[0], output, autotune (a GPUModel)."""
     dev, cfg, lw = model.dev, model.cfg, model.layers[0]
     roles = {r: (w, w2, r in ("qkv", "gateup")) for r, (w, w2) in layer_role_weights(lw).items()}   # pre-normed?
@@ -118,13 +129,8 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
         else:
             out[r] = big
     if possible and out["gateup"]:
-        # the biggest GEMV pays: try every layer GEMV int8, each writing the next one's int8 row
-        # itself (no per-layer quantize dispatch), if measuring the quantizing epilogues against
-        # separate quantize dispatches says so (untimed, e.g. the browser: the chain)
-        links = [(lw.wo, None, lw.w_gate.fmt, True), (lw.w_gate, lw.w_up, lw.w_down.fmt, False),
-                 (lw.w_down, None, lw.wqkv.fmt, True)]
-        if not timed or chain_pays(dev, links, enabled=model.autotune)["chain"]:
-            out.update(qkv=True, o=True, down=True)
-            return Int8Choice(out, True)
+        # the biggest GEMV pays: every layer GEMV int8, each writing the next one's int8 row itself
+        # (no per-layer quantize dispatch); where timed, the engine also times the step without
+        return Int8Choice(dict(out, qkv=True, o=True, down=True), True, dict(out) if timed else None)
     return Int8Choice(out, False)
 

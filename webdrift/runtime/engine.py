@@ -30,11 +30,13 @@ from ..errors import (
     shown,
 )
 from ..gpu.base import READBACK, STEP_UNIFORM, STORAGE, UNIFORM, Device
+from ..kernels.autotune import chain_pays
 from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
 from ..kernels.step_advance import StepAdvanceKernel
 from ..kernels.tree import row_words
+from ..models.choices import Int8Choice, chain_key
 from ..models.loader import GPUModel
 from ..models.program import Program
 from ..profile.profiler import DISABLED, Profiler
@@ -273,6 +275,7 @@ class Engine:
             self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
                                       options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64),
                                       fused_shrink=options.lora_fused_shrink)
+        self._choose_chain()
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
         # with LoRA slots, also the programs without them (built now, sharing the arena): a request
@@ -298,6 +301,26 @@ class Engine:
         self._lock = threading.Lock()
         self._busy_with = ""          # what holds the lock, for the message
         self._stop_requested = False
+
+    def _choose_chain(self) -> None:
+        """Where choose_int8 left the int8 chain open (a timed adapter: Int8Choice.unchained), a
+        decode step of each kind timed whole (kernels/autotune.chain_pays, cached per adapter and
+        model shape) and the faster kept as the model's choice, which every program built after
+        follows."""
+        m = self.model
+        chained = m.int8_choice
+        if chained.unchained is None:
+            return
+        plain = Int8Choice(chained.unchained, False)
+
+        def build(chain: bool, step) -> Program:
+            m.int8_choice = chained if chain else plain
+            return Program(m, "decode", 1, False, self._layout, step, self.ids_buf, self.out_tokens, fuse=self._fuse)
+        try:
+            got = chain_pays(m.dev, chain_key(m), build, min(m.cap_stride, 1024) - 1, enabled=m.autotune)
+        finally:
+            m.int8_choice = chained
+        m.int8_choice = chained if got["chain"] else plain
 
     def _program(self, stage: str, capacity: int, all_logits: bool, streams: bool = False,
                  lora: bool = True) -> Program:
