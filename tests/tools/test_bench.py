@@ -37,6 +37,8 @@ def test_bench_quick_report_is_complete(tmp_path, capsys):
         assert r["roofline_decode_tps"] > 0
         assert r["pct_roofline"] == pytest.approx(100 * r["decode_tps"] / r["roofline_decode_tps"], rel=0.02)
         assert set(PEER_NAMES) <= set(r["peers"])
+        # the software adapter's rule (grouped where a KV head serves several query heads), with its chunk
+        assert len(r["attention"]) == 1 and r["attention"][0] in ("grouped64", "head64")
     assert rep["roofline"]["best_GBps"] > 0 and rep["roofline"]["bytes"] > 0
     assert rep["machine"]["adapter"]
     text = md.read_text()

@@ -242,6 +242,14 @@ def _numel(shape) -> int:
     return n
 
 
+def decode_attention(eng) -> list[str]:
+    """The decode attention kernels the engine runs (AttnChoice names, one per sliding window:
+    the load-time choice with its keys a chunk, kernels/autotune.choose_attention), e.g.
+    ["split16"], ["split32a32"]."""
+    from ..models.forward import Attention
+    return sorted({op.kernel.name for op in eng.decode.graph.ops if isinstance(op, Attention)})
+
+
 def empty_row(base: dict, p: int, m: int, **kw) -> dict:
     r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
              read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
@@ -315,6 +323,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         base["kv_cache"] = eng.model.kv_cache
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain
+        base["attention"] = decode_attention(eng)
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
         # compile + warm every kernel, over the longest prompt: a first prefill of that size right
         # after the load ran at half speed (H100, 2026-11-23: 1B q4 4899 tok/s as a run's first row,
