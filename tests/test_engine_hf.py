@@ -319,6 +319,49 @@ def test_int8_chain_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
         assert gaps.max() <= 0.05 * want.std(axis=1).mean() and (gaps == 0).sum() >= 8, gaps
 
 
+def test_attention_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
+    """Where the adapter timed the decode attention kernels, the engine times its fastest few
+    again on whole decode steps (autotune.attention_steps; forced here on lavapipe, with three
+    candidates standing in for the ranking) and every decode program runs the fastest: the
+    verdict is cached (a second engine measures nothing), and each candidate's steps decode the
+    float reference's greedy tokens."""
+    from webdrift.gpu.native import get_device
+    from webdrift.kernels import autotune
+    from webdrift.kernels.attention import AttnChoice
+    from webdrift.runtime import engine as E
+    from webdrift.tools.bench import build_engine
+    from webdrift.weights.synthetic import synthetic_source
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    cands = [AttnChoice("grouped"), AttnChoice("split", 16), AttnChoice("head")]
+    monkeypatch.setattr(E, "attention_ranking", lambda *a, **k: cands)
+    chosen, measured = [], []
+    real, real_time = E.attention_steps, autotune._time_programs
+
+    def timed(*a):
+        measured.append(a[2])
+        return (yield from real_time(*a))
+    monkeypatch.setattr(autotune, "_time_programs", timed)
+    monkeypatch.setattr(E, "attention_steps", lambda *a, **k: chosen.append(real(*a, **{**k, "enabled": "force"}))
+                        or chosen[-1])
+    dev = get_device()
+    src = synthetic_source("tiny", "q4")
+    ids = [5, 17, 3, 99, 42, 7, 1, 250]
+    eng = build_engine(dev, src, 48)
+    assert measured == [[c.name for c in cands]] and chosen[-1] in cands
+    kernel = next(op.kernel for op in eng.decode.graph.ops if type(op).__name__ == "Attention")
+    assert (kernel.variant, kernel.prefetch_v, kernel.adapt) == chosen[-1][:1] + chosen[-1][2:]
+    build_engine(dev, src, 48)
+    assert len(measured) == 1 and chosen[-1] == chosen[0]        # cached
+    ref = build_engine(dev, src, 48, int8_activations=False)
+    for c in cands:
+        monkeypatch.setattr(E, "attention_steps", lambda *a, c=c, **k: c)
+        e = build_engine(dev, src, 48)
+        assert next(op.kernel for op in e.decode.graph.ops if type(op).__name__ == "Attention").variant == c.variant
+        out = e.generate(ids, max_new_tokens=10, stop_at_eos=False).token_ids
+        assert out == ref.generate(ids, max_new_tokens=10, stop_at_eos=False).token_ids
+
+
 @pytest.mark.parametrize(("fmt", "ggml"), [("q8", "Q8_0"), ("q4", "Q4_1")])
 def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_path, hf_tokenizer_dir, fmt, ggml):
     """weight_format q8 / q4 on an f32 checkpoint: the GPU re-quantizes every matrix at load

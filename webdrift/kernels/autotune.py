@@ -622,7 +622,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     cands = attention_candidates(dev, n_heads, n_kv)
     if len(cands) == 1:
         return cands[0]
-    key = f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}" + ("|kv16" if kv_f16 else "")
+    key = _attn_key(dev, n_heads, n_kv, head_dim, cap, window, kv_f16)
     static = AttnChoice("split", 32)
     if dev.info.is_cpu or static not in cands:
         static = AttnChoice("grouped") if AttnChoice("grouped") in cands else AttnChoice()
@@ -631,6 +631,37 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
                                              kv_f16),
                   static._asdict())
     return AttnChoice(got["variant"], got["chunk"], got["prefetch_v"], got.get("adapt", 0))
+
+
+def _attn_key(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, window: int, kv_f16: bool) -> str:
+    return f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}" + ("|kv16" if kv_f16 else "")
+
+
+def attention_ranking(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, window: int = 0,
+                      kv_f16: bool = False, k: int = 3) -> list[AttnChoice]:
+    """The k fastest of choose_attention's timed candidates, fastest first (after it measured
+    them; [] where it did not: untimed adapters, or asynchronous timing not yet run)."""
+    ns = (_lookup(_attn_key(dev, n_heads, n_kv, head_dim, cap, window, kv_f16)) or {}).get("ns") or {}
+    return sorted((c for c in attention_candidates(dev, n_heads, n_kv) if c.name in ns), key=lambda c: ns[c.name])[:k]
+
+
+def attention_steps(dev: Device, key: str, build, cands: list, positions: list, enabled=FORCE) -> AttnChoice:
+    """The decode attention kernel of a model chosen on whole decode steps: build(c, step) ->
+    the decode program with attention kernel c (models/program.py Program, unbound; `step`: a
+    one-token Step uniform) for each candidate (attention_ranking's), each step timed whole at
+    each of `positions` (_time_programs), the least total kept; cached under key (the model's
+    shapes, formats and cache rows). Timings of each attention kernel alone after an L2 flush
+    (choose_attention) can rank differently from the step: H100, 2026-11-25, a kernel that timed
+    46 against 114 us decoded the 1B 11% slower (docs/BENCHMARKS.md, session 21). The first
+    candidate where there is nothing to time (fewer than two, or no whole-pass timestamps)."""
+    if len(cands) < 2 or not dev.can_time_sync:
+        return cands[0]
+    by_name = {c.name: c for c in cands}
+    got = _decide(dev, f"{key_prefix(dev)}attnstep1|{key}", enabled,
+                  lambda: _time_programs(dev, lambda name, step: build(by_name[name], step), [c.name for c in cands],
+                                         positions),
+                  {"best": cands[0].name})
+    return by_name.get(got["best"], cands[0])
 
 
 # the split attention's `adapt` candidates: at most this many partials a row, each workgroup
@@ -919,27 +950,45 @@ def chain_pays(dev: Device, key: str, build, pos: int, enabled=FORCE) -> dict:
 
 
 def _measure_chain(dev: Device, build, pos: int):
-    sb = _step_buffer(dev, pos)
+    got = yield from _time_programs(dev, build, [True, False], [pos])
+    ns = got["ns"]
+    if not ns:
+        return {"separate_ns": None, "chained_ns": None, "chain": False}
+    return {"separate_ns": ns[False], "chained_ns": ns[True], "chain": ns[True] < ns[False]}
+
+
+def _time_programs(dev: Device, make, variants: list, positions: list):
+    """GPU ns of a decode step of each variant's program (make(v, step) -> an unbound Program over
+    the Step uniform `step`), summed over the step `positions`: all bound to one
+    scratch arena and compiled before the first timing, each whole step timed back to back in one
+    pass (_time_seq), twice each, alternately. {"ns": {variant: ns}, "best": the fastest};
+    {"ns": {}, "best": variants[0]} where one failed to build or run."""
+    sb = _step_buffer(dev, positions[0])
     arena = None
     try:
-        progs = [build(chain, sb) for chain in (True, False)]
+        progs = [make(v, sb) for v in variants]
         arena = dev.create_buffer(max(p.arena_bytes for p in progs), label="tune.arena")
         for p in progs:
             p.bind(arena)
         steps = [p.dispatches(1) for p in progs]   # every kernel compiled before the first timing
         yield CHECK
-        ns = [None, None]
-        for _ in range(2):
-            for i, ds in enumerate(steps):
-                t = yield from _time_seq(dev, ds)
-                ns[i] = t if ns[i] is None else min(ns[i], t)
+        ns = dict.fromkeys(variants, 0)
+        for pos in positions:
+            dev.write_buffer(sb, pack_step(1, pos))
+            best = {}
+            for _ in range(2):
+                for v, ds in zip(variants, steps):
+                    t = yield from _time_seq(dev, ds)
+                    best[v] = min(best.get(v, t), t)
+            for v in variants:
+                ns[v] += best[v]
     except (GPUError, UnsupportedModelError, ValueError):
-        return {"separate_ns": None, "chained_ns": None, "chain": False}
+        return {"ns": {}, "best": variants[0]}
     finally:
         for b in (sb, arena):
             if b is not None:
                 dev.release_buffer(b)
-    return {"separate_ns": ns[1], "chained_ns": ns[0], "chain": ns[0] < ns[1]}
+    return {"ns": ns, "best": min(variants, key=lambda v: ns[v])}
 
 
 def _search(dev: Device, w, w2, int8: bool):

@@ -364,8 +364,9 @@ class ForwardBuilder:
         return f"q{i}"
 
     def attn_kernel(self, i: int) -> AttnChoice:
-        """Layer i's attention kernel, its chunk filled in. Decode: the adapter's choice
-        (kernels/autotune.choose_attention) for the layer's window; prefill: PREFILL_ATTENTION
+        """Layer i's attention kernel, its chunk filled in. Decode: the kernel the engine chose on
+        whole decode steps for the layer's window (GPUModel.attn_steps), else the adapter's choice
+        timed alone (kernels/autotune.choose_attention); prefill: PREFILL_ATTENTION
         where a KV head serves several query heads (grouped: each K and V chunk read once for
         them), else per head."""
         cfg, m = self.cfg, self.m
@@ -375,8 +376,9 @@ class ForwardBuilder:
             c = AttnChoice(PREFILL_ATTENTION if 1 < group <= AttentionKernel.MAX_GQA else "head")
             if self.stage == "decode":
                 lw = m.layers[i]
-                c = choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride,
-                                     lw.k_cache, lw.v_cache, window, enabled=m.autotune, kv_f16=m.kv_f16)
+                c = m.attn_steps.get(window) or choose_attention(
+                    m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
+                    enabled=m.autotune, kv_f16=m.kv_f16)
             chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
                      else AttentionKernel.chunk_for(cfg.head_dim))
             self._attn[window] = c._replace(chunk=chunk)

@@ -121,6 +121,8 @@ class GPUModel:
                                if cfg.rope_local_theta else self.inv_freq)
         self._tensors = None
         self.int8_choice: Int8Choice = choose_int8(self, int8_activations)
+        # decode attention kernels chosen on whole decode steps, by window (runtime/engine.py)
+        self.attn_steps: dict = {}
         # the layers' prefill GEMMs on int8 rows, by role (choices.choose_prefill_int8)
         self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8, prefill_rows)
 

@@ -30,7 +30,7 @@ from ..errors import (
     shown,
 )
 from ..gpu.base import READBACK, STEP_UNIFORM, STORAGE, UNIFORM, Device
-from ..kernels.autotune import chain_pays
+from ..kernels.autotune import attention_ranking, attention_steps, chain_pays, choose_attention
 from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
@@ -275,6 +275,7 @@ class Engine:
             self.lora_pool = LoraPool(dev, cfg, options.max_lora_rank,
                                       options.lora_pool_rank or 2 * options.max_lora_rank, max(self.prefill_chunk, 64),
                                       fused_shrink=options.lora_fused_shrink)
+        self._choose_attention()
         self._choose_chain()
         self.decode = self._program("decode", 1, False)
         self.prefill = self._program(self._prefill_stage, self.prefill_chunk, False)
@@ -301,6 +302,33 @@ class Engine:
         self._lock = threading.Lock()
         self._busy_with = ""          # what holds the lock, for the message
         self._stop_requested = False
+
+    def _choose_attention(self) -> None:
+        """Where the adapter timed the decode attention kernels (autotune.choose_attention) and the
+        layers share one window: the fastest few of them timed again on whole decode steps at
+        depths 1024 and 4096, as far as the cache reaches (autotune.attention_steps, cached), the
+        fastest kept for every decode program (GPUModel.attn_steps)."""
+        m, cfg = self.model, self.model.cfg
+        windows = {cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.n_layers)}
+        if len(windows) != 1 or not m.dev.can_time_sync:
+            return
+        window, lw = windows.pop(), m.layers[0]
+        choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache,
+                         window, enabled=m.autotune, kv_f16=m.kv_f16)       # (timed and cached, or a rule)
+        cands = attention_ranking(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, window, m.kv_f16)
+        if len(cands) < 2:
+            return
+
+        def build(c, step) -> Program:
+            m.attn_steps = {window: c}
+            return Program(m, "decode", 1, False, self._layout, step, self.ids_buf, self.out_tokens, fuse=self._fuse)
+        positions = sorted({min(m.cap_stride, d) - 1 for d in (1024, 4096)})
+        try:
+            best = attention_steps(m.dev, f"{chain_key(m)}|{m.cap_stride}|{window}", build, cands, positions,
+                                   enabled=m.autotune)
+        finally:
+            m.attn_steps = {}
+        m.attn_steps = {window: best}
 
     def _choose_chain(self) -> None:
         """Where choose_int8 left the int8 chain open (a timed adapter: Int8Choice.unchained), a

@@ -1,0 +1,32 @@
+"""The decode attention kernel chosen on whole steps (Engine._choose_attention) against the
+kernel-timing choice it starts from, one process, interleaved: decode tok/s (the best of 3
+generations of 128 tokens) at each depth of two engines per synthetic model.
+    PYTHONPATH=. python scripts/attention_ab.py llama-3.2-1b:q4 llama-3.1-8b:q4
+(shape:quant; depths 1024 and 4096)."""
+import sys
+
+from webdrift.gpu.native import get_device
+from webdrift.profile.benchmark import agenerate_ids, build_engine, decode_attention, prompt_ids
+from webdrift.runtime import engine as E
+from webdrift.runtime.engine import _run
+from webdrift.weights.synthetic import synthetic_source
+
+real = E.attention_steps
+dev = get_device()
+for spec in sys.argv[1:]:
+    shape, quant = spec.split(":")
+    src = synthetic_source(shape, quant)
+    engs = {"whole steps": build_engine(dev, src, 4096 + 200)}
+    E.attention_steps = lambda dev, key, build, cands, *a, **k: cands[0]
+    engs["kernel timing"] = build_engine(dev, src, 4096 + 200)
+    E.attention_steps = real
+    for depth in (1024, 4096):
+        ids = prompt_ids(src.config.vocab_size, depth)
+        tps = {n: [] for n in engs}
+        for _ in range(3):
+            for n, e in engs.items():
+                tps[n].append(_run(agenerate_ids(e, ids, 128)).stats.decode_tokens_per_s)
+        for n, e in engs.items():
+            print(f"{spec} depth {depth} {n:13s} {decode_attention(e)} {max(tps[n]):7.1f} tok/s "
+                  f"{[round(x, 1) for x in tps[n]]}", flush=True)
+    del engs
