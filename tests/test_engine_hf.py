@@ -274,6 +274,26 @@ def test_int8_roles_mixed_graph_and_bad_roles():
     assert m["float_ns"] > 0 and m["int8_ns"] > 0 and isinstance(m["int8"], bool)
 
 
+def forced_choice(monkeypatch, module, name: str) -> list:
+    """module.name, an engine's choice on whole decode steps, measured even on lavapipe
+    (enabled="force"); its answers, in order."""
+    got, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: got.append(real(*a, **{**k, "enabled": "force"})) or got[-1])
+    return got
+
+
+def timed_programs(monkeypatch) -> list:
+    """The variants of every whole-step measurement (autotune._time_programs), in order."""
+    from webdrift.kernels import autotune
+    calls, real = [], autotune._time_programs
+
+    def timed(dev, make, variants, positions):
+        calls.append(variants)
+        return (yield from real(dev, make, variants, positions))
+    monkeypatch.setattr(autotune, "_time_programs", timed)
+    return calls
+
+
 def test_int8_chain_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
     """Where choose_int8 leaves the int8 chain open (timed adapters: forced here on lavapipe), the
     engine builds the decode step both ways, times each whole (autotune.chain_pays) and keeps the
@@ -292,20 +312,16 @@ def test_int8_chain_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
     roles = dict.fromkeys(("qkv", "o", "gateup", "down", "head"), True)
     unchained = dict(roles, qkv=False, o=False)
     monkeypatch.setattr(loader, "choose_int8", lambda model, wanted: Int8Choice(roles, True, unchained))
-    verdicts, measured = [], []
-    real, real_measure = E.chain_pays, autotune._measure_chain
-    monkeypatch.setattr(autotune, "_measure_chain", lambda *a: measured.append(1) or real_measure(*a))
-    monkeypatch.setattr(E, "chain_pays", lambda *a, **k: verdicts.append(real(*a, **{**k, "enabled": "force"}))
-                        or verdicts[-1])
+    verdicts, measured = forced_choice(monkeypatch, E, "chain_pays"), timed_programs(monkeypatch)
     dev = get_device()
     src = synthetic_source("tiny", "q4")
     ids = [5, 17, 3, 99, 42, 7, 1, 250]
     eng = build_engine(dev, src, 48)
     got = verdicts[-1]
     assert got["chained_ns"] > 0 and got["separate_ns"] > 0 and got["chain"] == (got["chained_ns"] < got["separate_ns"])
-    assert eng.model.int8_chain == eng.decode.int8_chain == got["chain"] and measured == [1]
+    assert eng.model.int8_chain == eng.decode.int8_chain == got["chain"] and measured == [[True, False]]
     build_engine(dev, src, 48)
-    assert verdicts[-1] == got and measured == [1]        # cached
+    assert verdicts[-1] == got and len(measured) == 1        # cached
     ref = build_engine(dev, src, 48, int8_activations=False)
     for chain in (True, False):
         monkeypatch.setattr(E, "chain_pays", lambda *a, chain=chain, **k: {"chain": chain})
@@ -335,15 +351,7 @@ def test_attention_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_memory", {})
     cands = [AttnChoice("grouped"), AttnChoice("split", 16), AttnChoice("head")]
     monkeypatch.setattr(E, "attention_ranking", lambda *a, **k: cands)
-    chosen, measured = [], []
-    real, real_time = E.attention_steps, autotune._time_programs
-
-    def timed(*a):
-        measured.append(a[2])
-        return (yield from real_time(*a))
-    monkeypatch.setattr(autotune, "_time_programs", timed)
-    monkeypatch.setattr(E, "attention_steps", lambda *a, **k: chosen.append(real(*a, **{**k, "enabled": "force"}))
-                        or chosen[-1])
+    chosen, measured = forced_choice(monkeypatch, E, "attention_steps"), timed_programs(monkeypatch)
     dev = get_device()
     src = synthetic_source("tiny", "q4")
     ids = [5, 17, 3, 99, 42, 7, 1, 250]
