@@ -937,8 +937,8 @@ def chain_pays(dev: Device, key: str, build, pos: int, enabled=FORCE) -> dict:
     one-token step at position pos); both are bound to one scratch arena and each whole step is
     timed back to back in one pass (_time_seq), twice each, alternately. Timing each layer GEMV
     with its quantize dispatch against the quantizing GEMV instead came out level on an H100 where
-    the chain decoded the 1B q4 9% faster (and the 8B q4 1% slower), choosing the chain in one of
-    six fresh runs; whole steps timed this way ranked the two as their decode speeds did (1B q4 /
+    the chain decoded the 1B q4 9% faster (and the 8B q4 1% slower), choosing the chain in 1 of 7
+    decisions on fresh tuner caches; whole steps timed this way ranked the two as their decode speeds did (1B q4 /
     q8, 3B q4: chain, +7-13%), but for the 8B q4, within 2%, not reliably (2026-11-25,
     docs/BENCHMARKS.md session 21). Needs whole-pass timestamps (synchronous timing): elsewhere,
     e.g. browsers, the chain. Cached under key (the model's shapes and formats, choices.chain_key).
