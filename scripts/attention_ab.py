@@ -16,11 +16,12 @@ dev = get_device()
 for spec in sys.argv[1:]:
     shape, quant = spec.split(":")
     src = synthetic_source(shape, quant)
-    engs = {"whole steps": build_engine(dev, src, 4096 + 200)}
+    ctx = min(4096 + 200, src.config.max_position or 4296)
+    engs = {"whole steps": build_engine(dev, src, ctx)}
     E.attention_steps = lambda dev, key, build, cands, *a, **k: cands[0]
-    engs["kernel timing"] = build_engine(dev, src, 4096 + 200)
+    engs["kernel timing"] = build_engine(dev, src, ctx)
     E.attention_steps = real
-    for depth in (1024, 4096):
+    for depth in (d for d in (1024, 4096) if d + 128 <= ctx):
         ids = prompt_ids(src.config.vocab_size, depth)
         tps = {n: [] for n in engs}
         for _ in range(3):
