@@ -310,7 +310,7 @@ class Engine:
         fastest kept for every decode program (GPUModel.attn_steps)."""
         m, cfg = self.model, self.model.cfg
         windows = {cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.n_layers)}
-        if len(windows) != 1 or not m.dev.can_time_sync:
+        if len(windows) != 1:
             return
         window, lw = windows.pop(), m.layers[0]
         choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache,
@@ -321,7 +321,7 @@ class Engine:
 
         def build(c, step) -> Program:
             m.attn_steps = {window: c}
-            return Program(m, "decode", 1, False, self._layout, step, self.ids_buf, self.out_tokens, fuse=self._fuse)
+            return self._program("decode", 1, False, lora=False, step=step)
         positions = sorted({min(m.cap_stride, d) - 1 for d in (1024, 4096)})
         try:
             best = attention_steps(m.dev, f"{chain_key(m)}|{m.cap_stride}|{window}", build, cands, positions,
@@ -343,7 +343,7 @@ class Engine:
 
         def build(chain: bool, step) -> Program:
             m.int8_choice = chained if chain else plain
-            return Program(m, "decode", 1, False, self._layout, step, self.ids_buf, self.out_tokens, fuse=self._fuse)
+            return self._program("decode", 1, False, lora=False, step=step)
         try:
             got = chain_pays(m.dev, chain_key(m), build, min(m.cap_stride, 1024) - 1, enabled=m.autotune)
         finally:
@@ -351,9 +351,10 @@ class Engine:
         m.int8_choice = chained if got["chain"] else plain
 
     def _program(self, stage: str, capacity: int, all_logits: bool, streams: bool = False,
-                 lora: bool = True) -> Program:
-        """lora=False: without the LoRA slots even where the engine has them."""
-        return Program(self.model, stage, capacity, all_logits, self._layout, self.step_buf, self.ids_buf,
+                 lora: bool = True, step=None) -> Program:
+        """lora=False: without the LoRA slots even where the engine has them; step: another Step
+        uniform than the engine's (the load-time timings of whole steps)."""
+        return Program(self.model, stage, capacity, all_logits, self._layout, step or self.step_buf, self.ids_buf,
                        self.out_tokens, fuse=self._fuse, streams=streams, lora=self.lora_pool if lora else None)
 
     def _load_programs(self) -> tuple:
