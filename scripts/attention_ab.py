@@ -1,11 +1,12 @@
 """The decode attention kernel chosen on whole steps (Engine._choose_attention) against the
-kernel-timing choice it starts from, one process, interleaved: decode tok/s (the best of 3
-generations of 128 tokens) at each depth of two engines per synthetic model.
-    PYTHONPATH=. python scripts/attention_ab.py llama-3.2-1b:q4 llama-3.1-8b:q4
-(shape:quant; depths 1024 and 4096)."""
+kernel-timing choice it starts from and any forced kernels, one process, interleaved: decode
+tok/s (the best of 3 generations of 128 tokens) at each depth of the engines per synthetic model.
+    PYTHONPATH=. python scripts/attention_ab.py llama-3.2-1b:q4 llama-3.1-8b:q4:tiled64a16,split16
+(shape:quant[:kernel names, AttnChoice.name, each an engine of its own]; depths 1024 and 4096)."""
 import sys
 
 from webdrift.gpu.native import get_device
+from webdrift.kernels.autotune import attention_candidates
 from webdrift.profile.benchmark import agenerate_ids, build_engine, decode_attention, prompt_ids
 from webdrift.runtime import engine as E
 from webdrift.runtime.engine import _run
@@ -13,21 +14,33 @@ from webdrift.weights.synthetic import synthetic_source
 
 real = E.attention_steps
 dev = get_device()
+
+
+def forced(choice):
+    return lambda dev, key, build, cands, *a, **k: choice
+
+
 for spec in sys.argv[1:]:
-    shape, quant = spec.split(":")
+    shape, quant, *names = spec.split(":")
     src = synthetic_source(shape, quant)
-    ctx = min(4096 + 200, src.config.max_position or 4296)
+    cfg = src.config
+    ctx = min(4096 + 200, cfg.max_position or 4296)
     engs = {"whole steps": build_engine(dev, src, ctx)}
     E.attention_steps = lambda dev, key, build, cands, *a, **k: cands[0]
     engs["kernel timing"] = build_engine(dev, src, ctx)
+    by_name = {c.name: c for c in attention_candidates(dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                                                       engs["whole steps"].model.cap_stride)}
+    for n in (names[0].split(",") if names else []):
+        E.attention_steps = forced(by_name[n])
+        engs[n] = build_engine(dev, src, ctx)
     E.attention_steps = real
     for depth in (d for d in (1024, 4096) if d + 128 <= ctx):
-        ids = prompt_ids(src.config.vocab_size, depth)
+        ids = prompt_ids(cfg.vocab_size, depth)
         tps = {n: [] for n in engs}
         for _ in range(3):
             for n, e in engs.items():
                 tps[n].append(_run(agenerate_ids(e, ids, 128)).stats.decode_tokens_per_s)
         for n, e in engs.items():
-            print(f"{spec} depth {depth} {n:13s} {decode_attention(e)} {max(tps[n]):7.1f} tok/s "
-                  f"{[round(x, 1) for x in tps[n]]}", flush=True)
+            print(f"{spec.split(':')[0]}:{quant} depth {depth} {n:13s} {decode_attention(e)} {max(tps[n]):7.1f} "
+                  f"tok/s {[round(x, 1) for x in tps[n]]}", flush=True)
     del engs

@@ -32,7 +32,7 @@ for shape in sys.argv[1:] or ["32:8:128", "32:8:64"]:
     for depth in (1024, 4096):
         sb = A._step_buffer(dev, depth - 1)
         res = []
-        for c in A.attention_candidates(dev, H, KVH):
+        for c in A.attention_candidates(dev, H, KVH, DH, CAP):
             k = AttentionKernel(dev, q, H, KVH, DH, CAP, G, DH ** -0.5, variant=c.variant, chunk=c.chunk or 32,
                                 prefetch_v=c.prefetch_v, adapt=c.adapt, kv_f16=KV16)
             cb = AttentionCombineKernel(dev, out, H, KVH, DH, k.nsplit, G)

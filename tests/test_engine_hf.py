@@ -50,6 +50,16 @@ CASES = {
         "tie_word_embeddings": False,
         "rope_theta": 5000.0,
     },
+    "llama_gqa_hd64_f32": {
+        "arch": "llama",
+        "dtype": "float32",
+        "hidden_size": 256,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
     "llama_mha_rope_llama3_f32": {
         "arch": "llama",
         "dtype": "float32",
@@ -415,19 +425,20 @@ def assert_matches_transformers(eng, ref, seed: int, n: int):
     assert out.token_ids == torch_greedy(ref, ids[:10], 10)
 
 
-@pytest.mark.parametrize("variant", [("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False),
-                                     ("split", 16, False, 2)])
-def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, variant):
+@pytest.mark.parametrize("case,variant", [("llama_gqa_f32", v) for v in (
+    ("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False), ("split", 16, False, 2))]
+    + [("llama_gqa_hd64_f32", ("tiled", 64, False, 3))])
+def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, case, variant):
     """Every decode attention kernel (one workgroup per query head, one per KV head serving its 4
     query heads, or that with short chunks and subgroup shuffles, also several chunks a workgroup;
-    GPUs pick by timing,
+    tiled, 3 partials a row, head_dim 64; GPUs pick by timing,
     kernels/autotune.choose_attention) in the whole model: prompts through the decode kernels
     (prefill_kernels="gemv", so multi-token rows are covered) give transformers' logits, and
     greedy decoding gives transformers' tokens."""
     from webdrift.models import forward
 
     monkeypatch.setattr(forward, "choose_attention", lambda *a, **k: forward.AttnChoice(*variant))
-    d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
+    d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")
     assert_matches_transformers(eng, ref, seed=6, n=90)
     eng.decode.dispatches(1)
@@ -435,7 +446,9 @@ def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeyp
     assert kinds["AttentionKernel"].variant == variant[0]
     assert variant[0] != "split" or kinds["AttentionKernel"].CHUNK == variant[1]
     assert kinds["AttentionKernel"].defines.get("PREFETCH_V", False) is variant[2]
-    assert kinds["AttentionKernel"].defines.get("ADAPT", 0) == (variant[3] if len(variant) > 3 else 0)
+    adapt = variant[3] if len(variant) > 3 else 0
+    assert kinds["AttentionKernel"].defines.get("ADAPT", 0) == (adapt if variant[0] == "split" else 0)
+    assert variant[0] != "tiled" or kinds["AttentionKernel"].nsplit == adapt
 
 
 @pytest.mark.parametrize("case,float_gemv", [("qwen2_bias_f16", GemvVariant("subgroup", rows=8, wg=64)),

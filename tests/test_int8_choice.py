@@ -81,7 +81,7 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     from webdrift.kernels.autotune import attention_candidates, choose_attention
 
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
-    gpu = NS(has_timestamps=False, can_time_sync=False, has_subgroups=True,
+    gpu = NS(has_timestamps=False, can_time_sync=False, has_subgroups=True, min_subgroup=32,
              info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_attention(gpu, 8, 2, 64, 512, None, None) == C("split", 32)   # untimed GPU
     assert choose_attention(gpu, 32, 2, 64, 512, None, None) == C()                # 16 > MAX_GQA heads
@@ -89,8 +89,10 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
                info=NS(is_cpu=False, adapter="x", backend="y"))
     assert choose_attention(plain, 8, 8, 64, 512, None, None) == C()              # MHA, no subgroups
     assert choose_attention(plain, 8, 2, 64, 512, None, None) == C("grouped")
-    assert attention_candidates(gpu, 8, 8) == ([C()] + [C("split", c, pf) for c in (16, 32, 64) for pf in (False, True)]
-                                              + [C("split", c, False, a) for c in (16, 32) for a in (32, 64)])
+    assert attention_candidates(gpu, 8, 8, 64, 512) == (
+        [C()] + [C("split", c, pf) for c in (16, 32, 64) for pf in (False, True)]
+        + [C("split", c, False, a) for c in (16, 32) for a in (32, 64)] + [C("tiled", 64, False, n) for n in (8, 16, 32, 64)])
+    assert C("tiled", 64, False, 8) not in attention_candidates(gpu, 8, 8, 80, 512)   # head_dim not a power of two
     dev = device()
     assert dev.info.is_cpu and choose_attention(dev, 8, 2, 64, 512, None, None) == C("grouped")   # the rule
     monkeypatch.setattr(dev.info, "is_cpu", False)      # as a GPU would: measured once, then cached
@@ -100,10 +102,10 @@ def test_attention_choice_rules_and_timing(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_measure_attention", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(autotune, "_memory", {})
     got = choose_attention(dev, 8, 2, 64, 512, kc, vc)
-    assert got in attention_candidates(dev, 8, 2) and calls == [1]
+    assert got in attention_candidates(dev, 8, 2, 64, 512) and calls == [1]
     assert choose_attention(dev, 8, 2, 64, 512, kc, vc) == got and calls == [1]    # cached
-    ns = autotune._memory[next(k for k in autotune._memory if "|attn4|" in k)]["ns"]
-    assert set(ns) == {c.name for c in attention_candidates(dev, 8, 2)} and min(ns.values()) > 0
+    ns = autotune._memory[next(k for k in autotune._memory if "|attn5|" in k)]["ns"]
+    assert set(ns) == {c.name for c in attention_candidates(dev, 8, 2, 64, 512)} and min(ns.values()) > 0
 
 
 def _returns(value):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.gpu_util import cache_buffer, device, download, f32_buffer, read_f32, run, upload
+from webdrift.errors import UnsupportedModelError
 from webdrift.kernels.attention import AttentionCombineKernel, AttentionKernel, AttentionPrefillKernel
 from webdrift.tensor import TensorDesc
 
@@ -22,7 +23,20 @@ VARIANTS = [pytest.param({"variant": v, **k}, id=i) for i, v, k in (
     ("split64pf_lanes4", "split", {"chunk": 64, "prefetch_v": True, "lanes": 4}),
     # several chunks a workgroup (adapt: at most that many partials a row), merged by an online softmax
     ("split16a3", "split", {"chunk": 16, "adapt": 3}),
-    ("split32pf_a2_lanes4", "split", {"chunk": 32, "prefetch_v": True, "adapt": 2, "lanes": 4}))]
+    ("split32pf_a2_lanes4", "split", {"chunk": 32, "prefetch_v": True, "adapt": 2, "lanes": 4}),
+    # tiled: `adapt` partials a row, each a run of 64-key tiles loaded a tile ahead (head_dim a power
+    # of two from 64 on lavapipe, whose subgroups may be 4 lanes: else UnsupportedModelError)
+    ("tiled_a3", "tiled", {"adapt": 3}), ("tiled_a1", "tiled", {"adapt": 1}))]
+
+
+def unsupported(variant, DH, cap, make) -> bool:
+    """Whether `variant` cannot take this head size or cache (the tiled one); then make() must
+    raise UnsupportedModelError naming it."""
+    if (variant or {}).get("variant") != "tiled" or AttentionKernel.tiled_supported(device(), DH, cap):
+        return False
+    with pytest.raises(UnsupportedModelError, match="tiled attention needs"):
+        make()
+    return True
 
 
 def attention_ref(q_rel, kc, vc, pos0, group, scale, window=0, softcap=None, streams=None):
@@ -69,8 +83,13 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed, kv_f16)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH, layout=q_layout)
     out_d = TensorDesc("out", H * DH, t_cap + 2, layout=out_layout)
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}),
-                          kv_f16=kv_f16)
+
+    def make():
+        return AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}),
+                               kv_f16=kv_f16)
+    if unsupported(variant, DH, cap, make):
+        return ()
+    att = make()
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
@@ -82,8 +101,11 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
     return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap, streams)
 
 
-def assert_close(got, ref):
-    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+def assert_close(*got_ref):
+    """got close to ref; nothing (no arguments) where the run was an unsupported shape whose
+    error `unsupported` checked."""
+    if got_ref:
+        np.testing.assert_allclose(*got_ref, rtol=1e-4, atol=1e-5)
 
 
 def run_prefill_attention(H, KVH, DH, cap, pos0, T, window=0, softcap=None, scale=None, t_cap=None, seed=0,
@@ -198,18 +220,18 @@ def test_attention_mha_mqa_head_sizes(H, KVH, DH, q_layout, variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_attention_sliding_window(window, pos0, T, variant):
     """Key k is visible from position p iff p - WINDOW < k <= p (Gemma 3's local layers)."""
-    assert_close(*run_attention(4, 2, 32, 512, pos0, T, window=window, t_cap=120, variant=variant))
+    assert_close(*run_attention(4, 2, 64, 512, pos0, T, window=window, t_cap=120, variant=variant))
 
 
 @pytest.mark.parametrize("pos0,T", [(0, 4), (250, 20)])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_attention_softcap_and_scale(pos0, T, variant):
     """Large scores (scale 1) soft-capped at 5: the cap changes the result a lot."""
-    got, ref = run_attention(4, 2, 32, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20, variant=variant)
+    got, ref = run_attention(4, 2, 64, 512, pos0, T, scale=1.0, softcap=5.0, t_cap=20, variant=variant)
     assert_close(got, ref)
-    uncapped = attention_ref(*random_inputs(2, T * 2, 32, 512, 0), pos0, 2, 1.0)
+    uncapped = attention_ref(*random_inputs(2, T * 2, 64, 512, 0), pos0, 2, 1.0)
     assert np.abs(uncapped - ref).max() > 0.1
-    got2, ref_uncapped = run_attention(4, 2, 32, 512, pos0, T, scale=0.3, t_cap=20, variant=variant)
+    got2, ref_uncapped = run_attention(4, 2, 64, 512, pos0, T, scale=0.3, t_cap=20, variant=variant)
     assert_close(got2, ref_uncapped)
 
 
@@ -333,6 +355,9 @@ def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, variant, seed=0):
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed)
     q_d = TensorDesc("q", DH, rows_cap, b=KVH)
     out_d = TensorDesc("out", H * DH, t_cap)
+    if unsupported(variant, DH, cap, lambda: AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale,
+                                                              **variant, tree=True)):
+        return ()
     att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}), tree=True)
     comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")

@@ -133,6 +133,15 @@ class Device:
                 and ("f16", "f32", 16, 16, 16) in self.info.matrix_configs and self.info.subgroup_sizes == (32, 32))
 
     @property
+    def min_subgroup(self) -> int:
+        """The adapter's smallest subgroup: as the adapter says, else 32 on an NVIDIA GPU (its
+        warps), else 4 (the least WebGPU allows)."""
+        if self.info.subgroup_sizes:
+            return int(self.info.subgroup_sizes[0])
+        nvidia = self.adapter_info.get("vendor_id") == 0x10DE or "nvidia" in (self.info.adapter + self.info.vendor).lower()
+        return 32 if nvidia else 4
+
+    @property
     def has_timestamps(self) -> bool:
         return "timestamp-query" in self.info.features
 

@@ -1,7 +1,8 @@
 """Causal attention over the KV cache, split over the cache length (flash-decoding):
 AttentionKernel (phase 1: wgsl/attention.wgsl per query head, wgsl/attention_gqa.wgsl per KV
 head serving its query heads, or wgsl/attention_split.wgsl, the same with short chunks and
-subgroup shuffles for decode; all include attention_common.wgsl) writes per-chunk partial
+subgroup shuffles for decode, or wgsl/attention_tiled.wgsl, a few partials a row, each a
+software-pipelined run of 64-key tiles; all include attention_common.wgsl) writes per-chunk partial
 results, AttentionCombineKernel (wgsl/attention_combine.wgsl) merges them and writes the heads
 back in token order (or as int8 rows for the O projection's integer-dot GEMV).
 Must not: import numpy or wgpu.
@@ -39,9 +40,10 @@ def _attention_defines(b: Bindings, dev: Device, q_rel: TensorDesc, n_kv: int, g
 
 class AttnChoice(NamedTuple):
     """An attention kernel (kernels/autotune.choose_attention's answer): AttentionKernel's
-    variant, the split variant's chunk (keys per workgroup; 0: the variant's own), whether it
-    loads V before the scores, and `adapt` (0: one chunk per workgroup; n: each workgroup takes
-    enough consecutive chunks that a row has at most n partials)."""
+    variant, the split variant's chunk (keys per workgroup; 0: the variant's own; tiled: TILE),
+    whether it loads V before the scores, and `adapt` (0: one chunk per workgroup; n: each
+    workgroup takes enough consecutive chunks that a row has at most n partials; tiled: exactly
+    n partials a row)."""
     variant: str = "head"
     chunk: int = 0
     prefetch_v: bool = False
@@ -73,8 +75,9 @@ class AttentionKernel(Kernel):
         1B's decode attention at 34 us on an H100 with 64 workgroups)."""
         return min(cls.MAX_CHUNK, max(64, 1 << (head_dim - 1).bit_length()))
 
-    MAX_GQA = 8   # query heads per KV head the grouped and split variants unroll
-    VARIANTS = ("head", "grouped", "split")
+    MAX_GQA = 8   # query heads per KV head the grouped, split and tiled variants unroll
+    VARIANTS = ("head", "grouped", "split", "tiled")
+    TILE = 64     # the tiled variant's keys a tile (divides chunk_for: the streams' segment alignment)
     SPLIT_CHUNKS = (16, 32, 64)   # the split variant's chunk lengths (keys per workgroup)
     MAX_SPLITS = 1024         # the combine holds every chunk's (m, l) in workgroup memory
 
@@ -86,6 +89,27 @@ class AttentionKernel(Kernel):
         while ceil_div(cap, chunk) > cls.MAX_SPLITS and chunk < cls.chunk_for(head_dim):
             chunk *= 2
         return min(chunk, cls.chunk_for(head_dim))
+
+    TILED_WG = 256
+
+    @classmethod
+    def tiled_lanes(cls, dev: Device) -> int:
+        """The tiled variant's lanes a K row and a V channel run: 8, or 4 where the adapter may
+        have subgroups of 4."""
+        return 8 if dev.min_subgroup >= 8 else 4
+
+    @classmethod
+    def tiled_supported(cls, dev: Device, head_dim: int, cap: int) -> bool:
+        """The tiled variant: subgroups, head_dim a power of two from 32 to 256 with at least a
+        channel for each lane group of a V round, a cache of at least a tile."""
+        return (dev.has_subgroups and 32 <= head_dim <= 256 and not head_dim & (head_dim - 1) and cap >= cls.TILE
+                and head_dim >= cls.TILED_WG // cls.tiled_lanes(dev))
+
+    @classmethod
+    def splits(cls, choice: "AttnChoice", head_dim: int, cap: int) -> int:
+        """The partials a query row has with `choice` (its chunk filled in): tiled, its `adapt`;
+        else one per chunk of the cache."""
+        return choice.adapt if choice.variant == "tiled" else ceil_div(cap, choice.chunk or cls.chunk_for(head_dim))
 
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
@@ -116,9 +140,18 @@ class AttentionKernel(Kernel):
                                         f"head, got {self.group}")
         if variant == "split" and not dev.has_subgroups:
             raise UnsupportedModelError("split attention needs subgroups, which this adapter lacks")
-        if adapt and (variant != "split" or adapt < 1):
-            raise ValueError(f"adapt (several chunks a workgroup) is a split-attention option >= 1; got {variant} "
-                             f"with adapt {adapt}")
+        if adapt and (variant not in ("split", "tiled") or adapt < 1):
+            raise ValueError(f"adapt (several chunks a workgroup) is a split- or tiled-attention option >= 1; got "
+                             f"{variant} with adapt {adapt}")
+        if variant == "tiled":
+            if not self.tiled_supported(dev, head_dim, cap) or adapt < 1:
+                raise UnsupportedModelError(f"tiled attention needs subgroups, head_dim a power of two from 32 (64 where "
+                                            f"subgroups may be 4 lanes) to 256, "
+                                            f"at least {self.TILE} cache rows and adapt >= 1 (its partials a row); got "
+                                            f"head_dim {head_dim}, {cap} rows, adapt {adapt}")
+            self._init_tiled(dev, q_rel, n_heads, n_kv, head_dim, cap, rows_cap, scale, window, softcap, tree,
+                             lanes, adapt, kv_f16)
+            return
         self.CHUNK = self.split_chunk(chunk, head_dim, cap) if variant == "split" else self.chunk_for(head_dim)
         self.nsplit = ceil_div(cap, self.CHUNK)
         wg = self.CHUNK if variant != "split" else 128 if head_dim <= 128 else 256
@@ -140,6 +173,87 @@ class AttentionKernel(Kernel):
         elif variant == "split":
             d.update(self._split_code(self.group, head_dim, wg, nj, jl, lanes, prefetch_v))
         super().__init__(dev, d, b, self.template)
+
+    def _init_tiled(self, dev, q_rel, n_heads, n_kv, head_dim, cap, rows_cap, scale, window, softcap, tree, lanes,
+                    adapt, kv_f16):
+        """wgsl/attention_tiled.wgsl: `adapt` partials a row, TILE keys a tile, its statements
+        unrolled over the group's heads, the key rows a lane group scores and the V keys an
+        invocation sums."""
+        self.CHUNK, self.nsplit, group = self.TILE, adapt, self.group
+        wg, dh4 = self.TILED_WG, head_dim // 4
+        lk = lanes or min(dh4, self.tiled_lanes(dev))    # lanes per key row
+        vl = min(self.tiled_lanes(dev), self.TILE // 4)   # lanes per V channel run
+        kpr, cg = wg // lk, wg // vl
+        nr, rv = ceil_div(self.TILE, kpr), dh4 // lk      # key rows a lane group, vec4s of a row a lane
+        cpl, nvl = head_dim // cg, self.TILE // vl // 4   # channels a lane, vec4s of a run a lane
+        if lk & (lk - 1) or dh4 % lk or lk > dev.min_subgroup:
+            raise ValueError(f"tiled attention: {lk} lanes a key row must be a power of two dividing {dh4} and at "
+                             f"most the adapter's smallest subgroup ({dev.min_subgroup})")
+        hs, j = range(group), "\n".join
+        b = Bindings()
+        d = _attention_defines(b, dev, q_rel, n_kv, group, head_dim, cap, scale, window, softcap, kv_f16)
+        d.update({"PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {adapt}, {head_dim + 2}) = "
+                                       "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
+                  "CHUNK": self.TILE, "CHUNK4": self.TILE // 4, "NSPLIT": adapt, "NJ": 1, "JL": self.TILE,
+                  "ROWS_CAP": rows_cap, "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // group) if tree else "",
+                  "KT": kv_type(dev, kv_f16), "WG": wg, "LK": lk, "VL": vl, "NW": wg // 4, "QS": group * dh4,
+                  "SC": group * self.TILE // 4, "WM": group * (wg // 4)})
+        keys = [(i, f"kg + {i * kpr}u") for i in range(nr)]
+        outs = [(h, i) for h in hs for i in range(cpl)]
+        load = [f"      nk{i}_{r} = k_at(kvh, t, k0, {kk}, sub + {r * lk}u);" for i, kk in keys for r in range(rv)]
+        load += [f"      nv{i}_{u} = v_raw(kvh, cgi + {i * cg}u, t, k0 + vsub * KPL + {4 * u}u);"
+                 for i in range(cpl) for u in range(nvl)]
+        km = [f"    let kk{i} = {kk};\n    let vis{i} = kp0 != NO_KEY && k0 + kk{i} < CAP && visible(p, lo, kp0 + kk{i});"
+              for i, kk in keys]
+        km += [f"    var a{i}_{h} = 0.0;" for i, _ in keys for h in hs]
+        for h in hs:      # one query vec4 held at a time: registers for more workgroups an SM
+            for r in range(rv):
+                km.append(f"    {{ let q = qs[{h}u * DH4 + sub + {r * lk}u];"
+                          + "".join(f" a{i}_{h} += dot(q, vec4<f32>(ck{i}_{r}));" for i, _ in keys) + " }")
+        km += self._xor_sum([f"a{i}_{h}" for i, _ in keys for h in hs], lk, "    ")
+        km += [f"    let s{i}_{h} = select(-3.0e38, score(a{i}_{h}), vis{i});" for i, _ in keys for h in hs]
+        km.append("    if (sub == 0u) {")
+        km += [f"      if (kk{i} < CHUNK) {{ sc[({h}u * CHUNK + kk{i}) / 4u][kk{i} % 4u] = s{i}_{h}; }}"
+               for i, _ in keys for h in hs]
+        km.append("    }")
+        km += [f"    let w{h} = subgroupMax(" + "max(" * (nr - 1) + "s0_" + str(h)
+               + "".join(f", s{i}_{h})" for i in range(1, nr)) + ");" for h in hs]
+        km.append("    if (lane == 0u) {")
+        km += [f"      wm[{h}u * NW + wi] = w{h};" for h in hs]
+        km.append("    }")
+        mnew = [f"    let mo{h} = m{h};" for h in hs]
+        mnew.append("    for (var w = 0u; w < WG / sg; w++) {")
+        mnew += [f"      m{h} = max(m{h}, wm[{h}u * NW + w]);" for h in hs]
+        mnew.append("    }")
+        mnew += [f"    let al{h} = exp(mo{h} - m{h});" for h in hs]
+        mnew += [f"    o{h}_{i} *= al{h};" for h, i in outs]
+        decl = [f"  var m{h} = -3.0e38;" for h in hs] + [f"  var o{h}_{i} = 0.0;" for h, i in outs] + ["  var lsum = 0.0;"]
+        decl += [f"  var nk{i}_{r}: vec4<KT>;" for i, _ in keys for r in range(rv)]
+        decl += [f"  var nv{i}_{u}: vec4<KT>;" for i in range(cpl) for u in range(nvl)]
+        vm = [f"    let e{h}_{u} = ex[{h}u * CHUNK4 + vsub * {nvl}u + {u}u];" for h in hs for u in range(nvl)]
+        vm += [f"    o{h}_{i} += " + " + ".join(f"dot(e{h}_{u}, vec4<f32>(cv{i}_{u}))" for u in range(nvl)) + ";"
+               for h, i in outs]
+        wo = self._xor_sum([f"o{h}_{i}" for h, i in outs], vl, "  ")
+        wo += ["  if (vsub == 0u) {"] + [f"    part[out0 + {h}u * ostride + cgi + {i * cg}u] = o{h}_{i};"
+                                         for h, i in outs] + ["  }"]
+        d.update({"DECL": j(decl).replace("KT", d["KT"]), "LOAD_NEXT": j(load), "K_MATH": j(km), "M_NEW": j(mnew),
+                  "TAKE": j([f"    let ck{i}_{r} = nk{i}_{r};" for i, _ in keys for r in range(rv)]
+                            + [f"    let cv{i}_{u} = nv{i}_{u};" for i in range(cpl) for u in range(nvl)]),
+                  "M_PICK": "      var mh = m0;" + "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h),
+                  "V_MATH": j(vm), "W_O": j(wo),
+                  "L_ALPHA": "      var alh = al0;" + "".join(f" if (lid == {h}u) {{ alh = al{h}; }}" for h in hs if h),
+                  "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs)})
+        self.template = "attention_tiled"
+        Kernel.__init__(self, dev, d, b, self.template)
+
+    @staticmethod
+    def _xor_sum(names: list, lanes: int, indent: str) -> list:
+        """Statements adding each variable over groups of `lanes` consecutive lanes (shuffles)."""
+        out, m = [], lanes // 2
+        while m:
+            out += [f"{indent}{n} += subgroupShuffleXor({n}, {m}u);" for n in names]
+            m //= 2
+        return out
 
     @property
     def grouped(self) -> bool:

@@ -619,7 +619,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
     software adapters (what lavapipe's timings chose for all of the 20 shapes they were taken on,
     1.05x to 4x faster than per-head), else per-head. kv_f16: the caches hold f16 (chosen apart
     from f32 caches: half the bytes to read)."""
-    cands = attention_candidates(dev, n_heads, n_kv)
+    cands = attention_candidates(dev, n_heads, n_kv, head_dim, cap)
     if len(cands) == 1:
         return cands[0]
     key = _attn_key(dev, n_heads, n_kv, head_dim, cap, window, kv_f16)
@@ -634,7 +634,7 @@ def choose_attention(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: i
 
 
 def _attn_key(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, window: int, kv_f16: bool) -> str:
-    return f"{key_prefix(dev)}attn4|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}" + ("|kv16" if kv_f16 else "")
+    return f"{key_prefix(dev)}attn5|{n_heads}|{n_kv}|{head_dim}|{cap}|{window}" + ("|kv16" if kv_f16 else "")
 
 
 def attention_ranking(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, window: int = 0,
@@ -642,7 +642,7 @@ def attention_ranking(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: 
     """The k fastest of choose_attention's timed candidates, fastest first (after it measured
     them; [] where it did not: untimed adapters, or asynchronous timing not yet run)."""
     ns = (_lookup(_attn_key(dev, n_heads, n_kv, head_dim, cap, window, kv_f16)) or {}).get("ns") or {}
-    return sorted((c for c in attention_candidates(dev, n_heads, n_kv) if c.name in ns), key=lambda c: ns[c.name])[:k]
+    return sorted((c for c in attention_candidates(dev, n_heads, n_kv, head_dim, cap) if c.name in ns), key=lambda c: ns[c.name])[:k]
 
 
 def attention_steps(dev: Device, key: str, build, cands: list, positions: list, enabled=FORCE) -> AttnChoice:
@@ -657,7 +657,7 @@ def attention_steps(dev: Device, key: str, build, cands: list, positions: list, 
     if len(cands) < 2 or not dev.can_time_sync:
         return cands[0]
     by_name = {c.name: c for c in cands}
-    got = _decide(dev, f"{key_prefix(dev)}attnstep1|{key}", enabled,
+    got = _decide(dev, f"{key_prefix(dev)}attnstep2|{key}", enabled,
                   lambda: _time_programs(dev, lambda name, step: build(by_name[name], step), [c.name for c in cands],
                                          positions),
                   {"best": cands[0].name})
@@ -668,12 +668,14 @@ def attention_steps(dev: Device, key: str, build, cands: list, positions: list, 
 # taking as many 16- or 32-key chunks as that needs (a deep context's combine then reads a few
 # dozen partials, not hundreds; a short one keeps a chunk per workgroup)
 ADAPT_PARTIALS = (32, 64)
+TILED_SPLITS = (8, 16, 32, 64)   # the tiled attention's partials a row (its workgroups: that times KV heads)
 
 
-def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoice]:
+def attention_candidates(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int) -> list[AttnChoice]:
     """The decode attention kernels a shape can use: per-head always; grouped where a KV head
     serves 2 .. MAX_GQA query heads; split (each chunk length, V prefetched or not; 16- and
-    32-key chunks also several a workgroup, ADAPT_PARTIALS) up to MAX_GQA with subgroups."""
+    32-key chunks also several a workgroup, ADAPT_PARTIALS) up to MAX_GQA with subgroups; tiled
+    (TILED_SPLITS partials a row) where AttentionKernel.tiled_supported."""
     group = n_heads // n_kv
     cands = [AttnChoice()]
     if 1 < group <= AttentionKernel.MAX_GQA:
@@ -681,6 +683,8 @@ def attention_candidates(dev: Device, n_heads: int, n_kv: int) -> list[AttnChoic
     if group <= AttentionKernel.MAX_GQA and dev.has_subgroups:
         cands += [AttnChoice("split", c, pf) for c in AttentionKernel.SPLIT_CHUNKS for pf in (False, True)]
         cands += [AttnChoice("split", c, False, a) for c in (16, 32) for a in ADAPT_PARTIALS]
+    if group <= AttentionKernel.MAX_GQA and AttentionKernel.tiled_supported(dev, head_dim, cap):
+        cands += [AttnChoice("tiled", AttentionKernel.TILE, False, n) for n in TILED_SPLITS]
     return cands
 
 

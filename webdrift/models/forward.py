@@ -200,7 +200,7 @@ class Attention(Op):
     v_cache: Buffer
     window: int                  # sliding window (0: the whole cache)
     kernel: AttnChoice           # AttentionKernel's variant, chunk (keys per workgroup: the partials'
-                                 # nsplit = ceil(cache rows / chunk)) and V prefetch
+                                 # nsplit = ceil(cache rows / chunk); tiled: adapt), V prefetch, adapt
     tree: bool = False           # each query row sees what its tree record allows (kernels/tree.py)
     flash: bool = False          # prefill: AttentionPrefillKernel, the whole softmax in one pass (writes
                                  # the token-major heads; no partials, no Combine)
@@ -380,13 +380,13 @@ class ForwardBuilder:
                     m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
                     enabled=m.autotune, kv_f16=m.kv_f16)
             chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
-                     else AttentionKernel.chunk_for(cfg.head_dim))
+                     else AttentionKernel.TILE if c.variant == "tiled" else AttentionKernel.chunk_for(cfg.head_dim))
             self._attn[window] = c._replace(chunk=chunk)
         return self._attn[window]
 
     def nsplit(self, i: int) -> int:
-        """Layer i's attention chunks per query row (its partials)."""
-        return ceil_div(self.m.cap_stride, self.attn_kernel(i).chunk)
+        """Layer i's attention partials per query row."""
+        return AttentionKernel.splits(self.attn_kernel(i), self.cfg.head_dim, self.m.cap_stride)
 
     def attention(self, i: int, lw, q: str) -> str:
         cfg = self.cfg
