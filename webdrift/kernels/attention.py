@@ -106,7 +106,7 @@ class AttentionKernel(Kernel):
                 and head_dim >= cls.TILED_WG // cls.tiled_lanes(dev))
 
     @classmethod
-    def splits(cls, choice: "AttnChoice", head_dim: int, cap: int) -> int:
+    def splits(cls, choice: AttnChoice, head_dim: int, cap: int) -> int:
         """The partials a query row has with `choice` (its chunk filled in): tiled, its `adapt`;
         else one per chunk of the cache."""
         return choice.adapt if choice.variant == "tiled" else ceil_div(cap, choice.chunk or cls.chunk_for(head_dim))
