@@ -140,3 +140,25 @@ def test_weight_layout_search(monkeypatch, tmp_path):
     assert calls == [1]
     w, _ = make_weight(np.zeros((8, 32), np.float32), "f16", layout="OI4O4")
     assert layout_name(w) == "OI4O4"
+
+
+def test_attention_ranking_adds_each_variant_near_the_fastest(monkeypatch, tmp_path):
+    """attention_ranking: the 3 fastest kernel timings, then the fastest of each variant not
+    among them that took at most twice the fastest's time (the whole-step timing's candidates:
+    one variant against another, kernels timed alone rank unlike whole steps)."""
+    from webdrift.kernels import autotune
+    from webdrift.kernels.attention import AttnChoice as C
+
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    monkeypatch.setattr(autotune, "_memory", {})
+    gpu = NS(has_timestamps=True, can_time_sync=True, has_subgroups=True, min_subgroup=32,
+             info=NS(is_cpu=False, adapter="x", backend="y"))
+    assert autotune.attention_ranking(gpu, 8, 2, 64, 512) == []                 # nothing timed yet
+    ns = {c.name: 1000 for c in autotune.attention_candidates(gpu, 8, 2, 64, 512)}
+    ns.update({"split16": 100, "split16pf": 101, "split32": 102, "split64": 103, "tiled64a16": 150,
+               "tiled64a32": 160, "grouped": 199, "head": 201})
+    autotune._memory[autotune._attn_key(gpu, 8, 2, 64, 512, 0, False)] = {"ns": ns}
+    assert autotune.attention_ranking(gpu, 8, 2, 64, 512) == [
+        C("split", 16), C("split", 16, True), C("split", 32), C("tiled", 64, False, 16), C("grouped")]
+    assert autotune.attention_ranking(gpu, 8, 2, 64, 512, k=1) == [C("split", 16), C("tiled", 64, False, 16),
+                                                                   C("grouped")]

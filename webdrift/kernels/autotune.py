@@ -639,10 +639,19 @@ def _attn_key(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, win
 
 def attention_ranking(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int, window: int = 0,
                       kv_f16: bool = False, k: int = 3) -> list[AttnChoice]:
-    """The k fastest of choose_attention's timed candidates, fastest first (after it measured
-    them; [] where it did not: untimed adapters, or asynchronous timing not yet run)."""
+    """The k fastest of choose_attention's timed candidates, then the fastest of each variant
+    not among them that took at most twice the fastest's time (kernels timed alone after a flush
+    rank one variant against another unlike whole steps do: the tiled kernel, H200 2026-11-25,
+    docs/BENCHMARKS.md session 22), fastest first (after it measured them; [] where it did not:
+    untimed adapters, or asynchronous timing not yet run)."""
     ns = (_lookup(_attn_key(dev, n_heads, n_kv, head_dim, cap, window, kv_f16)) or {}).get("ns") or {}
-    return sorted((c for c in attention_candidates(dev, n_heads, n_kv, head_dim, cap) if c.name in ns), key=lambda c: ns[c.name])[:k]
+    timed = sorted((c for c in attention_candidates(dev, n_heads, n_kv, head_dim, cap) if c.name in ns),
+                   key=lambda c: ns[c.name])
+    out = timed[:k]
+    for c in timed[k:]:
+        if c.variant not in {o.variant for o in out} and ns[c.name] <= 2 * ns[timed[0].name]:
+            out.append(c)
+    return out
 
 
 def attention_steps(dev: Device, key: str, build, cands: list, positions: list, enabled=FORCE) -> AttnChoice:
