@@ -30,6 +30,7 @@ for spec in sys.argv[2:]:
         choice = {c.name: c for c in attention_candidates(dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, 4352)}[spec]
     E.attention_steps = lambda dev, key, build, cands, *a, c=choice, **k: c
     engs[spec] = build_engine(dev, src, ctx)
+    engs[spec].decode.kernels()     # built now, with these knobs (else at the first generation)
 for depth in (1024, 4096):
     ids = prompt_ids(cfg.vocab_size, depth)
     tps = {n: [] for n in engs}

@@ -438,3 +438,50 @@ def test_tree_rows_are_bitwise_decode_steps(variant):
         ql[:, :group] = q[:, node * group:(node + 1) * group]
         step = attend(ql, kl, vl, dep[node])
         assert np.array_equal(tree_out[node], step[0]), (node, np.abs(tree_out[node] - step[0]).max())
+
+
+def smallest_subgroup() -> int:
+    """The smallest subgroup_size a dispatch of 256 invocations sees on this device (wgpu-native
+    does not report it): lavapipe's is its SIMD width."""
+    import struct
+
+    dev = device()
+    wg = dev._dev
+    code = ("@group(0) @binding(0) var<storage, read_write> o: array<atomic<u32>>;\n"
+            "@compute @workgroup_size(256) fn main(@builtin(subgroup_size) sg: u32) { atomicMin(&o[0], sg); }\n")
+    pipe = wg.create_compute_pipeline(layout="auto", compute={"module": wg.create_shader_module(code=code),
+                                                              "entry_point": "main"})
+    buf = dev.create_buffer(16, label="sg")
+    dev.write_buffer(buf, struct.pack("<4I", 1 << 30, 0, 0, 0))
+    bg = wg.create_bind_group(layout=pipe.get_bind_group_layout(0),
+                              entries=[{"binding": 0, "resource": {"buffer": buf.handle}}])
+    enc = wg.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(4)
+    cp.end()
+    wg.queue.submit([enc.finish()])
+    return struct.unpack("<I", dev.read_buffer_sync(buf, 0, 4))[0]
+
+
+@pytest.mark.parametrize("case", ["decode", "prefill_rows", "window", "streams", "f16", "head_dim_32", "tree"])
+def test_tiled_attention_eight_lanes(monkeypatch, case):
+    """The tiled kernel as GPUs whose subgroups have at least 8 lanes run it (8 lanes a K row and
+    a V channel run, NVIDIA's path; the suite's other tiled runs take lavapipe's 4-lane path):
+    forced where lavapipe's own subgroups hold 8 lanes."""
+    sg = smallest_subgroup()
+    if sg < 8:
+        pytest.skip(f"this device's subgroups have {sg} lanes: the 8-lane path cannot run here")
+    monkeypatch.setattr(type(device()), "min_subgroup", property(lambda self: 8))
+    assert AttentionKernel.tiled_lanes(device()) == 8
+    v = {"variant": "tiled", "adapt": 3}
+    if case == "tree":
+        assert_close(*run_tree_attention(9, 3, 64, 512, 190, tree_parents("random", 64, seed=64), 64, v))
+        return
+    args = {"decode": ((32, 8, 128, 1024, 900, 1), {}), "prefill_rows": ((9, 3, 64, 512, 250, 20), {}),
+            "window": ((4, 2, 64, 512, 200, 120), {"window": 300, "t_cap": 120}),
+            "streams": ((4, 2, 64, 128 + 3 * 192, 200, 3), {"streams": (128, 192), "seed": 200}),
+            "f16": ((8, 2, 64, 256, 150, 3), {"kv_f16": True}),
+            "head_dim_32": ((4, 2, 32, 512, 63, 1), {})}[case]
+    assert_close(*run_attention(*args[0], variant=v, **args[1]))
