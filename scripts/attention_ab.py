@@ -7,9 +7,8 @@ import sys
 
 from webdrift.gpu.native import get_device
 from webdrift.kernels.autotune import attention_candidates
-from webdrift.profile.benchmark import agenerate_ids, build_engine, decode_attention, prompt_ids
+from webdrift.profile.benchmark import build_engine, decode_attention, interleaved_decode_tps, prompt_ids
 from webdrift.runtime import engine as E
-from webdrift.runtime.engine import _run
 from webdrift.weights.synthetic import synthetic_source
 
 real = E.attention_steps
@@ -35,11 +34,7 @@ for spec in sys.argv[1:]:
         engs[n] = build_engine(dev, src, ctx)
     E.attention_steps = real
     for depth in (d for d in (1024, 4096) if d + 128 <= ctx):
-        ids = prompt_ids(cfg.vocab_size, depth)
-        tps = {n: [] for n in engs}
-        for _ in range(3):
-            for n, e in engs.items():
-                tps[n].append(_run(agenerate_ids(e, ids, 128)).stats.decode_tokens_per_s)
+        tps = interleaved_decode_tps(engs, prompt_ids(cfg.vocab_size, depth))
         for n, e in engs.items():
             print(f"{spec.split(':')[0]}:{quant} depth {depth} {n:13s} {decode_attention(e)} {max(tps[n]):7.1f} "
                   f"tok/s {[round(x, 1) for x in tps[n]]}", flush=True)

@@ -9,9 +9,8 @@ import sys
 from webdrift.gpu.native import get_device
 from webdrift.kernels.attention import AttentionKernel, AttnChoice
 from webdrift.kernels.autotune import attention_candidates
-from webdrift.profile.benchmark import agenerate_ids, build_engine, decode_attention, prompt_ids
+from webdrift.profile.benchmark import build_engine, decode_attention, interleaved_decode_tps, prompt_ids
 from webdrift.runtime import engine as E
-from webdrift.runtime.engine import _run
 from webdrift.weights.synthetic import synthetic_source
 
 dev = get_device()
@@ -32,11 +31,7 @@ for spec in sys.argv[2:]:
     engs[spec] = build_engine(dev, src, ctx)
     engs[spec].decode.kernels()     # built now, with these knobs (else at the first generation)
 for depth in (1024, 4096):
-    ids = prompt_ids(cfg.vocab_size, depth)
-    tps = {n: [] for n in engs}
-    for _ in range(3):
-        for n, e in engs.items():
-            tps[n].append(_run(agenerate_ids(e, ids, 128)).stats.decode_tokens_per_s)
+    tps = interleaved_decode_tps(engs, prompt_ids(cfg.vocab_size, depth))
     for n, e in engs.items():
         print(f"{sys.argv[1]} depth {depth} {n:10s} {decode_attention(e)} {max(tps[n]):7.1f} tok/s "
               f"{[round(x, 1) for x in tps[n]]}", flush=True)

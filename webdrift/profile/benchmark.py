@@ -99,6 +99,18 @@ async def agenerate_ids(eng, ids: list[int], new_tokens: int, n: int = 1, lora: 
     return await eng.agenerate(ids, sp)
 
 
+def interleaved_decode_tps(engs: dict, ids: list[int], new_tokens: int = 128, rounds: int = 3) -> dict:
+    """Decode tok/s of each engine in `rounds` greedy generations of new_tokens after ids, the
+    engines taking turns (clocks and host load drift alike for all): {name: [tok/s, ...]}.
+    For A/B scripts on the desktop (it drives the event loop itself)."""
+    from ..runtime.engine import _run
+    tps = {n: [] for n in engs}
+    for _ in range(rounds):
+        for n, e in engs.items():
+            tps[n].append(_run(agenerate_ids(e, ids, new_tokens)).stats.decode_tokens_per_s)
+    return tps
+
+
 async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None = None, repeats: int = 1) -> float:
     """Aggregate decode tokens/s of k streams of m tokens after `ids` (lora: one adapter per
     stream), the best of `repeats` generations, after an untimed warm-up generation (without it
