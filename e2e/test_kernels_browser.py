@@ -370,6 +370,20 @@ for name in ("head", "grouped", "split", "split_adapt"):
         out[f"attn/{name}"] = await read(ob, T * H * DH)
     except Exception as e:
         out[f"attn/{name}"] = "ERROR " + str(e)[:1500]
+# the tiled kernel (attention_tiled.wgsl; head_dim 64: subgroups may be 4 lanes), 3 partials a row
+DH2 = args["DH2"]
+qd2, od2 = TensorDesc("q", DH2, T * G, b=KVH), TensorDesc("o", H * DH2, T)
+qb2, kb2, vb2 = buf(b64(args["q2"]), "q2"), buf(b64(args["k2"]), "k2"), buf(b64(args["v2"]), "v2")
+try:
+    att = AttentionKernel(dev, qd2, H, KVH, DH2, CAP, T * G, DH2 ** -0.5, variant="tiled", adapt=3)
+    comb = AttentionCombineKernel(dev, od2, H, KVH, DH2, att.nsplit, T * G)
+    pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH2 + 2) * 4, label="part")
+    ob = dev.create_buffer(od2.nbytes, label="o")
+    dev.submit([att.dispatch({"step": step, "q": qb2, "kc": kb2, "vc": vb2, "part": pb}, att.workgroups(T)),
+                comb.dispatch({"step": step, "part": pb, "out": ob}, comb.workgroups(T))])
+    out["attn/tiled"] = await read(ob, T * H * DH2)
+except Exception as e:
+    out["attn/tiled"] = "ERROR " + str(e)[:1500]
 # QKV GEMV (f16 weights, RMSNorm fused): RoPE in its epilogue vs the GEMV + RopeQKVKernel
 O, I = (H + 2 * KVH) * DH, args["I"]
 xd, yd, rel = TensorDesc("x", I, T), TensorDesc("qkv", O, T), TensorDesc("r", DH, T * G, b=KVH)
@@ -407,8 +421,9 @@ json.dumps(out)
 
 
 def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
-    """Tint compiles and SwiftShader runs the three attention kernels (equal to numpy's causal GQA
-    attention; the split one also with several chunks a workgroup) and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
+    """Tint compiles and SwiftShader runs the four attention kernels (equal to numpy's causal GQA
+    attention; the split one also with several chunks a workgroup; the tiled one at head_dim 64)
+    and the float QKV GEMV with RoPE in its epilogue (equal to the GEMV followed by
     RopeQKVKernel: q rows, K and V cache contents) for the subgroup and wide variants (and the
     wide one's split-K form)."""
     from tests.test_kernels_attention import attention_ref
@@ -422,9 +437,14 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     nw = (1 + 0.1 * rng.standard_normal(I)).astype(np.float32)
     w = (rng.standard_normal(((H + 2 * KVH) * DH, I)) * 0.2).astype(np.float32)
     freq = (10000.0 ** (-np.arange(0, DH, 2) / DH)).astype(np.float32)
+    DH2 = 64
+    q2 = rng.standard_normal((KVH, T * G, DH2)).astype(np.float32)
+    k2 = rng.standard_normal((KVH, CAP, DH2)).astype(np.float32)
+    v2 = rng.standard_normal((KVH, DH2, CAP)).astype(np.float32)
     enc = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
     args = {"H": H, "KVH": KVH, "DH": DH, "CAP": CAP, "T": T, "POS": POS, "I": I, "q": enc(q), "k": enc(k),
-            "v": enc(v), "x": enc(x), "nw": enc(nw), "w": enc(w), "freq": enc(freq)}
+            "v": enc(v), "x": enc(x), "nw": enc(nw), "w": enc(w), "freq": enc(freq), "DH2": DH2, "q2": enc(q2),
+            "k2": enc(k2), "v2": enc(v2)}
     res = run_in_worker(chromium, server, DECODE_CODE, args)
     errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
     assert not errors, f"kernels failed in the browser: {errors}"
@@ -433,6 +453,8 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     for variant in ("head", "grouped", "split", "split_adapt"):
         got = np.array(res[f"attn/{variant}"]).reshape(T, H * DH)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=variant)
+    np.testing.assert_allclose(np.array(res["attn/tiled"]).reshape(T, H * DH2),
+                               attention_ref(q2, k2, v2, POS, G, DH2 ** -0.5), rtol=1e-4, atol=1e-5, err_msg="tiled")
     for variant in ("subgroup", "wide", "wide_ksplit"):
         for name in ("q", "k", "v"):
             a, b = np.array(res[f"{variant}/{name}_f"]), np.array(res[f"{variant}/{name}"])
