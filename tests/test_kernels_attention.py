@@ -485,3 +485,15 @@ def test_tiled_attention_eight_lanes(monkeypatch, case):
             "f16": ((8, 2, 64, 256, 150, 3), {"kv_f16": True}),
             "head_dim_32": ((4, 2, 32, 512, 63, 1), {})}[case]
     assert_close(*run_attention(*args[0], variant=v, **args[1]))
+
+
+@pytest.mark.parametrize("H,KVH,DH,cap,pos0,T,window", [(4, 2, 64, 100, 99, 1, 0), (4, 2, 64, 68, 60, 8, 0),
+                                                        (8, 2, 64, 132, 0, 132, 0), (4, 2, 64, 100, 50, 40, 7),
+                                                        (16, 2, 64, 260, 259, 1, 0)])
+@pytest.mark.parametrize("adapt", [2, 64])
+def test_tiled_attention_last_tile_past_the_cache(H, KVH, DH, cap, pos0, T, window, adapt):
+    """Caches whose rows are not a multiple of the 64-key tile (the last tile's loads clamped into
+    the cache, its keys past it invisible), the last cache row queried, more partials than tiles,
+    8 query heads a KV head."""
+    assert_close(*run_attention(H, KVH, DH, cap, pos0, T, window=window, t_cap=T,
+                                variant={"variant": "tiled", "adapt": adapt}))
