@@ -7,6 +7,7 @@ import sys
 
 from webdrift.gpu.native import get_device
 from webdrift.kernels.autotune import attention_candidates
+from webdrift.models import forward as F
 from webdrift.profile.benchmark import build_engine, decode_attention, interleaved_decode_tps, prompt_ids
 from webdrift.runtime import engine as E
 from webdrift.weights.synthetic import synthetic_source
@@ -29,10 +30,13 @@ for spec in sys.argv[1:]:
     engs["kernel timing"] = build_engine(dev, src, ctx)
     by_name = {c.name: c for c in attention_candidates(dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                                                        engs["whole steps"].model.cap_stride)}
+    plain = F.choose_attention
     for n in (names[0].split(",") if names else []):
         E.attention_steps = forced(by_name[n])
+        F.choose_attention = lambda *a, c=by_name[n], **k: c    # where the step choice is not timed
         engs[n] = build_engine(dev, src, ctx)
-    E.attention_steps = real
+        engs[n].decode.kernels()
+    E.attention_steps, F.choose_attention = real, plain
     for depth in (d for d in (1024, 4096) if d + 128 <= ctx):
         tps = interleaved_decode_tps(engs, prompt_ids(cfg.vocab_size, depth))
         for n, e in engs.items():
