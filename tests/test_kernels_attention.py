@@ -497,3 +497,26 @@ def test_tiled_attention_last_tile_past_the_cache(H, KVH, DH, cap, pos0, T, wind
     8 query heads a KV head."""
     assert_close(*run_attention(H, KVH, DH, cap, pos0, T, window=window, t_cap=T,
                                 variant={"variant": "tiled", "adapt": adapt}))
+
+
+def test_min_subgroup_and_tiled_lanes():
+    """Device.min_subgroup: the adapter's own minimum where it reports one (browsers), else 32 on
+    NVIDIA (by vendor id or name), else 4; the tiled attention takes 8 lanes a row from 8 up."""
+    from types import MappingProxyType
+
+    from webdrift.gpu.base import Device, DeviceInfo
+
+    def dev(sizes=(), vendor="", adapter="", vendor_id=None):
+        d = Device.__new__(Device)
+        d.info = DeviceInfo(adapter=adapter, vendor=vendor, subgroup_sizes=sizes, features={"subgroups"})
+        d.adapter_info = MappingProxyType({} if vendor_id is None else {"vendor_id": vendor_id})
+        return d
+    assert dev((16, 64)).min_subgroup == 16
+    assert dev((4, 128), vendor="nvidia").min_subgroup == 4                       # the adapter's word first
+    assert dev(vendor_id=0x10DE).min_subgroup == 32 and dev(adapter="NVIDIA H100").min_subgroup == 32
+    assert dev(adapter="llvmpipe (LLVM 15.0.6, 256 bits)").min_subgroup == 4
+    assert AttentionKernel.tiled_lanes(dev((8, 8))) == 8 and AttentionKernel.tiled_lanes(dev()) == 4
+    assert AttentionKernel.tiled_supported(dev(vendor_id=0x10DE), 32, 512)
+    assert not AttentionKernel.tiled_supported(dev(), 32, 512)                   # 4-lane groups: 64 channels a round
+    assert not AttentionKernel.tiled_supported(dev(vendor_id=0x10DE), 80, 512)   # not a power of two
+    assert not AttentionKernel.tiled_supported(dev(vendor_id=0x10DE), 64, 60)    # less than a tile of cache
