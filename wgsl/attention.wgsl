@@ -25,7 +25,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (row >= step.n_tokens * GROUP) { return; }
   let t = row / GROUP;
   let p = query_pos(t);                            // this query's position
-  let out = ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
+  let out = part_at(kvh, row, split);
   let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // the chunk's keys: positions kp0 .. kp0 + CHUNK - 1

@@ -9,6 +9,12 @@ const NSPLIT: u32 = {{NSPLIT}}u;
 const ROWS_CAP: u32 = {{ROWS_CAP}}u;
 const NJ: u32 = {{NJ}}u;      // key groups in the V product: invocation (d, g), g < NJ, sums keys g*JL..
 const JL: u32 = {{JL}}u;      // keys per group = ceil(CHUNK / NJ)
+// The partials part[(kvh, row, split)] = (acc[0..DH), m, l) (row: t * GROUP + h): the first word
+// of one, and the distance from a row's partial to the next row's of the same split.
+const PART_ROW: u32 = NSPLIT * (DH + 2u);
+fn part_at(kvh: u32, row: u32, split: u32) -> u32 {
+  return ((kvh * ROWS_CAP + row) * NSPLIT + split) * (DH + 2u);
+}
 
 #include attention_score
 

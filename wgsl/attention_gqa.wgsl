@@ -36,12 +36,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
   let p = query_pos(t);                            // this token's position
-  let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
-  let ostride = NSPLIT * (DH + 2u);                // next head's partial
+  let out0 = part_at(kvh, t * GROUP, split);
   let lo = window_lo(p);
   let k0 = split * CHUNK;
   let kp0 = key_pos(t, k0);                        // positions of the chunk's keys (attention.wgsl)
-  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, GROUP, out0, ostride); return; }
+  if (!chunk_seen(kp0, p, lo)) { write_unseen(lid, GROUP, out0, PART_ROW); return; }
   for (var i = lid; i < GROUP * DH4; i += CHUNK) { qs[i] = q_read(kvh, t * GROUP + i / DH4, 0u, i % DH4); }
   workgroupBarrier();
   let k = k0 + lid;
@@ -80,8 +79,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var h = 0u; h < GROUP; h++) {
       var tot = 0.0;
       for (var q = 0u; q < NJ; q++) { tot += red[h * CHUNK + q * DH + lid]; }
-      part[out0 + h * ostride + lid] = tot;
+      part[out0 + h * PART_ROW + lid] = tot;
     }
   }
-  if (lid < GROUP) { part[out0 + lid * ostride + DH] = ml[lid]; part[out0 + lid * ostride + DH + 1u] = ml[GROUP + lid]; }
+  if (lid < GROUP) { part[out0 + lid * PART_ROW + DH] = ml[lid]; part[out0 + lid * PART_ROW + DH + 1u] = ml[GROUP + lid]; }
 }

@@ -33,8 +33,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
   let p = query_pos(t);                            // this token's position
-  let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
-  let ostride = NSPLIT * (DH + 2u);                // next head's partial
+  let out0 = part_at(kvh, t * GROUP, split);
   let lo = window_lo(p);
 #if ADAPT
   // ADAPT: each workgroup takes PER consecutive chunks, PER = the chunks up to the row's last
@@ -53,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var ci = 0u; ci < per; ci++) {
     seen = seen || chunk_index_seen(t, split * per + ci, p, lo);
   }
-  if (!seen) { write_unseen(lid, GROUP, out0, ostride); return; }
+  if (!seen) { write_unseen(lid, GROUP, out0, PART_ROW); return; }
   let d = lid % DH;
   let g = lid / DH;
   let sub = lane % LK;
@@ -153,7 +152,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var h = 0u; h < GROUP; h++) {
       var tot = 0.0;
       for (var q = 0u; q < NJ; q++) { tot += red[h * NJ * DH + q * DH + lid]; }
-      part[out0 + h * ostride + lid] = tot;
+      part[out0 + h * PART_ROW + lid] = tot;
     }
   }
 #else
@@ -163,11 +162,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
   if (lid < GROUP) {                               // the head's sum of e over the chunk(s)
 #if ADAPT
-    part[out0 + lid * ostride + DH + 1u] = lsum;
+    part[out0 + lid * PART_ROW + DH + 1u] = lsum;
 #else
     var l = 0.0;
     for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
-    part[out0 + lid * ostride + DH + 1u] = l;
+    part[out0 + lid * PART_ROW + DH + 1u] = l;
 #endif
   }
 {{W_M}}

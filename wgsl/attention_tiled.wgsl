@@ -59,8 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
   let p = query_pos(t);
-  let out0 = ((kvh * ROWS_CAP + t * GROUP) * NSPLIT + split) * (DH + 2u);
-  let ostride = NSPLIT * (DH + 2u);
+  let out0 = part_at(kvh, t * GROUP, split);
   let lo = window_lo(p);
 #if TREE
   let kmax = p;
@@ -116,6 +115,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
 {{W_O}}
-  if (lid < GROUP) { part[out0 + lid * ostride + DH + 1u] = lsum; }
+  if (lid < GROUP) { part[out0 + lid * PART_ROW + DH + 1u] = lsum; }
 {{W_M}}
 }

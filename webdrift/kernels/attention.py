@@ -234,7 +234,7 @@ class AttentionKernel(Kernel):
         vm += [f"    o{h}_{i} += " + " + ".join(f"dot(e{h}_{u}, vec4<f32>(cv{i}_{u}))" for u in range(nvl)) + ";"
                for h, i in outs]
         wo = self._xor_sum([f"o{h}_{i}" for h, i in outs], vl, "  ")
-        wo += ["  if (vsub == 0u) {"] + [f"    part[out0 + {h}u * ostride + cgi + {i * cg}u] = o{h}_{i};"
+        wo += ["  if (vsub == 0u) {"] + [f"    part[out0 + {h}u * PART_ROW + cgi + {i * cg}u] = o{h}_{i};"
                                          for h, i in outs] + ["  }"]
         d.update({"DECL": j(decl).replace("KT", d["KT"]), "LOAD_NEXT": j(load), "K_MATH": j(km), "M_NEW": j(mnew),
                   "TAKE": j([f"    let ck{i}_{r} = nk{i}_{r};" for i, _ in keys for r in range(rv)]
@@ -242,7 +242,7 @@ class AttentionKernel(Kernel):
                   "M_PICK": "      var mh = m0;" + "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h),
                   "V_MATH": j(vm), "W_O": j(wo),
                   "L_ALPHA": "      var alh = al0;" + "".join(f" if (lid == {h}u) {{ alh = al{h}; }}" for h in hs if h),
-                  "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs)})
+                  "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * PART_ROW + DH] = m{h}; }}" for h in hs)})
         self.template = "attention_tiled"
         Kernel.__init__(self, dev, d, b, self.template)
 
@@ -328,8 +328,8 @@ class AttentionKernel(Kernel):
                           "    sc[i] = select(vec4<f32>(0.0), exp(s - mh), s > vec4<f32>(-1.0e38));"),
                 "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
                 "RED_O": j(f"    red[{h}u * NJ * DH + g * DH + d] = o{h};" for h in hs),
-                "W_O": j(f"    part[out0 + {h}u * ostride + d] = o{h};" for h in hs),
-                "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * ostride + DH] = m{h}; }}" for h in hs),
+                "W_O": j(f"    part[out0 + {h}u * PART_ROW + d] = o{h};" for h in hs),
+                "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * PART_ROW + DH] = m{h}; }}" for h in hs),
                 # ADAPT: each chunk rescales the sums so far to the new running maximum
                 "M_SAVE": j(f"  let mo{h} = m{h};" for h in hs),
                 "M_ALPHA": j(f"  let al{h} = exp(mo{h} - m{h});\n  o{h} *= al{h};" for h in hs),
