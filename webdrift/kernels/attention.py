@@ -90,6 +90,14 @@ class AttentionKernel(Kernel):
             chunk *= 2
         return min(chunk, cls.chunk_for(head_dim))
 
+    @classmethod
+    def chunk_of(cls, variant: str, chunk: int, head_dim: int, cap: int) -> int:
+        """Keys a chunk (a workgroup's, or a tile) of `variant`: split, `chunk` as split_chunk
+        makes it; tiled, TILE; per head and grouped, chunk_for(head_dim)."""
+        if variant == "split":
+            return cls.split_chunk(chunk, head_dim, cap)
+        return cls.TILE if variant == "tiled" else cls.chunk_for(head_dim)
+
     TILED_WG = 256
 
     @classmethod
@@ -152,7 +160,7 @@ class AttentionKernel(Kernel):
             self._init_tiled(dev, q_rel, n_heads, n_kv, head_dim, cap, rows_cap, scale, window, softcap, tree,
                              lanes, adapt, kv_f16)
             return
-        self.CHUNK = self.split_chunk(chunk, head_dim, cap) if variant == "split" else self.chunk_for(head_dim)
+        self.CHUNK = self.chunk_of(variant, chunk, head_dim, cap)
         self.nsplit = ceil_div(cap, self.CHUNK)
         wg = self.CHUNK if variant != "split" else 128 if head_dim <= 128 else 256
         nj = max(1, wg // head_dim)

@@ -379,9 +379,8 @@ class ForwardBuilder:
                 c = m.attn_steps.get(window) or choose_attention(
                     m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache, window,
                     enabled=m.autotune, kv_f16=m.kv_f16)
-            chunk = (AttentionKernel.split_chunk(c.chunk, cfg.head_dim, m.cap_stride) if c.variant == "split"
-                     else AttentionKernel.TILE if c.variant == "tiled" else AttentionKernel.chunk_for(cfg.head_dim))
-            self._attn[window] = c._replace(chunk=chunk)
+            self._attn[window] = c._replace(chunk=AttentionKernel.chunk_of(c.variant, c.chunk, cfg.head_dim,
+                                                                           m.cap_stride))
         return self._attn[window]
 
     def nsplit(self, i: int) -> int:
