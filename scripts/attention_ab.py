@@ -1,8 +1,9 @@
 """The decode attention kernel chosen on whole steps (Engine._choose_attention) against the
 kernel-timing choice it starts from and any forced kernels, one process, interleaved: decode
 tok/s (the best of 3 generations of 128 tokens) at each depth of the engines per synthetic model.
-    PYTHONPATH=. python scripts/attention_ab.py llama-3.2-1b:q4 llama-3.1-8b:q4:tiled64a16,split16
-(shape:quant[:kernel names, AttnChoice.name, each an engine of its own]; depths 1024 and 4096)."""
+    PYTHONPATH=. python scripts/attention_ab.py llama-3.2-1b:q4 llama-3.1-8b:q4:tiled64a16,tiled64a16c,split16
+(shape:quant[:kernel names, AttnChoice.name, each an engine of its own; a tiled name ending in "c"
+merges its partials in the kernel]; depths 1024 and 4096).""" 
 import sys
 
 from webdrift.gpu.native import get_device
@@ -28,8 +29,9 @@ for spec in sys.argv[1:]:
     engs = {"whole steps": build_engine(dev, src, ctx)}
     E.attention_steps = lambda dev, key, build, cands, *a, **k: cands[0]
     engs["kernel timing"] = build_engine(dev, src, ctx)
-    by_name = {c.name: c for c in attention_candidates(dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
-                                                       engs["whole steps"].model.cap_stride)}
+    cands = attention_candidates(dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, engs["whole steps"].model.cap_stride)
+    cands += [c._replace(fused=True) for c in cands if c.variant == "tiled"]   # (the merge in the kernel: "...c")
+    by_name = {c.name: c for c in cands}
     plain = F.choose_attention
     for n in (names[0].split(",") if names else []):
         E.attention_steps = forced(by_name[n])

@@ -427,11 +427,11 @@ def assert_matches_transformers(eng, ref, seed: int, n: int):
 
 @pytest.mark.parametrize("case,variant", [("llama_gqa_f32", v) for v in (
     ("grouped", 0, False), ("head", 0, False), ("split", 16, True), ("split", 64, False), ("split", 16, False, 2))]
-    + [("llama_gqa_hd64_f32", ("tiled", 64, False, 3))])
+    + [("llama_gqa_hd64_f32", ("tiled", 64, False, 3)), ("llama_gqa_hd64_f32", ("tiled", 64, False, 3, True))])
 def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeypatch, case, variant):
     """Every decode attention kernel (one workgroup per query head, one per KV head serving its 4
     query heads, or that with short chunks and subgroup shuffles, also several chunks a workgroup;
-    tiled, 3 partials a row, head_dim 64; GPUs pick by timing,
+    tiled, 3 partials a row, head_dim 64, also merging them itself; GPUs pick by timing,
     kernels/autotune.choose_attention) in the whole model: prompts through the decode kernels
     (prefill_kernels="gemv", so multi-token rows are covered) give transformers' logits, and
     greedy decoding gives transformers' tokens."""
@@ -449,6 +449,8 @@ def test_decode_attention_kernels_end_to_end(tmp_path, hf_tokenizer_dir, monkeyp
     adapt = variant[3] if len(variant) > 3 else 0
     assert kinds["AttentionKernel"].defines.get("ADAPT", 0) == (adapt if variant[0] == "split" else 0)
     assert variant[0] != "tiled" or kinds["AttentionKernel"].nsplit == adapt
+    fused = variant[4] if len(variant) > 4 else False
+    assert kinds["AttentionKernel"].fused is fused and ("AttentionCombineKernel" in kinds) is not fused
 
 
 @pytest.mark.parametrize("case,float_gemv", [("qwen2_bias_f16", GemvVariant("subgroup", rows=8, wg=64)),

@@ -168,6 +168,29 @@ def test_int8_chain_last_workgroup_quantizes(smollm2_gguf_path, ref_model, monke
     assert sum(g == 0.0 for g in gaps) >= 10, gaps
 
 
+def test_int8_chain_attention_merged_in_kernel(smollm2_gguf_path, ref_model, monkeypatch):
+    """The tiled decode attention merging its partials itself and writing the O projection's int8
+    row (AttnChoice.fused; what the whole-step timing may pick on a GPU, forced here): a decode
+    layer is 5 dispatches, no combine, and greedy tokens stay within transformers' tolerance as
+    in test_int8_activations_greedy."""
+    from webdrift.kernels.attention import AttnChoice
+    from webdrift.models import forward
+    monkeypatch.setattr(forward, "choose_attention", lambda *a, **k: AttnChoice("tiled", 64, False, 3, True))
+    eng = webdrift.load(str(smollm2_gguf_path), max_context=160, int8_activations=True)
+    assert [d.label for d in eng.decode.dispatches(1) if d.label.startswith("L1.")] == [
+        "L1.qkv+rope_kv", "L1.attention+combine+quant", "L1.o_proj+residual+quant", "L1.gate_up+act+quant",
+        "L1.down+residual+quant"]
+    model, tok = ref_model
+    ids = tok.encode(PROMPTS[2])
+    out = eng.generate(PROMPTS[2], max_new_tokens=12, temperature=0.0, stop_at_eos=False)
+    seq = ids + out.token_ids
+    with torch.no_grad():
+        ref = model(torch.tensor([seq])).logits[0].numpy()
+    gaps = [float(ref[len(ids) + k - 1].max() - ref[len(ids) + k - 1][t]) for k, t in enumerate(out.token_ids)]
+    assert max(gaps) <= 1.5, gaps
+    assert sum(g == 0.0 for g in gaps) >= 10, gaps
+
+
 def test_int8_activations_choice(engine, smollm2_gguf_path):
     # auto: off on software adapters (and for layers under 8 MiB)
     assert not engine.model.int8

@@ -26,7 +26,30 @@ VARIANTS = [pytest.param({"variant": v, **k}, id=i) for i, v, k in (
     ("split32pf_a2_lanes4", "split", {"chunk": 32, "prefetch_v": True, "adapt": 2, "lanes": 4}),
     # tiled: `adapt` partials a row, each a run of 64-key tiles loaded a tile ahead (head_dim a power
     # of two from 64 on lavapipe, whose subgroups may be 4 lanes: else UnsupportedModelError)
-    ("tiled_a3", "tiled", {"adapt": 3}), ("tiled_a1", "tiled", {"adapt": 1}))]
+    ("tiled_a3", "tiled", {"adapt": 3}), ("tiled_a1", "tiled", {"adapt": 1}),
+    # the tiled kernel merging its partials itself (the last workgroup of a row's: no combine)
+    ("tiled_a3c", "tiled", {"adapt": 3, "fused": True}), ("tiled_a1c", "tiled", {"adapt": 1, "fused": True}))]
+
+
+def merged_into(variant, out_d) -> dict:
+    """AttentionKernel's `out` where the variant merges its partials itself (fused)."""
+    return {"out": out_d} if (variant or {}).get("fused") else {}
+
+
+def attend(att, binds: dict, out_d, ob, T, pos0, streams=None) -> None:
+    """Both phases into ob: the kernel's partials, then AttentionCombineKernel's merge, or a fused
+    kernel's own merge (zeroed counters bound; they must be left zero)."""
+    if not att.fused:
+        run(att, binds, T, pos0=pos0, streams=streams)
+        d = att.defines
+        comb = AttentionCombineKernel(device(), out_d, att.group * att.n_kv, att.n_kv, d["DH"], att.nsplit,
+                                      d["ROWS_CAP"])
+        run(comb, {"part": binds["part"], "out": ob}, T, pos0=pos0, streams=streams)
+        return
+    n = att.defines["ROWS_CAP"] // att.group * att.n_kv      # (row, KV head) counters
+    cnt = device().create_buffer(4 * n, label="cnt")
+    run(att, binds | {"out": ob, "cnt": cnt}, T, pos0=pos0, streams=streams)
+    assert (read_f32(cnt, n).view(np.uint32) == 0).all(), "the merge leaves its counters zero"
 
 
 def unsupported(variant, DH, cap, make) -> bool:
@@ -86,16 +109,14 @@ def run_attention(H, KVH, DH, cap, pos0, T, scale=None, window=0, softcap=None, 
 
     def make():
         return AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, window, softcap, **(variant or {}),
-                               kv_f16=kv_f16)
+                               kv_f16=kv_f16, **merged_into(variant, out_d))
     if unsupported(variant, DH, cap, make):
         return ()
     att = make()
-    comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     ob = upload(out_d, fill=SENTINEL)
-    run(att, {"q": upload(q_d, q), "kc": cache_buffer(kc, kv_f16), "vc": cache_buffer(vc, kv_f16), "part": part},
-        T, pos0=pos0, streams=streams)
-    run(comb, {"part": part, "out": ob}, T, pos0=pos0, streams=streams)
+    attend(att, {"q": upload(q_d, q), "kc": cache_buffer(kc, kv_f16), "vc": cache_buffer(vc, kv_f16), "part": part},
+           out_d, ob, T, pos0, streams)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all(), "rows t >= n_tokens must not be written"
     return got[:T], attention_ref(q, kc, vc, pos0, group, scale, window, softcap, streams)
@@ -296,6 +317,48 @@ def test_combine_writes_int8_blocks(fmt, DH):
         AttentionCombineKernel(device(), xq_desc("xq", H * 40, T), H, KVH, 40, 4, rows_cap, quant="q8")
 
 
+@pytest.mark.parametrize("fmt,H,KVH,DH,adapt", [("q8", 8, 2, 64, 3), ("q4", 9, 3, 64, 5), ("q4", 4, 1, 128, 2)])
+def test_fused_merge_writes_int8_blocks(fmt, H, KVH, DH, adapt):
+    """The tiled kernel merging its partials itself (fused) writes the heads as the O projection's
+    int8 row (quant) and the f32 rows (out_f, what LoRA's O shrink reads), decoded on the host as
+    in test_kernels_quantize.py: the f32 rows within float rounding of numpy's attention, each
+    block's scale its largest |value| / 127, every int8 value the f64 reference's rounded to the
+    block's scale (within one step where the two roundings straddle a half), the block sums."""
+    from webdrift.kernels.quantize import xq_desc
+    cap, pos0, T = 512, 300, 3
+    group, rows_cap, scale = H // KVH, T * (H // KVH), DH ** -0.5
+    q, kc, vc = random_inputs(KVH, rows_cap, DH, cap, 7)
+    q_d, xq_d, f_d = TensorDesc("q", DH, rows_cap, b=KVH), xq_desc("xq", H * DH, T), TensorDesc("f", H * DH, T)
+    variant = {"variant": "tiled", "adapt": adapt, "fused": True}
+    make = lambda: AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, out=xq_d, quant=fmt,
+                                   out_f=f_d, **variant)
+    if unsupported(variant, DH, cap, make):
+        return
+    att = make()
+    part = device().create_buffer(KVH * rows_cap * adapt * (DH + 2) * 4, label="part")
+    qb, fb, cnt = upload(xq_d), upload(f_d), device().create_buffer(4 * T * KVH, label="cnt")
+    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part, "out": qb, "outf": fb,
+              "cnt": cnt}, T, pos0=pos0)
+    ref = attention_ref(q, kc, vc, pos0, group, scale)
+    np.testing.assert_allclose(download(f_d, fb), ref, rtol=1e-4, atol=1e-5)
+    words = np.frombuffer(device().read_buffer_sync(qb), np.uint32).reshape(T, -1)
+    nb = H * DH // 32
+    got = words[:, :8 * nb].copy().view(np.int8).reshape(T, nb, 32).astype(np.float64)
+    if fmt == "q4":   # per 8 values: evens then odds
+        got = got.reshape(T, nb, 4, 2, 4).transpose(0, 1, 2, 4, 3).reshape(T, nb, 32)
+    nbp = (nb + 3) // 4 * 4
+    d = words[:, 8 * nb: 8 * nb + nb].view(np.float32)
+    blocks = ref.reshape(T, nb, 32)
+    np.testing.assert_allclose(d, np.abs(blocks).max(-1) / 127, rtol=1e-4)
+    assert np.abs(got - blocks / d[..., None]).max() <= 0.5 + 1e-3
+    np.testing.assert_allclose(words[:, 8 * nb + nbp: 8 * nb + nbp + nb].view(np.float32), blocks.sum(-1),
+                               rtol=1e-4, atol=1e-5)
+    assert (read_f32(cnt, T * KVH).view(np.uint32) == 0).all()
+    with pytest.raises(ValueError, match="tiled-attention option"):
+        AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, variant="split", adapt=2, fused=True,
+                        out=xq_d, quant=fmt)
+
+
 @pytest.mark.parametrize("pos0,F,N,T,window", [(70, 64, 128, 3, 0), (64, 64, 64, 4, 0), (5, 0, 64, 2, 0),
                                                 (200, 128, 192, 3, 0), (150, 128, 128, 2, 40), (300, 256, 128, 1, 0)])
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -356,17 +419,16 @@ def run_tree_attention(H, KVH, DH, cap, pos0, parents, t_cap, variant, seed=0):
     q_d = TensorDesc("q", DH, rows_cap, b=KVH)
     out_d = TensorDesc("out", H * DH, t_cap)
     if unsupported(variant, DH, cap, lambda: AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale,
-                                                              **variant, tree=True)):
+                                                              **variant, tree=True, **merged_into(variant, out_d))):
         return ()
-    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}), tree=True)
-    comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
+    att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}), tree=True,
+                          **merged_into(variant, out_d))
     part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
     tree = device().create_buffer(len(pack_tree([-1], 0, t_cap)) * t_cap, label="tree")
     device().write_buffer(tree, pack_tree(parents, pos0, t_cap))
     ob = upload(out_d, fill=SENTINEL)
-    run(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part, "tree": tree}, T,
-        pos0=pos0)
-    run(comb, {"part": part, "out": ob}, T, pos0=pos0)
+    attend(att, {"q": upload(q_d, q), "kc": f32_buffer(kc), "vc": f32_buffer(vc), "part": part, "tree": tree},
+           out_d, ob, T, pos0)
     got = download(out_d, ob)
     assert (got[T:] == SENTINEL).all()
     return got[:T], tree_attention_ref(q, kc, vc, pos0, parents, group, scale)
@@ -407,10 +469,9 @@ def test_tree_rows_are_bitwise_decode_steps(variant):
     q, kc, vc = random_inputs(KVH, T * group, DH, cap, seed=5)
     q_d, out_d = TensorDesc("q", DH, rows_cap, b=KVH), TensorDesc("out", H * DH, t_cap)
 
-    def attend(qa, kca, vca, t, tree_records=None):
+    def step_or_tree(qa, kca, vca, t, tree_records=None):
         att = AttentionKernel(device(), q_d, H, KVH, DH, cap, rows_cap, scale, **(variant or {}),
-                              tree=tree_records is not None)
-        comb = AttentionCombineKernel(device(), out_d, H, KVH, DH, att.nsplit, rows_cap)
+                              tree=tree_records is not None, **merged_into(variant, out_d))
         part = device().create_buffer(KVH * rows_cap * att.nsplit * (DH + 2) * 4, label="part")
         binds = {"q": upload(q_d, qa), "kc": f32_buffer(kca), "vc": f32_buffer(vca), "part": part}
         if tree_records is not None:
@@ -418,12 +479,11 @@ def test_tree_rows_are_bitwise_decode_steps(variant):
             device().write_buffer(tb, tree_records)
             binds["tree"] = tb
         pos = pos0 if tree_records is not None else pos0 + t
-        run(att, binds, T if tree_records is not None else 1, pos0=pos)
         ob = upload(out_d, fill=SENTINEL)
-        run(comb, {"part": part, "out": ob}, T if tree_records is not None else 1, pos0=pos)
+        attend(att, binds, out_d, ob, T if tree_records is not None else 1, pos)
         return download(out_d, ob)
 
-    tree_out = attend(q, kc, vc, 0, pack_tree(parents, pos0, t_cap))
+    tree_out = step_or_tree(q, kc, vc, 0, pack_tree(parents, pos0, t_cap))
     dep = depths(parents)
     for node in range(T):
         path, a = [], node
@@ -436,7 +496,7 @@ def test_tree_rows_are_bitwise_decode_steps(variant):
         vl[:, :, pos0:pos0 + len(path)] = vc[:, :, [pos0 + r for r in path]]
         ql = np.zeros_like(q)
         ql[:, :group] = q[:, node * group:(node + 1) * group]
-        step = attend(ql, kl, vl, dep[node])
+        step = step_or_tree(ql, kl, vl, dep[node])
         assert np.array_equal(tree_out[node], step[0]), (node, np.abs(tree_out[node] - step[0]).max())
 
 

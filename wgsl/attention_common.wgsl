@@ -18,6 +18,16 @@ fn part_at(kvh: u32, row: u32, split: u32) -> u32 {
 
 #include attention_score
 
+// Partial word i set to v (PART_ATOMIC: the partials are atomics, written and read device-coherent
+// for the workgroup that merges them, attention_merge.wgsl)
+fn part_set(i: u32, v: f32) {
+#if PART_ATOMIC
+  atomicStore(&part[i], bitcast<u32>(v));
+#else
+  part[i] = v;
+#endif
+}
+
 // The position row t queries at: its cache slot, or with TREE its RoPE position (the record's
 // pos: keys are then read in the logical order of the row's path, key_slot).
 fn query_pos(t: u32) -> u32 {
@@ -74,5 +84,5 @@ fn chunk_seen(kp0: u32, p: u32, lo: u32) -> bool {
 // A chunk no row sees: invocations lid < n write only (m, l) = (-3e38, 0) of the partials at
 // out0 + lid * stride (the combine skips them).
 fn write_unseen(lid: u32, n: u32, out0: u32, stride: u32) {
-  if (lid < n) { part[out0 + lid * stride + DH] = -3.0e38; part[out0 + lid * stride + DH + 1u] = 0.0; }
+  if (lid < n) { part_set(out0 + lid * stride + DH, -3.0e38); part_set(out0 + lid * stride + DH + 1u, 0.0); }
 }

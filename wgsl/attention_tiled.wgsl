@@ -17,6 +17,8 @@
 // (KPL keys each: every load instruction of a subgroup reads whole runs, not one 8-byte piece
 // of 32 runs), channels cgi, cgi + CG, ...; each lane sums its keys over every tile and the VL
 // lanes' sums are added with shuffles at the end.
+// FUSED: the last workgroup of a row's splits merges them (attention_merge.wgsl): no combine
+// dispatch.
 // Dispatch: (NSPLIT, T, KVH), WG threads.
 #include attention_common
 const WG: u32 = {{WG}}u;
@@ -30,6 +32,9 @@ var<workgroup> wm: array<f32, {{WM}}>;            // (GROUP, NW): each subgroup'
 const VL: u32 = {{VL}}u;                          // lanes per channel run of V (a power of two)
 const CG: u32 = WG / VL;                          // channels a round
 const KPL: u32 = CHUNK / VL;                      // keys per lane of a channel run
+#if FUSED
+#include attention_merge
+#endif
 
 // the K row vec4 `c` of tile key kk (clamped into the cache: keys past it are not visible)
 fn k_at(kvh: u32, t: u32, k0: u32, kk: u32, c: u32) -> vec4<{{KT}}> {
@@ -58,6 +63,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t = wid.y;
   let kvh = wid.z;
   if (t >= step.n_tokens) { return; }
+#if FUSED
+#if QUANT
+  q_lane = lane;
+  q_sg = sg;
+#endif
+#endif
   let p = query_pos(t);
   let out0 = part_at(kvh, t * GROUP, split);
   let lo = window_lo(p);
@@ -115,6 +126,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
   }
 {{W_O}}
-  if (lid < GROUP) { part[out0 + lid * PART_ROW + DH + 1u] = lsum; }
+  if (lid < GROUP) { part_set(out0 + lid * PART_ROW + DH + 1u, lsum); }
 {{W_M}}
+#if FUSED
+  merge_row(lid, t, kvh);
+#endif
 }

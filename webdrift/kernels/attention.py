@@ -38,21 +38,42 @@ def _attention_defines(b: Bindings, dev: Device, q_rel: TensorDesc, n_kv: int, g
             "WINDOW": window or 0, "SOFTCAP": softcap is not None, "CAP_ATTN": wgsl_float(softcap or 1.0)}
 
 
+def _combine_outputs(b: Bindings, out: TensorDesc, n_heads: int, head_dim: int, wg: int, quant: str | None,
+                     out_f: TensorDesc | None) -> dict:
+    """The merged heads' bindings and defines (attention_combine.wgsl, attention_merge.wgsl): `out`
+    f32 rows, or with quant ("q8" / "q4") QuantizeKernel int8 rows for that weight format
+    (quantize_block.wgsl, workgroups of wg) and, with out_f, the f32 rows as well."""
+    if out_f is not None and quant is None:
+        raise ValueError("the combine's second, f32 output comes with its int8 rows (quant)")
+    d = {"QUANT": quant is not None, "QUANT_F": out_f is not None, "OUTF_DECL": ""}
+    if quant is None:
+        return d | {"OUT_DECL": b.tensor("out", out)}
+    if not AttentionCombineKernel.quant_supported(head_dim) or out.c != row_words(n_heads * head_dim):
+        raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
+                         f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
+    d.update(block_defines(quant, n_heads * head_dim, wg), OUT_DECL=declare_rows(b, "out", out))
+    if out_f is not None:
+        d["OUTF_DECL"] = b.tensor("outf", out_f)
+    return d
+
+
 class AttnChoice(NamedTuple):
     """An attention kernel (kernels/autotune.choose_attention's answer): AttentionKernel's
     variant, the split variant's chunk (keys per workgroup; 0: the variant's own; tiled: TILE),
-    whether it loads V before the scores, and `adapt` (0: one chunk per workgroup; n: each
+    whether it loads V before the scores, `adapt` (0: one chunk per workgroup; n: each
     workgroup takes enough consecutive chunks that a row has at most n partials; tiled: exactly
-    n partials a row)."""
+    n partials a row) and `fused` (tiled: the last workgroup of a row's partials merges them, no
+    combine dispatch)."""
     variant: str = "head"
     chunk: int = 0
     prefetch_v: bool = False
     adapt: int = 0
+    fused: bool = False
 
     @property
     def name(self) -> str:
         return (self.variant + (f"{self.chunk}" if self.chunk else "") + ("pf" if self.prefetch_v else "")
-                + (f"a{self.adapt}" if self.adapt else ""))
+                + (f"a{self.adapt}" if self.adapt else "") + ("c" if self.fused else ""))
 
 
 class AttentionKernel(Kernel):
@@ -122,7 +143,8 @@ class AttentionKernel(Kernel):
     def __init__(self, dev: Device, q_rel: TensorDesc, n_heads: int, n_kv: int, head_dim: int, cap: int,
                  rows_cap: int, scale: float, window: int = 0, softcap: float | None = None,
                  variant: str = "head", chunk: int = 32, prefetch_v: bool = False, tree: bool = False,
-                 lanes: int | None = None, adapt: int = 0, kv_f16: bool = False):
+                 lanes: int | None = None, adapt: int = 0, kv_f16: bool = False, fused: bool = False,
+                 out: TensorDesc | None = None, quant: str | None = None, out_f: TensorDesc | None = None):
         """cap: cache rows per KV head (a multiple of 4); rows_cap: q_rel's rows; window: sliding
         window (0: none); softcap: scores soft-capped at it. variant: "head" (attention.wgsl, one
         workgroup per query head and chunk of chunk_for(head_dim) keys), "grouped"
@@ -135,13 +157,17 @@ class AttentionKernel(Kernel):
         the "tree" binding allows (kernels/tree.py: tree verification).
         lanes: the split variant's lanes per key row (default: head_dim / 4 up to 32, a power of
         two); subgroups narrower than that score keys in a loop instead (tests set it to reach the
-        unrolled path on narrow software subgroups)."""
+        unrolled path on narrow software subgroups).
+        fused (tiled): the last workgroup of a row's partials to finish merges them
+        (attention_merge.wgsl) into `out` as AttentionCombineKernel would (quant, out_f: its int8
+        rows and f32 rows); binds `cnt` too, (rows_cap / GROUP, KVH) u32 counters, zero before the
+        first dispatch (each dispatch leaves them so)."""
         if head_dim % 4 or head_dim > self.MAX_CHUNK:
             raise UnsupportedModelError(f"attention needs head_dim to be a multiple of 4 and <= {self.MAX_CHUNK}, "
                                         f"got {head_dim}")
         if variant not in self.VARIANTS:
             raise ValueError(f"attention variant {variant!r}: expected one of {self.VARIANTS}")
-        self.variant = variant
+        self.variant, self.fused = variant, fused
         self.group, self.n_kv = n_heads // n_kv, n_kv
         if variant != "head" and self.group > self.MAX_GQA:
             raise UnsupportedModelError(f"{variant} attention unrolls at most {self.MAX_GQA} query heads per KV "
@@ -158,8 +184,10 @@ class AttentionKernel(Kernel):
                                             f"at least {self.TILE} cache rows and adapt >= 1 (its partials a row); got "
                                             f"head_dim {head_dim}, {cap} rows, adapt {adapt}")
             self._init_tiled(dev, q_rel, n_heads, n_kv, head_dim, cap, rows_cap, scale, window, softcap, tree,
-                             lanes, adapt, kv_f16)
+                             lanes, adapt, kv_f16, (out, quant, out_f) if fused else None)
             return
+        if fused:
+            raise ValueError(f"the merge in the attention kernel (fused) is a tiled-attention option; got {variant}")
         self.CHUNK = self.chunk_of(variant, chunk, head_dim, cap)
         self.nsplit = ceil_div(cap, self.CHUNK)
         wg = self.CHUNK if variant != "split" else 128 if head_dim <= 128 else 256
@@ -183,10 +211,10 @@ class AttentionKernel(Kernel):
         super().__init__(dev, d, b, self.template)
 
     def _init_tiled(self, dev, q_rel, n_heads, n_kv, head_dim, cap, rows_cap, scale, window, softcap, tree, lanes,
-                    adapt, kv_f16):
+                    adapt, kv_f16, merge):
         """wgsl/attention_tiled.wgsl: `adapt` partials a row, TILE keys a tile, its statements
         unrolled over the group's heads, the key rows a lane group scores and the V keys an
-        invocation sums."""
+        invocation sums; merge: (out, quant, out_f) of the fused merge, or None."""
         self.CHUNK, self.nsplit, group = self.TILE, adapt, self.group
         wg, dh4 = self.TILED_WG, head_dim // 4
         lk = lanes or min(dh4, self.tiled_lanes(dev))    # lanes per key row
@@ -200,8 +228,10 @@ class AttentionKernel(Kernel):
         hs, j = range(group), "\n".join
         b = Bindings()
         d = _attention_defines(b, dev, q_rel, n_kv, group, head_dim, cap, scale, window, softcap, kv_f16)
-        d.update({"PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {adapt}, {head_dim + 2}) = "
-                                       "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
+        d.update({"PART_DECL": b.array("part", "array<atomic<u32>>" if merge else "array<f32>",
+                                       f"({n_kv}, {rows_cap}, {adapt}, {head_dim + 2}) = (KVH, ROWS_CAP, NSPLIT, DH + 2)"
+                                       + (", f32 bits" if merge else ""), writable=True),
+                  "FUSED": merge is not None, "PART_ATOMIC": merge is not None,
                   "CHUNK": self.TILE, "CHUNK4": self.TILE // 4, "NSPLIT": adapt, "NJ": 1, "JL": self.TILE,
                   "ROWS_CAP": rows_cap, "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // group) if tree else "",
                   "KT": kv_type(dev, kv_f16), "WG": wg, "LK": lk, "VL": vl, "NW": wg // 4, "QS": group * dh4,
@@ -242,7 +272,7 @@ class AttentionKernel(Kernel):
         vm += [f"    o{h}_{i} += " + " + ".join(f"dot(e{h}_{u}, vec4<f32>(cv{i}_{u}))" for u in range(nvl)) + ";"
                for h, i in outs]
         wo = self._xor_sum([f"o{h}_{i}" for h, i in outs], vl, "  ")
-        wo += ["  if (vsub == 0u) {"] + [f"    part[out0 + {h}u * PART_ROW + cgi + {i * cg}u] = o{h}_{i};"
+        wo += ["  if (vsub == 0u) {"] + [f"    part_set(out0 + {h}u * PART_ROW + cgi + {i * cg}u, o{h}_{i});"
                                          for h, i in outs] + ["  }"]
         d.update({"DECL": j(decl).replace("KT", d["KT"]), "LOAD_NEXT": j(load), "K_MATH": j(km), "M_NEW": j(mnew),
                   "TAKE": j([f"    let ck{i}_{r} = nk{i}_{r};" for i, _ in keys for r in range(rv)]
@@ -250,9 +280,49 @@ class AttentionKernel(Kernel):
                   "M_PICK": "      var mh = m0;" + "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h),
                   "V_MATH": j(vm), "W_O": j(wo),
                   "L_ALPHA": "      var alh = al0;" + "".join(f" if (lid == {h}u) {{ alh = al{h}; }}" for h in hs if h),
-                  "W_M": j(f"  if (lid == {h}u) {{ part[out0 + {h}u * PART_ROW + DH] = m{h}; }}" for h in hs)})
+                  "W_M": j(f"  if (lid == {h}u) {{ part_set(out0 + {h}u * PART_ROW + DH, m{h}); }}" for h in hs)})
+        if merge is not None:
+            d.update(self._merge_code(b, n_heads, n_kv, head_dim, rows_cap, wg, adapt, *merge))
         self.template = "attention_tiled"
         Kernel.__init__(self, dev, d, b, self.template)
+
+    # accumulator loads an invocation issues before the merge's first wait (registers)
+    MERGE_AHEAD = 32
+
+    def _merge_code(self, b: Bindings, n_heads: int, n_kv: int, head_dim: int, rows_cap: int, wg: int, nsplit: int,
+                    out: TensorDesc | None, quant: str | None, out_f: TensorDesc | None) -> dict:
+        """attention_merge.wgsl's bindings and statements: invocation lid sums outputs lid, lid +
+        wg, ... of the row's GROUP * DH; the first `ahead` splits' accumulator loads of each are
+        issued before the (m, l) loads' barrier, the rest in rounds of that many after it."""
+        if out is None:
+            raise ValueError("the fused attention merge writes `out`")
+        opt = ceil_div(self.group * head_dim, wg)
+        ahead = max(1, min(nsplit, self.MERGE_AHEAD // opt))
+        ks, j = range(opt), "\n".join
+        load = [f"  let i{k} = lid + {k * wg}u;\n  let at{k} = r0 + min(i{k} / DH, GROUP - 1u) * PART_ROW + i{k} % DH;"
+                for k in ks]
+        load += [f"  let x{k}_{s} = part_get(at{k} + {s * (head_dim + 2)}u);" for s in range(ahead) for k in ks]
+        add = [f"  let w{k} = min(i{k} / DH, GROUP - 1u) * NSPLIT;\n  var a{k} = 0.0;" for k in ks]
+        for s0 in range(0, nsplit, ahead):
+            ss = range(s0, min(nsplit, s0 + ahead))
+            if s0:
+                add.append("  {")
+                add += [f"    let x{k}_{s - s0} = part_get(at{k} + {s * (head_dim + 2)}u);" for s in ss for k in ks]
+            add += [f"  {'  ' if s0 else ''}a{k} += mw[w{k} + {s}u] * x{k}_{s - s0};" for s in ss for k in ks]
+            if s0:
+                add.append("  }")
+        for k in ks:
+            at = f"kvh * GROUP * DH + i{k}"
+            if quant is None:
+                add.append(f"  if (i{k} < GROUP * DH) {{ out_write1(0u, t, 0u, {at}, a{k}); }}")
+                continue
+            add.append(f"  quant_blocks(lid, a{k}, i{k} < GROUP * DH, t * QSTRIDE, ({at}) / 32u);")
+            if out_f is not None:
+                add.append(f"  if (i{k} < GROUP * DH) {{ outf_write1(0u, t, 0u, {at}, a{k}); }}")
+        d = _combine_outputs(b, out, n_heads, head_dim, wg, quant, out_f)
+        return d | {"CNT_DECL": b.array("cnt", "array<atomic<u32>>", f"({rows_cap // self.group}, {n_kv}) = (T, KVH) "
+                                        "counters", writable=True),
+                    "KVH": n_kv, "MH": 2 * self.group, "M_LOAD": j(load), "M_SUM": j(add)}
 
     @staticmethod
     def _xor_sum(names: list, lanes: int, indent: str) -> list:
@@ -476,23 +546,12 @@ class AttentionCombineKernel(Kernel):
              "PART_DECL": b.array("part", "array<f32>", f"({n_kv}, {rows_cap}, {nsplit}, {head_dim + 2}) = "
                                   "(KVH, ROWS_CAP, NSPLIT, DH + 2)", writable=True),
              "DH": head_dim, "GROUP": self.group, "NSPLIT": nsplit, "NSPLIT4": -(-nsplit // 4) * 4, "ROWS_CAP": rows_cap,
-             "WG": self.WG, "SL": self.sl, "NG": self.WG // self.sl, "QUANT": quant is not None,
-             "QUANT_F": out_f is not None, "OUTF_DECL": ""}
-        if out_f is not None and quant is None:
-            raise ValueError("the combine's second, f32 output comes with its int8 rows (quant)")
-        if quant is None:
-            d["OUT_DECL"] = b.tensor("out", out)
-        else:
-            if not self.quant_supported(head_dim) or out.c != row_words(n_heads * head_dim):
-                raise ValueError(f"the combine writes int8 blocks for head_dim a multiple of 32 up to 256 into "
-                                 f"QuantizeKernel rows; got head_dim {head_dim}, {out.name} of {out.c} words")
-            d.update(block_defines(quant, n_heads * head_dim, self.WG), OUT_DECL=declare_rows(b, "out", out))
-            if out_f is not None:
-                d["OUTF_DECL"] = b.tensor("outf", out_f)
-            if lpart is not None:
-                if rows_cap != self.group:
-                    raise ValueError("the combine's LoRA shares are written for one token row")
-                d.update(lpart.declare(b))
+             "WG": self.WG, "SL": self.sl, "NG": self.WG // self.sl}
+        d.update(_combine_outputs(b, out, n_heads, head_dim, self.WG, quant, out_f))
+        if lpart is not None:
+            if quant is None or rows_cap != self.group:
+                raise ValueError("the combine's LoRA shares are written with its int8 rows, for one token row")
+            d.update(lpart.declare(b))
         super().__init__(dev, d, b, "attention_combine")
 
     @staticmethod

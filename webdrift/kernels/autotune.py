@@ -666,7 +666,7 @@ def attention_steps(dev: Device, key: str, build, cands: list, positions: list, 
     if len(cands) < 2 or not dev.can_time_sync:
         return cands[0]
     by_name = {c.name: c for c in cands}
-    got = _decide(dev, f"{key_prefix(dev)}attnstep2|{key}", enabled,
+    got = _decide(dev, f"{key_prefix(dev)}attnstep3|{key}", enabled,
                   lambda: _time_programs(dev, lambda name, step: build(by_name[name], step), [c.name for c in cands],
                                          positions),
                   {"best": cands[0].name})

@@ -204,6 +204,8 @@ class Attention(Op):
     tree: bool = False           # each query row sees what its tree record allows (kernels/tree.py)
     flash: bool = False          # prefill: AttentionPrefillKernel, the whole softmax in one pass (writes
                                  # the token-major heads; no partials, no Combine)
+    quant: str | None = None     # kernel.fused: the merged heads written as the O projection's int8 row
+                                 # for weights of this format (writes: partials, merged heads[, f32 rows])
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -388,34 +390,52 @@ class ForwardBuilder:
         return AttentionKernel.splits(self.attn_kernel(i), self.cfg.head_dim, self.m.cap_stride)
 
     def attention(self, i: int, lw, q: str) -> str:
+        """Layer i's attention: its partials (part{i}); prefill's one-pass kernel writes attn{i}, a
+        kernel that merges its partials (fused) also the merged heads (_merged)."""
         cfg = self.cfg
         window = cfg.sliding_window if cfg.layer_is_sliding(i) else 0
         out = f"attn{i}" if self.flash else f"part{i}"
-        self.g.add(Attention(label=f"L{i}.attention", reads=(q,), writes=(out,), k_cache=lw.k_cache,
-                             v_cache=lw.v_cache, window=window, kernel=self.attn_kernel(i), tree=self.tree,
-                             flash=self.flash))
+        fused = self._attn_fused(i)
+        quant, merged, _, _ = self._merged(i, lw)
+        self.g.add(Attention(label=f"L{i}.attention" + ("+combine" + ("+quant" if quant else "") if fused else ""),
+                             reads=(q,), writes=(out, *(merged if fused else ())), k_cache=lw.k_cache,
+                             v_cache=lw.v_cache, window=window, kernel=self.attn_kernel(i)._replace(fused=fused),
+                             tree=self.tree, flash=self.flash, quant=quant if fused else None))
         return out
 
+    def _attn_fused(self, i: int) -> bool:
+        """Whether layer i's attention kernel merges its partials itself: the chosen kernel's
+        option, kept where the merge writes no LoRA shares (those are the combine's)."""
+        return not self.flash and self.attn_kernel(i).fused and not (self.combine_quant and self._shares(i, "o"))
+
+    def _merged(self, i: int, lw) -> tuple:
+        """What merging layer i's partials writes: (int8 format or None, the tensors written, the one
+        the O projection reads, the O projection's LoRA shares or None). The int8 row where the
+        O projection takes one and the merge can write it (with LoRA also attn{i}, the O shrink's
+        input, or the shrink's shares); else attn{i}."""
+        if self.combine_quant:
+            sh = self._shares(i, "o")
+            writes = (f"xqo{i}", *self._part(sh)) + ((f"attn{i}",) if self.lora is not None and sh is None else ())
+            return lw.wo.fmt, writes, f"xqo{i}", sh
+        return None, (f"attn{i}",), f"attn{i}", None
+
     def combine(self, i: int, lw, part: str) -> str:
-        """The attention chunks combined into attn{i}, or into the O projection's int8 row."""
+        """The attention chunks combined into attn{i}, or into the O projection's int8 row (by the
+        attention kernel itself where it merges them)."""
         g = self.g
         if self.flash:    # the attention wrote attn{i}
             if self.int8["o"]:
                 g.add(Quantize(label=f"L{i}.quant_o", reads=(part,), writes=(f"xqo{i}",), fmt=lw.wo.fmt, norm=None))
                 return f"xqo{i}"
             return part
-        nsplit = self.nsplit(i)
-        if self.combine_quant:   # with LoRA also attn{i}, the O shrink's input, or the shrink's shares
-            sh = self._shares(i, "o")
-            writes = (f"xqo{i}", *self._part(sh)) + ((f"attn{i}",) if self.lora is not None and sh is None else ())
-            g.add(Combine(label=f"L{i}.attn_combine+quant", reads=(part,), writes=writes, quant=lw.wo.fmt,
-                          nsplit=nsplit, lora=sh))
-            return f"xqo{i}"
-        g.add(Combine(label=f"L{i}.attn_combine", reads=(part,), writes=(f"attn{i}",), quant=None, nsplit=nsplit))
-        if self.int8["o"]:
+        quant, writes, out, sh = self._merged(i, lw)
+        if not self._attn_fused(i):
+            g.add(Combine(label=f"L{i}.attn_combine" + ("+quant" if quant else ""), reads=(part,), writes=writes,
+                          quant=quant, nsplit=self.nsplit(i), lora=sh))
+        if quant is None and self.int8["o"]:
             g.add(Quantize(label=f"L{i}.quant_o", reads=(f"attn{i}",), writes=(f"xqo{i}",), fmt=lw.wo.fmt, norm=None))
             return f"xqo{i}"
-        return f"attn{i}"
+        return out
 
     def o_proj(self, i: int, lw, o_in: str) -> None:
         self._residual_proj(i, "o", lw.wo, o_in, f"proj{i}", lw.post_attn_norm, "o_proj",

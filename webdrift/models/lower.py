@@ -39,6 +39,7 @@ class LowerContext:
     forecast: Buffer | None = None   # (rows, dim) f32 forecast vectors (DS2D drafts), tree programs
     qlast: tuple | None = None   # (qy, qcnt) of the last-workgroup quantizing GEMVs (Program.qlast_buffers)
     kv_f16: bool = False         # the KV caches hold f16 (GPUModel.kv_f16)
+    attn_count: Buffer | None = None   # (capacity, KVH) u32 counters of fused attention (Program.attn_count)
 
     def desc(self, name: str):
         return self.graph.desc(name)
@@ -151,7 +152,7 @@ def _rope(op: F.RopeKV, c: LowerContext):
 
 def _attention(op: F.Attention, c: LowerContext):
     cfg = c.cfg
-    (q,), (part,) = op.reads, op.writes
+    (q,), (part, *merged) = op.reads, op.writes
     scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim ** -0.5
     if op.flash:
         k = AttentionPrefillKernel(c.dev, c.desc(q), c.desc(part), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
@@ -160,9 +161,15 @@ def _attention(op: F.Attention, c: LowerContext):
         return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
                    "out": c.arena_range(part)}
     k = AttentionKernel(c.dev, c.desc(q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride, c.rows_cap,
-                        scale, window=op.window, **op.kernel._asdict(), tree=op.tree, kv_f16=c.kv_f16)
-    return k, {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache,
-               "part": c.arena_range(part)} | ({"tree": c.tree} if op.tree else {})
+                        scale, window=op.window, **op.kernel._asdict(), tree=op.tree, kv_f16=c.kv_f16,
+                        out=c.desc(merged[0]) if merged else None, quant=op.quant,
+                        out_f=c.desc(merged[1]) if len(merged) > 1 else None)
+    binds = {"step": c.step, "q": c.arena_range(q), "kc": op.k_cache, "vc": op.v_cache, "part": c.arena_range(part)}
+    if merged:   # fused: the merged heads (and f32 rows), the program's counters
+        binds |= {"out": c.arena_range(merged[0]), "cnt": c.attn_count}
+        if len(merged) > 1:
+            binds["outf"] = c.arena_range(merged[1])
+    return k, binds | ({"tree": c.tree} if op.tree else {})
 
 
 def _combine(op: F.Combine, c: LowerContext):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..gpu.base import STORAGE, Buffer, Dispatch
 from ..kernels.base import ceil_div
 from ..kernels.linear import qlast_bytes
-from .forward import ForwardBuilder, Linear, Sample
+from .forward import Attention, ForwardBuilder, Linear, Sample
 from .lower import LowerContext, lower
 
 
@@ -50,6 +50,7 @@ class Program:
         self.spare = model.dev.create_buffer(256, STORAGE, "spare")
         self._kernels: list | None = None    # [(op, kernel, bind group)], built on first use
         self._qlast: tuple | None = None     # qlast_buffers()
+        self._attn_count: Buffer | None = None   # attn_count()
         self._cache: dict = {}
 
     @property
@@ -68,7 +69,7 @@ class Program:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
                                self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf,
-                               self.qlast_buffers(), m.kv_f16)
+                               self.qlast_buffers(), m.kv_f16, self.attn_count())
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)
@@ -88,6 +89,18 @@ class Program:
             self._qlast = (self.model.dev.create_buffer(qy, STORAGE, "qlast.y"),
                            self.model.dev.create_buffer(qcnt, STORAGE, "qlast.count"))
         return self._qlast
+
+    def attn_count(self) -> Buffer | None:
+        """The counters of this program's fused attention dispatches (kernels/attention.py: the last
+        workgroup of a row's partials merges them), one per (token row, KV head), shared by the
+        layers (one runs at a time): zero when created, and each dispatch leaves them so. None
+        where no attention kernel merges."""
+        if not any(isinstance(op, Attention) and op.kernel.fused for op in self.graph.ops):
+            return None
+        if self._attn_count is None:
+            self._attn_count = self.model.dev.create_buffer(self.capacity * self.model.cfg.n_kv_heads * 4, STORAGE,
+                                                            "attention.count")
+        return self._attn_count
 
     def dispatches(self, t: int, head: bool = True, draws: int = 1) -> list[Dispatch]:
         """The dispatch list for t tokens (t <= capacity); cached per (bucket, head, draws).
