@@ -368,7 +368,7 @@ def test_attention_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
     eng = build_engine(dev, src, 48)
     assert measured == [[c.name for c in cands]] and chosen[-1] in cands
     kernel = next(op.kernel for op in eng.decode.graph.ops if type(op).__name__ == "Attention")
-    assert (kernel.variant, kernel.prefetch_v, kernel.adapt) == chosen[-1][:1] + chosen[-1][2:]
+    assert kernel._replace(chunk=0) == chosen[-1]._replace(chunk=0)
     build_engine(dev, src, 48)
     assert len(measured) == 1 and chosen[-1] == chosen[0]        # cached
     ref = build_engine(dev, src, 48, int8_activations=False)
@@ -378,6 +378,30 @@ def test_attention_chosen_by_timing_whole_steps(monkeypatch, tmp_path):
         assert next(op.kernel for op in e.decode.graph.ops if type(op).__name__ == "Attention").variant == c.variant
         out = e.generate(ids, max_new_tokens=10, stop_at_eos=False).token_ids
         assert out == ref.generate(ids, max_new_tokens=10, stop_at_eos=False).token_ids
+
+
+def test_whole_step_attention_candidates_include_the_merge(monkeypatch):
+    """The whole-step attention choice times each tiled candidate with at most MERGE_MOST partials
+    a row also merging them itself (AttnChoice.fused), after the ranking's own candidates; a tiled
+    one with more partials, and the other variants, only as ranked."""
+    from webdrift.gpu.native import get_device
+    from webdrift.kernels.attention import AttnChoice
+    from webdrift.kernels.autotune import MERGE_MOST
+    from webdrift.runtime import engine as E
+    from webdrift.tools.bench import build_engine
+    from webdrift.weights.synthetic import synthetic_source
+    ranked = [AttnChoice("tiled", 64, False, 2 * MERGE_MOST), AttnChoice("split", 16),
+              AttnChoice("tiled", 64, False, MERGE_MOST)]
+    monkeypatch.setattr(E, "attention_ranking", lambda *a, **k: list(ranked))
+    seen = []
+
+    def steps(dev, key, build, cands, positions, enabled=None):
+        seen.append(cands)
+        return AttnChoice("split", 16)
+    monkeypatch.setattr(E, "attention_steps", steps)
+    eng = build_engine(get_device(), synthetic_source("tiny", "q4"), 48)
+    assert seen == [ranked + [AttnChoice("tiled", 64, False, MERGE_MOST, True)]]
+    assert next(op.kernel for op in eng.decode.graph.ops if type(op).__name__ == "Attention").name == "split16"
 
 
 @pytest.mark.parametrize(("fmt", "ggml"), [("q8", "Q8_0"), ("q4", "Q4_1")])

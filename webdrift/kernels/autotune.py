@@ -678,6 +678,10 @@ def attention_steps(dev: Device, key: str, build, cands: list, positions: list, 
 # dozen partials, not hundreds; a short one keeps a chunk per workgroup)
 ADAPT_PARTIALS = (32, 64)
 TILED_SPLITS = (8, 16, 32, 64)   # the tiled attention's partials a row (its workgroups: that times KV heads)
+# the most partials a row the tiled attention merges itself (AttnChoice.fused) as a whole-step
+# candidate: on an H100 (2026-11-25, docs/BENCHMARKS.md session 23) the merge of 16 decoded the
+# 1B 1-2% faster than the same kernel with its combine dispatch, the merge of 32 1-3.5% slower
+MERGE_MOST = 16
 
 
 def attention_candidates(dev: Device, n_heads: int, n_kv: int, head_dim: int, cap: int) -> list[AttnChoice]:

@@ -30,7 +30,7 @@ from ..errors import (
     shown,
 )
 from ..gpu.base import READBACK, STEP_UNIFORM, STORAGE, UNIFORM, Device
-from ..kernels.autotune import attention_ranking, attention_steps, chain_pays, choose_attention
+from ..kernels.autotune import MERGE_MOST, attention_ranking, attention_steps, chain_pays, choose_attention
 from ..kernels.base import ceil_div
 from ..kernels.sample import NONFINITE_TOKEN
 from ..kernels.step import STEP_BYTES, pack_step
@@ -307,9 +307,10 @@ class Engine:
         """Where the adapter timed the decode attention kernels (autotune.choose_attention) and the
         layers share one window: the fastest few of them timed again on whole decode steps at
         depths 1024 and 4096, as far as the cache reaches (autotune.attention_steps, cached), the
-        fastest kept for every decode program (GPUModel.attn_steps). Each tiled kernel among them is
-        timed also with its partials merged in the kernel (no combine dispatch: AttnChoice.fused),
-        which kernels timed alone cannot rank against a combine dispatch's cost in the step."""
+        fastest kept for every decode program (GPUModel.attn_steps). Each tiled kernel among them
+        with at most MERGE_MOST partials a row is timed also with its partials merged in the kernel
+        (no combine dispatch: AttnChoice.fused), which kernels timed alone cannot rank against a
+        combine dispatch's cost in the step."""
         m, cfg = self.model, self.model.cfg
         windows = {cfg.sliding_window if cfg.layer_is_sliding(i) else 0 for i in range(cfg.n_layers)}
         if len(windows) != 1:
@@ -318,7 +319,7 @@ class Engine:
         choose_attention(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, lw.k_cache, lw.v_cache,
                          window, enabled=m.autotune, kv_f16=m.kv_f16)       # (timed and cached, or a rule)
         cands = attention_ranking(m.dev, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, window, m.kv_f16)
-        cands += [c._replace(fused=True) for c in cands if c.variant == "tiled"]   # the merge in the kernel
+        cands += [c._replace(fused=True) for c in cands if c.variant == "tiled" and c.adapt <= MERGE_MOST]
         if len(cands) < 2:
             return
 
