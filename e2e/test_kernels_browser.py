@@ -384,6 +384,20 @@ try:
     out["attn/tiled"] = await read(ob, T * H * DH2)
 except Exception as e:
     out["attn/tiled"] = "ERROR " + str(e)[:1500]
+# the same kernel merging its 4 partials a row itself (attention_merge.wgsl: the last workgroup
+# of a row's, its weights by lane butterflies where the subgroups hold whole heads)
+try:
+    att = AttentionKernel(dev, qd2, H, KVH, DH2, CAP, T * G, DH2 ** -0.5, variant="tiled", adapt=4, fused=True,
+                          out=od2)
+    pb = dev.create_buffer(KVH * T * G * att.nsplit * (DH2 + 2) * 4, label="part")
+    cnt = dev.create_buffer(4 * T * KVH, label="cnt")
+    ob = dev.create_buffer(od2.nbytes, label="o")
+    dev.submit([att.dispatch({"step": step, "q": qb2, "kc": kb2, "vc": vb2, "part": pb, "out": ob, "cnt": cnt},
+                             att.workgroups(T))])
+    out["attn/tiled_fused"] = await read(ob, T * H * DH2)
+    out["attn/tiled_fused_cnt"] = await read(cnt, T * KVH)
+except Exception as e:
+    out["attn/tiled_fused"] = "ERROR " + str(e)[:1500]
 # QKV GEMV (f16 weights, RMSNorm fused): RoPE in its epilogue vs the GEMV + RopeQKVKernel
 O, I = (H + 2 * KVH) * DH, args["I"]
 xd, yd, rel = TensorDesc("x", I, T), TensorDesc("qkv", O, T), TensorDesc("r", DH, T * G, b=KVH)
@@ -453,8 +467,11 @@ def test_browser_grouped_attention_and_rope_epilogue(chromium, server):
     for variant in ("head", "grouped", "split", "split_adapt"):
         got = np.array(res[f"attn/{variant}"]).reshape(T, H * DH)
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5, err_msg=variant)
-    np.testing.assert_allclose(np.array(res["attn/tiled"]).reshape(T, H * DH2),
-                               attention_ref(q2, k2, v2, POS, G, DH2 ** -0.5), rtol=1e-4, atol=1e-5, err_msg="tiled")
+    ref2 = attention_ref(q2, k2, v2, POS, G, DH2 ** -0.5)
+    for variant in ("tiled", "tiled_fused"):
+        np.testing.assert_allclose(np.array(res[f"attn/{variant}"]).reshape(T, H * DH2), ref2, rtol=1e-4, atol=1e-5,
+                                   err_msg=variant)
+    assert not any(res["attn/tiled_fused_cnt"]), "the merge leaves its counters zero"   # (read as f32 bits)
     for variant in ("subgroup", "wide", "wide_ksplit"):
         for name in ("q", "k", "v"):
             a, b = np.array(res[f"{variant}/{name}_f"]), np.array(res[f"{variant}/{name}"])

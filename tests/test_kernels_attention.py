@@ -28,7 +28,9 @@ VARIANTS = [pytest.param({"variant": v, **k}, id=i) for i, v, k in (
     # of two from 64 on lavapipe, whose subgroups may be 4 lanes: else UnsupportedModelError)
     ("tiled_a3", "tiled", {"adapt": 3}), ("tiled_a1", "tiled", {"adapt": 1}),
     # the tiled kernel merging its partials itself (the last workgroup of a row's: no combine)
-    ("tiled_a3c", "tiled", {"adapt": 3, "fused": True}), ("tiled_a1c", "tiled", {"adapt": 1, "fused": True}))]
+    # (2 and 4: the partials' weights by lane butterflies, 3 serially)
+    ("tiled_a3c", "tiled", {"adapt": 3, "fused": True}), ("tiled_a1c", "tiled", {"adapt": 1, "fused": True}),
+    ("tiled_a2c", "tiled", {"adapt": 2, "fused": True}), ("tiled_a4c", "tiled", {"adapt": 4, "fused": True}))]
 
 
 def merged_into(variant, out_d) -> dict:
@@ -525,8 +527,9 @@ def smallest_subgroup() -> int:
     return struct.unpack("<I", dev.read_buffer_sync(buf, 0, 4))[0]
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("case", ["decode", "prefill_rows", "window", "streams", "f16", "head_dim_32", "tree"])
-def test_tiled_attention_eight_lanes(monkeypatch, case):
+def test_tiled_attention_eight_lanes(monkeypatch, case, fused):
     """The tiled kernel as GPUs whose subgroups have at least 8 lanes run it (8 lanes a K row and
     a V channel run, NVIDIA's path; the suite's other tiled runs take lavapipe's 4-lane path):
     forced where lavapipe's own subgroups hold 8 lanes."""
@@ -535,7 +538,9 @@ def test_tiled_attention_eight_lanes(monkeypatch, case):
         pytest.skip(f"this device's subgroups have {sg} lanes: the 8-lane path cannot run here")
     monkeypatch.setattr(type(device()), "min_subgroup", property(lambda self: 8))
     assert AttentionKernel.tiled_lanes(device()) == 8
-    v = {"variant": "tiled", "adapt": 3}
+    v = {"variant": "tiled", "adapt": 3, "fused": fused} if fused else {"variant": "tiled", "adapt": 3}
+    if fused:      # the merge in the kernel, its weights by butterflies over 8 lanes
+        v["adapt"] = 8
     if case == "tree":
         assert_close(*run_tree_attention(9, 3, 64, 512, 190, tree_parents("random", 64, seed=64), 64, v))
         return

@@ -129,6 +129,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (lid < GROUP) { part_set(out0 + lid * PART_ROW + DH + 1u, lsum); }
 {{W_M}}
 #if FUSED
-  merge_row(lid, t, kvh);
+  merge_row(lid, lane, t, kvh);
 #endif
 }

@@ -282,7 +282,7 @@ class AttentionKernel(Kernel):
                   "L_ALPHA": "      var alh = al0;" + "".join(f" if (lid == {h}u) {{ alh = al{h}; }}" for h in hs if h),
                   "W_M": j(f"  if (lid == {h}u) {{ part_set(out0 + {h}u * PART_ROW + DH, m{h}); }}" for h in hs)})
         if merge is not None:
-            d.update(self._merge_code(b, n_heads, n_kv, head_dim, rows_cap, wg, adapt, *merge))
+            d.update(self._merge_code(b, n_heads, n_kv, head_dim, rows_cap, wg, adapt, dev.min_subgroup, *merge))
         self.template = "attention_tiled"
         Kernel.__init__(self, dev, d, b, self.template)
 
@@ -290,7 +290,7 @@ class AttentionKernel(Kernel):
     MERGE_AHEAD = 32
 
     def _merge_code(self, b: Bindings, n_heads: int, n_kv: int, head_dim: int, rows_cap: int, wg: int, nsplit: int,
-                    out: TensorDesc | None, quant: str | None, out_f: TensorDesc | None) -> dict:
+                    min_subgroup: int, out: TensorDesc | None, quant: str | None, out_f: TensorDesc | None) -> dict:
         """attention_merge.wgsl's bindings and statements: invocation lid sums outputs lid, lid +
         wg, ... of the row's GROUP * DH; the first `ahead` splits' accumulator loads of each are
         issued before the (m, l) loads' barrier, the rest in rounds of that many after it."""
@@ -322,7 +322,10 @@ class AttentionKernel(Kernel):
         d = _combine_outputs(b, out, n_heads, head_dim, wg, quant, out_f)
         return d | {"CNT_DECL": b.array("cnt", "array<atomic<u32>>", f"({rows_cap // self.group}, {n_kv}) = (T, KVH) "
                                         "counters", writable=True),
-                    "KVH": n_kv, "MH": 2 * self.group, "M_LOAD": j(load), "M_SUM": j(add)}
+                    "KVH": n_kv, "M_LOAD": j(load), "M_SUM": j(add),
+                    # (head, partial) weights by butterflies over lanes where a subgroup holds whole heads
+                    "SCAN_LANES": not nsplit & (nsplit - 1) and nsplit <= min_subgroup
+                    and self.group * nsplit <= wg}
 
     @staticmethod
     def _xor_sum(names: list, lanes: int, indent: str) -> list:
