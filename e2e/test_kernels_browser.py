@@ -528,17 +528,20 @@ def test_browser_new_weight_formats(chromium, server, record):
     """Conversion from F32 bytes into each format equals the numpy reference scheme (codes within
     one in at most 0.2% of the elements, stored scales equal up to the GPU's division), and the decode GEMV variants and
     the prefill GEMM match numpy on the converted weights. I = 768: q4g128's rows are 6 groups. The K-quant formats (q4k, q5k: Q4_K / Q5_K super-blocks read natively; q8g16:
-    Q6_K's integers and scales; q6k: Q6_K's bits repacked) from random blocks, against gguf-py's dequantization."""
+    Q6_K's integers and scales; q6k: Q6_K's bits repacked) from random blocks, and q4_0 / q8_0 (GGUF
+    Q4_0 / Q8_0 with their f16 scales, two a word) from gguf-py's quantization, against gguf-py's
+    dequantization."""
     from gguf import GGMLQuantizationType, quants
 
     from tests.gpu_util import random_kquant_blocks
     from tests.test_kernels_formats import NEW, assert_params, decode_ref, quantize_ref
-    kq = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k")]
+    kq = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k"), ("Q4_0", "q4_0"), ("Q8_0", "q8_0")]
 
     rng = np.random.default_rng(9)
     T, O, I, CAP = 3, 40, 768, 8
     w = (rng.standard_normal((O, I)) * 0.2).astype(np.float32)
-    blocks = {src: random_kquant_blocks(src, O, I, seed=k) for k, src in enumerate(dict(kq))}
+    blocks = {src: random_kquant_blocks(src, O, I, seed=k) for k, src in enumerate(("Q4_K", "Q5_K", "Q6_K"))}
+    blocks |= {src: quants.quantize(w, getattr(GGMLQuantizationType, src)) for src in ("Q4_0", "Q8_0")}
     x = np.zeros((CAP, I), np.float32)
     x[:T] = rng.standard_normal((T, I))
     enc = lambda b: base64.b64encode(b).decode()

@@ -178,7 +178,8 @@ def test_convert_requantizes_like_ggml(src, fmt):
 
 def test_runtime_format_rule():
     assert runtime_format(["Q4_K"]) == "q4k" and runtime_format(["Q6_K"]) == "q6k"
-    assert runtime_format(["Q5_0", "Q5_0", "Q8_0"]) == "q8"     # Gemma 3's Q|K|V
+    assert runtime_format(["Q5_0", "Q5_0", "Q8_0"]) == "q8_0"   # Gemma 3's Q|K|V: both held as stored
+    assert runtime_format(["Q4_0"]) == "q4_0" and runtime_format(["Q8_0"]) == "q8_0"
     assert runtime_format(["Q4_K", "Q4_K", "Q6_K"]) == "q8"     # a Q4_K_M file's Q|K|V where V is Q6_K
     assert runtime_format(["Q4_K", "Q4_0"]) == "q4"
     assert runtime_format(["F16"]) == "f16" and runtime_format(["BF16"]) == "f32"

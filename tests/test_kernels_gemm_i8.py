@@ -45,7 +45,7 @@ def decode_rows(words: np.ndarray, i: int, fmt: str):
     nb = i // 32
     nbp = (nb + 3) // 4 * 4
     q = words[:, :8 * nb].copy().view(np.int8).reshape(len(words), nb * 8, 4).astype(np.int64)
-    if fmt in ("q4", "q4k", "q6k"):
+    if fmt not in ("q8", "q8_0"):   # q4, q4_0, q4k, q6k: evens then odds
         pairs = q.reshape(len(words), nb * 4, 2, 4)            # (T, word pair, even|odd, 4)
         q = np.stack([pairs[:, :, 0], pairs[:, :, 1]], -1).reshape(len(words), nb * 8, 4)
     vals = q.reshape(len(words), i)

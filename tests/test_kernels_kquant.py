@@ -158,7 +158,7 @@ def test_exact_policy():
     """weight_format="exact": each stored type in a format holding it bit for bit."""
     assert runtime_format(["Q4_K"], "exact") == "q4k" and runtime_format(["Q5_K"], "exact") == "q5k"
     assert runtime_format(["Q6_K"], "exact") == "q6k"
-    assert runtime_format(["Q5_0", "Q5_0", "Q8_0"], "exact") == "q8"      # Gemma 3's Q|K|V
+    assert runtime_format(["Q5_0", "Q5_0", "Q8_0"], "exact") == "q8_0"    # Gemma 3's Q|K|V
     assert runtime_format(["Q4_1"], "exact") == "q4" and runtime_format(["BF16"], "exact") == "f32"
     assert runtime_format(["Q3_K"], "exact") == "f32" and runtime_format(["Q4_K", "Q6_K"], "exact") == "f32"
     assert EngineOptions(weight_format="exact").weight_format == "exact"

@@ -79,10 +79,10 @@ def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):
 
 def test_sharded_q8_embedding_smollm2_matches_transformers(smollm2_gguf_path, smollm2_hf):
     """SmolLM2's tied Q8_0 embedding (49152 x 576: 27 MiB of int8 + 3.4 MiB of scales) in 12 MiB
-    bindings: q8 shards of 21824 + 21824 + 5504 rows (data and scale buffers split alike)."""
+    bindings: q8_0 shards of 21824 + 21824 + 5504 rows (data and scale buffers split alike)."""
     eng = webdrift.load(str(smollm2_gguf_path), max_context=96, prefill_chunk=64, max_binding_bytes=12 << 20)
     shards = eng.model.output_shards
-    assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8", 0, 21824), ("q8", 21824, 21824), ("q8", 43648, 5504)]
+    assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8_0", 0, 21824), ("q8_0", 21824, 21824), ("q8_0", 43648, 5504)]
     assert [b.size for b in shards[2].buffers] == [5504 * 576, 5504 * 18 * 4]
     assert _count(eng.decode, "lm_head") == 3 and _count(eng.decode, "embedding") == 3
     smollm2_ref = smollm2_hf[0]
@@ -147,9 +147,9 @@ GEMMA_IDS = [2, 818, 5279, 529, 7001, 563, 231000, 9079, 236764, 532, 506, 25800
 @pytest.mark.slow
 def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path, gemma3_hf):
     """Gemma 3 270M (Q4_K_M GGUF) with bindings capped at 128 MiB (lavapipe's own limit, and
-    some browsers'): its tied 262144 x 640 Q8_0 embedding / LM head (160 MiB of q8) is held as
-    two q8 shards (209664 + 52480 rows), and webdrift's logits match transformers' on the same
-    GGUF. The layers load as the GPU converts them (Q5_0 / Q8_0 -> q8 keeping the integers, Q4_K
+    some browsers'): its tied 262144 x 640 Q8_0 embedding / LM head (160 MiB of int8 values) is held as
+    two q8_0 shards (209664 + 52480 rows), and webdrift's logits match transformers' on the same
+    GGUF. The layers load as the GPU converts them (Q5_0 / Q8_0 -> q8_0 keeping the integers, Q4_K
     -> q4 with its scales rounded to f16, Q6_K re-quantized to q8), transformers dequantizes them
     to f32. Measured (lavapipe, 2026-11-21): cosine >= 0.99996 at every position (it was
     0.9999999 with the layers dequantized to f32 on the host), top-1 16/16, max |diff| 0.16 of
@@ -162,7 +162,7 @@ def test_gemma3_on_lavapipe_sized_bindings_matches_transformers(gemma3_gguf_path
     eng = webdrift.load(str(p), max_context=48, prefill_chunk=32, max_binding_bytes=128 << 20)
     shards = eng.model.output_shards
     assert eng.model.tok_embd_shards is shards
-    assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8", 0, 209664), ("q8", 209664, 52480)]
+    assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8_0", 0, 209664), ("q8_0", 209664, 52480)]
     assert all(b.size <= 128 << 20 for w in shards for b in w.buffers)
     assert _count(eng.decode, "lm_head") == 2 and _count(eng.decode, "embedding") == 2
     got = eng.logits(GEMMA_IDS)

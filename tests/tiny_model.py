@@ -12,7 +12,7 @@ type would (the source of non-finite logits in issue 15).
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGUFWriter
+from gguf import GGMLQuantizationType, GGUFWriter, quants
 
 from webdrift.tokenizer.pretokenize import BYTE_TO_CHAR
 
@@ -29,10 +29,12 @@ def tiny_tokens() -> list[str]:
 
 
 def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, nan_row: tuple[str, int] | None = None,
-                    eos: bool = True, tokens: list[str] | None = None) -> str:
+                    eos: bool = True, tokens: list[str] | None = None, quant: dict[str, str] | None = None) -> str:
     """Write the tiny model to `path` (returned as a str). eos=False: no eos id in the metadata
     (and no end-of-generation control tokens: generation always runs to max_new_tokens).
-    nan_tensor: that tensor all NaN; nan_row (name, r): row r of that matrix NaN."""
+    nan_tensor: that tensor all NaN; nan_row (name, r): row r of that matrix NaN. quant: GGUF
+    types of matrices by name ("attn_q", "token_embd", ...: "Q4_0", "Q8_0", ...), quantized by
+    gguf-py; the others F32."""
     tokens = tokens or tiny_tokens()
     vocab = len(tokens)
     hd = DIM // HEADS
@@ -72,7 +74,12 @@ def write_tiny_gguf(path, *, seed: int = 0, nan_tensor: str | None = None, nan_r
             a[:] = np.nan
         if nan_row is not None and name == nan_row[0]:
             a[nan_row[1]] = np.nan
-        w.add_tensor(name, a)
+        t = (quant or {}).get(name.split(".")[-2]) if len(shape) == 2 else None
+        if t is None:
+            w.add_tensor(name, a)
+        else:
+            qt = getattr(GGMLQuantizationType, t)
+            w.add_tensor(name, quants.quantize(a, qt), raw_dtype=qt)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

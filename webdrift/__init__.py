@@ -56,10 +56,12 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     smollm2-135m), a .gguf path, or an HF folder.
 
     max_context: KV-cache length allocated once (default min(model context, 2048)).
-    weight_format: runtime weight format of every matrix ("f32", "f16", "q8", "q8pc", "q4",
-    "q4g128", "q4pc", "e0m4", or the mixed "8/4/4"; docs/QUANTIZATION.md), re-quantized
-    on the GPU at load where the file differs; default follows the file (Q8_0/Q5_x/Q6_K -> q8,
-    Q4_0/Q4_1/Q4_K/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32; models/manifest.runtime_format).
+    weight_format: runtime weight format of every matrix ("f32", "f16", "q8", "q8_0", "q8pc",
+    "q4", "q4_0", "q4g128", "q4pc", "e0m4", ..., the mixed "8/4/4" or "exact";
+    docs/QUANTIZATION.md), re-quantized on the GPU at load where the file differs; default follows
+    the file (Q8_0/Q5_0 -> q8_0, Q4_0 -> q4_0, Q4_K -> q4k, Q6_K -> q6k, all kept as stored;
+    Q5_1/Q5_K -> q8, Q4_1/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32;
+    models/manifest.runtime_format).
     layout: physical layout of activations ("linear" or "sliced").
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
     autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest;

@@ -114,6 +114,28 @@ fn src_value(r: u32, c: u32) -> f32 {
 #endif
 }
 
+#if DST_HALF
+// q8_0 / q4_0: scale g (f16) into half g % 2 of word g / 2; the other half is another
+// invocation's (the buffer starts zeroed, each scale is written once)
+fn put_half(g: u32, d: f32) {
+  let h = (pack2x16float(vec2<f32>(d, 0.0)) & 0xffffu) << (16u * (g % 2u));
+#if DST_Q8
+  atomicOr(&dst_scale[g / 2u], h);
+#else
+  atomicOr(&dst_sm[g / 2u], h);
+#endif
+}
+#endif
+#if DST_Q8
+fn put_q8_scale(g: u32, d: f32) {
+#if DST_HALF
+  put_half(g, d);
+#else
+  dst_scale[g] = d;
+#endif
+}
+#endif
+
 // C roundf: half away from zero
 fn round_away(v: f32) -> f32 {
   let a = abs(v);
@@ -141,7 +163,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #endif
 #if DST_Q8
-  // runtime q8: word k of the row = int8 elements 4k..4k+3 (byte order), one f32 scale per 32
+  // runtime q8: word k of the row = int8 elements 4k..4k+3 (byte order), one f32 scale per 32 (q8_0: f16)
   let wrow = (ROW0 + r) * (COLS / 4u) + (GROUP / 4u) * u;
 #if Q8_DIRECT
 #if SRC_Q8_0
@@ -150,7 +172,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let b = blk + 2u + 4u * k;
     dst_data[wrow + k] = byte_at(b) | (byte_at(b + 1u) << 8u) | (byte_at(b + 2u) << 16u) | (byte_at(b + 3u) << 24u);
   }
-  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
+  put_q8_scale((ROW0 + r) * UNITS + u, f16_at(blk));
 #elif SRC_Q5_0
   let blk = (r * UNITS + u) * 22u;   // 5-bit q - 16 fits an int8 with the same scale
   for (var k = 0u; k < 8u; k++) {
@@ -161,7 +183,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     dst_data[wrow + k] = w;
   }
-  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk);
+  put_q8_scale((ROW0 + r) * UNITS + u, f16_at(blk));
 #elif SRC_Q6_K
   let e0 = (r * UNITS + u) * 16u;    // q8g16: 16 codes q - 32 sharing a sub-block scale, d * sc exact in f32
   let blk = (e0 / 256u) * 210u;
@@ -172,7 +194,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     dst_data[wrow + k] = w;
   }
-  dst_scale[(ROW0 + r) * UNITS + u] = f16_at(blk + 208u) * f32(i8_at(blk + 192u + (e0 % 256u) / 16u));
+  put_q8_scale((ROW0 + r) * UNITS + u, f16_at(blk + 208u) * f32(i8_at(blk + 192u + (e0 % 256u) / 16u)));
 #endif
 #else
   var amax = 0.0;
@@ -187,14 +209,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     dst_data[wrow + k] = w;
   }
-  dst_scale[(ROW0 + r) * UNITS + u] = d;
+  put_q8_scale((ROW0 + r) * UNITS + u, d);
 #endif
 #endif
 #if DST_Q4
   // runtime q4: nibble n of word k = element 8k+n; (scale, min) as f16x2 per 32-block
   let wrow = (ROW0 + r) * (COLS / 8u) + (GROUP / 8u) * u;
 #if Q4_DIRECT
-#if SRC_Q4_1
+#if DST_HALF
+  let blk = (r * UNITS + u) * 18u;   // Q4_0 -> q4_0: d and the 16 nibble bytes as they are
+  let d = f16_at(blk);
+#elif SRC_Q4_1
   let blk = (r * UNITS + u) * 20u;   // d, m, 16 nibble bytes
   let d = f16_at(blk);
   let m = f16_at(blk + 2u);
@@ -225,7 +250,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     dst_data[wrow + k] = w;
   }
+#if DST_HALF
+  put_half((ROW0 + r) * UNITS + u, d);
+#else
   dst_sm[(ROW0 + r) * UNITS + u] = pack2x16float(vec2<f32>(d, m));
+#endif
+#elif DST_HALF
+  // ggml's quantize_row_q4_0: d = the value of largest magnitude / -8, q = trunc(x / d + 8.5) <= 15
+  var amax = 0.0;
+  var vmax = 0.0;
+  for (var j = 0u; j < glen; j++) {
+    let x = src_value(r, GROUP * u + j);
+    if (abs(x) > amax) { amax = abs(x); vmax = x; }
+  }
+  let d = vmax / -8.0;
+  let inv = select(0.0, 1.0 / d, d != 0.0);
+  for (var k = 0u; k < glen / 8u; k++) {
+    var w = 0u;
+    for (var n = 0u; n < 8u; n++) {
+      let q = min(15u, u32(trunc(src_value(r, GROUP * u + 8u * k + n) * inv + 8.5)));
+      w = w | (q << (4u * n));
+    }
+    dst_data[wrow + k] = w;
+  }
+  put_half((ROW0 + r) * UNITS + u, d);
 #else
   var lo = src_value(r, GROUP * u);
   var hi = lo;

@@ -101,9 +101,10 @@ fn w2_block(o: u32, b: u32) -> Block {
 }
 #endif
 #elif Q4
-fn w_block(o: u32, b: u32) -> Block { return q4_block(w_data[o * NB + b], unpack2x16float(w_sm[o * NB + b])); }
+// q4 / q4_0: the block's pair from the weight's `pair` (q4_0: (d, -8 d))
+fn w_block(o: u32, b: u32) -> Block { return q4_block(w_data[o * NB + b], w_pair(o * NB + b)); }
 #if DUAL
-fn w2_block(o: u32, b: u32) -> Block { return q4_block(w2_data[o * NB + b], unpack2x16float(w2_sm[o * NB + b])); }
+fn w2_block(o: u32, b: u32) -> Block { return q4_block(w2_data[o * NB + b], w2_pair(o * NB + b)); }
 #endif
 #elif Q6K
 // q6k: the block's 6 words (low nibbles A, B; high bit pairs H) -> int8 codes q - 32 in the
@@ -124,11 +125,11 @@ fn w2_block(o: u32, b: u32) -> Block {
 #endif
 #else
 fn w_block(o: u32, b: u32) -> Block {
-  return Block(w_data[2u * (o * NB + b)], w_data[2u * (o * NB + b) + 1u], vec2<f32>(w_scale[o * NB + b], 0.0));
+  return Block(w_data[2u * (o * NB + b)], w_data[2u * (o * NB + b) + 1u], vec2<f32>(w_scl(o * NB + b), 0.0));
 }
 #if DUAL
 fn w2_block(o: u32, b: u32) -> Block {
-  return Block(w2_data[2u * (o * NB + b)], w2_data[2u * (o * NB + b) + 1u], vec2<f32>(w2_scale[o * NB + b], 0.0));
+  return Block(w2_data[2u * (o * NB + b)], w2_data[2u * (o * NB + b) + 1u], vec2<f32>(w2_scl(o * NB + b), 0.0));
 }
 #endif
 #endif

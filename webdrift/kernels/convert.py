@@ -5,9 +5,9 @@ Every stored type the core reads converts to every runtime format (f32, f16 in a
 q8, q8pc, q8g16; q4, q4g128, q4pc; e0m4) but q4k / q5k / q6k, which hold one GGUF type each: Q5_K
 super-blocks as stored (copied, no kernel), Q4_K's and Q6_K's bits repacked for the integer-dot
 kernels (kernels/weights.py). Q6_K -> q8g16 keeps Q6_K's integers and d x sub-block scale exactly. Into q8 / q4 the integers and scales are kept as they are where the format holds them
-(Q8_0, Q5_0 -> q8; Q4_0, Q4_1, Q4_K -> q4, Q4_K's sub-block scale and min multiplied out into
-f16); anything else is decoded and re-quantized per group on the GPU (ggml's Q8_0 / Q4_1
-rounding; e0m4: kernels/weights.py), so `weight_format="q4"` on an f16 model, or Gemma's Q6_K tensors, need no host work.
+(Q8_0, Q5_0 -> q8 and q8_0; Q4_0 -> q4_0; Q4_0, Q4_1, Q4_K -> q4, Q4_K's sub-block scale and min multiplied
+out into f16); anything else is decoded and re-quantized per group on the GPU (ggml's Q8_0 / Q4_1
+/ Q4_0 rounding for q8 / q4 / q4_0; e0m4: kernels/weights.py), so `weight_format="q4"` on an f16 model, or Gemma's Q6_K tensors, need no host work.
 Must not: import numpy or wgpu.
 """
 
@@ -21,6 +21,7 @@ from .bindings import Bindings
 from .weights import (
     AS_STORED,
     FORMAT_KIND,
+    HALF_SCALES,
     NATIVE_SOURCE,
     GPUWeight,
     buffer_sizes,
@@ -33,7 +34,7 @@ QUANT_TYPES = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q4_0", "Q4_1", "Q4_K", "
 SOURCE_TYPES = FLOAT_TYPES + QUANT_TYPES     # stored types the GPU converter reads
 # conversions that keep the stored integers (no re-quantization; Q4_K: f16 rounding of d * scale)
 DIRECT = {("Q8_0", "q8"), ("Q5_0", "q8"), ("Q4_0", "q4"), ("Q4_1", "q4"), ("Q4_K", "q4"), ("Q6_K", "q8g16"),
-          ("Q6_K", "q6k"), ("Q4_K", "q4k")}
+          ("Q6_K", "q6k"), ("Q4_K", "q4k"), ("Q4_0", "q4_0"), ("Q8_0", "q8_0"), ("Q5_0", "q8_0")}
 BLOCK_256 = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 
@@ -62,7 +63,7 @@ class ConvertKernel(Kernel):
             "DST_DECL": b.weight("dst", dst, lambda n, k: weight_accessor_wgsl(n, k, dst.fmt, dst.o, dst.i, dst.layout,
                                                                                writable=True), writable=True),
             "DST_FLOAT": dst.fmt in ("f32", "f16"), "DST_F16": dst.fmt == "f16",
-            "DST_Q8": kind == "q8", "DST_Q4": kind == "q4", "DST_E0M4": dst.fmt == "e0m4", "DST_Q6K": kind == "q6k", "DST_Q4K": kind == "q4k",
+            "DST_Q8": kind == "q8", "DST_Q4": kind == "q4", "DST_E0M4": dst.fmt == "e0m4", "DST_HALF": dst.fmt in HALF_SCALES, "DST_Q6K": kind == "q6k", "DST_Q4K": kind == "q4k",
             "Q8_DIRECT": (src_type, dst.fmt) in DIRECT, "Q4_DIRECT": (src_type, dst.fmt) in DIRECT,
             "ROWS": rows, "COLS": dst.i, "ROW0": row0, "UNITS": units, "GROUP": group, "NX": self.grid[0],
         }

@@ -8,6 +8,7 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8: word k of a block holds weights 4k..4k+3 as int8 -> x packed in natural order.
   q4: word k holds weights 8k..8k+7 as nibbles; `w & 0x0F0F0F0F` gives the even ones (8k, 8k+2,
       8k+4, 8k+6) as bytes and `(w >> 4) & 0x0F0F0F0F` the odd ones -> x packed even / odd.
+  q8_0: as q8, its scale an f16 (two a word). q4_0: as q4, its pair (d, -8 d) from the f16 scale it stores.
   q4k: Q4_K super-blocks with each 32-block's nibbles in q4's order (kernels/weights.py) -> as q4,
       its (scale, min) pair (d sc, -dmin m) from the super-block's header.
   q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
@@ -23,7 +24,9 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, ceil4, n_partials, row_words
-from .weights import q4k_block_wgsl, q6k_block_wgsl, q6k_decl
+from .weights import q4_sm_decl, q4k_block_wgsl, q6k_block_wgsl, q6k_decl, q8_scale_decl
+
+Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
 
 
 def supported(fmt: str, i: int) -> bool:
@@ -34,12 +37,12 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     """The weight's buffers (bindings binding, binding + 1) read one whole 32-block per load."""
     nb = i // 32
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
-    if fmt == "q8":
+    if fmt in Q8_FORMATS:
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}, 2) int8 x 16\n"
-                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;  // ({o}, {nb})\n")
-    if fmt == "q4":
+                       + q8_scale_decl(n, binding + 1, fmt, "read", o, nb))
+    if fmt in ("q4", "q4_0"):
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
-                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;  // ({o}, {nb}) f16x2 (scale, min)\n")
+                       + q4_sm_decl(n, binding + 1, fmt, "read", o, nb))
     if fmt == "q4k":
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  "
                        f"// ({o}, {i // 256}, 9) Q4_K super-blocks, nibbles in q4's order\n") + q4k_block_wgsl(n)
@@ -81,19 +84,19 @@ def _q4_block(n: str, o: str, fmt: str) -> str:
 
 
 def _q4_pair(n: str, o: str, fmt: str) -> str:
-    """q4 / q4k: the (scale, min) pair of block b of row o."""
-    return f"{n}_k4sm({o} * NB + b)" if fmt == "q4k" else f"unpack2x16float({n}_sm[{o} * NB + b])"
+    """q4 / q4_0 / q4k: the (scale, min) pair of block b of row o."""
+    return f"{n}_k4sm({o} * NB + b)" if fmt == "q4k" else f"{n}_pair({o} * NB + b)"
 
 
 def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
     if fmt == "q6k":
         return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
-    if fmt == "q8":
+    if fmt in Q8_FORMATS:
         terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
-                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scale[{o} * NB + b] * xk.d);"]
+                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scl({o} * NB + b) * xk.d);"]
     terms = []
     for k, c in enumerate("xyzw"):
         src = "xk.lo" if k < 2 else "xk.hi"
@@ -124,10 +127,10 @@ def _load(n: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
     if fmt == "q6k":
         return _q6k_load(n, r)
-    if fmt == "q8":
+    if fmt in Q8_FORMATS:
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
-                f"    let {n}s{r} = {n}_scale[{o} * NB + b];"]
+                f"    let {n}s{r} = {n}_scl({o} * NB + b);"]
     return [f"    let {n}q{r} = {_q4_block(n, o, fmt)};",
             f"    let {n}e{r} = {n}q{r} & vec4<u32>(0x0F0F0F0Fu);",
             f"    let {n}o{r} = ({n}q{r} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);",
@@ -139,7 +142,7 @@ def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     xk = f"xk{c}"
     if fmt == "q6k":
         return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
-    if fmt == "q8":
+    if fmt in Q8_FORMATS:
         terms = ([f"dot4I8Packed({n}a{r}.{e}, {xk}.lo.{e})" for e in "xyzw"]
                  + [f"dot4I8Packed({n}b{r}.{e}, {xk}.hi.{e})" for e in "xyzw"])
         return f"      {acc}{r}_{c} += f32({' + '.join(terms)}) * ({n}s{r} * {xk}.d);"
@@ -360,7 +363,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
     xp = min(wg, 1 << (np_ - 1).bit_length())          # the partial sums' tree (linear_blk_xnorm.wgsl)
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4k"),
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4_0", "q4k"),
             "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:

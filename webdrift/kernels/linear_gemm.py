@@ -180,11 +180,11 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
 
 
 def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
-    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q4", "q4k" or "q6k"; the scale products per
-    block: q8 d_w d_x isum, q4 and q4k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
+    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k" or "q6k"; the scale
+    products per block: q8 / q8_0 d_w d_x isum, q4, q4_0 and q4k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
     v.check()
     body = []
-    q4, q6 = fmt in ("q4", "q4k"), fmt == "q6k"
+    q4, q6 = fmt in ("q4", "q4_0", "q4k"), fmt == "q6k"
     sums = ("_0", "_1") if q6 else ("",)   # integer sums per block: q6k one per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
         (("b", "ws", "n", "wsc", "wd", "c"),)

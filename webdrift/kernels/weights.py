@@ -9,6 +9,11 @@ in one of these formats (fused dequantization happens in the accessor):
   q4 : data  array<u32>  (O, I/8)   eight uint4 per word, element i at nibble i%8
        sm    array<u32>  (O, I/32)  (scale, min) as packed f16x2; x = scale * q + min
                                     (== GGUF Q4_1 lossless; Q4_0 is min = -8 * scale)
+  q8_0: as q8 with the scale in f16, two a word: block k = o * I/32 + b's in half k % 2 of
+       word k / 2 of `scale` (ceil(O I/32 / 2) words; == GGUF Q8_0 and Q5_0 lossless: 8.5 bits a
+       weight against q8's 9)
+  q4_0: as q4 with the zero point 8 implied: one f16 scale d per 32, x = d (q - 8), in `sm` two
+       a word as q8_0's (== GGUF Q4_0 lossless: 4.5 bits a weight against q4's 5)
   q8pc: as q8 with one scale per row (G = I: per-channel, symmetric)
   q4g128, q4pc: as q4 with one (scale, min) per 128 inputs / per row (G = I)
   e0m4: as q4 (nibbles, f16x2 per 32), the pair being (scale s, bias b) and the nibble q the 4
@@ -48,11 +53,15 @@ from ..errors import UnsupportedModelError
 from ..tensor import slices
 from ..tensor.weight_layout import WeightLayout
 
-FORMATS = ("f32", "f16", "q8", "q8pc", "q8g16", "q4", "q4g128", "q4pc", "e0m4", "q4k", "q5k", "q6k")
-# quantized formats: the storage kind (q8: int8 + f32 scale; q4: uint4 + f16x2 pair) and the group
-# G of inputs sharing a scale (0: per channel, the whole row)
-FORMAT_KIND = {"q8": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4g128": "q4", "q4pc": "q4", "e0m4": "q4"}
-FORMAT_GROUP = {"q8": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
+FORMATS = ("f32", "f16", "q8", "q8_0", "q8pc", "q8g16", "q4", "q4_0", "q4g128", "q4pc", "e0m4", "q4k", "q5k", "q6k")
+# quantized formats: the storage kind (q8: int8 + f32 scale; q4: uint4 + a (scale, min) pair per
+# group, f16x2, or q4_0's one f16 scale) and the group G of inputs sharing a scale (0: per channel,
+# the whole row)
+FORMAT_KIND = {"q8": "q8", "q8_0": "q8", "q8pc": "q8", "q8g16": "q8", "q4": "q4", "q4_0": "q4", "q4g128": "q4", "q4pc": "q4",
+               "e0m4": "q4"}
+FORMAT_GROUP = {"q8": 32, "q8_0": 32, "q8pc": 0, "q8g16": 16, "q4": 32, "q4_0": 32, "q4g128": 128, "q4pc": 0, "e0m4": 32}
+# formats whose scales are f16, two a word (GGUF Q8_0's and Q4_0's own; the others' are f32 or f16x2 pairs)
+HALF_SCALES = ("q8_0", "q4_0")
 # formats that hold one GGUF K-quant type's values natively and nothing else: the type each needs
 # and its stored bytes per 256 inputs (a super-block)
 NATIVE_SOURCE = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176), "q6k": ("Q6_K", 210)}
@@ -119,9 +128,46 @@ def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -
     if fmt in NATIVE_SOURCE:   # q4k (reordered at load) and q5k: the stored bytes
         return [o * (i // 256) * NATIVE_SOURCE[fmt][1]]
     groups = o * n_groups(fmt, i)
-    if FORMAT_KIND[fmt] == "q8":
-        return [o * i, groups * 4]
-    return [o * i // 2, groups * 4]
+    scales = (groups + 1) // 2 * 4 if fmt in HALF_SCALES else groups * 4
+    return [o * i if FORMAT_KIND[fmt] == "q8" else o * i // 2, scales]
+
+
+def _half_scale(n: str, arr: str, atomic: bool) -> str:
+    """WGSL: the f16 scale g of HALF_SCALES' `{n}_{arr}` as f32 (atomic: the converter's view)."""
+    word = f"atomicLoad(&{n}_{arr}[g / 2u])" if atomic else f"{n}_{arr}[g / 2u]"
+    return f"unpack2x16float({word} >> (16u * (g % 2u))).x"
+
+
+def _half_decl(n: str, arr: str, binding: int, mode: str, o: int, ng: int, what: str) -> str:
+    """A HALF_SCALES scale buffer; written (read_write) by the converter as atomics, two groups
+    sharing a word."""
+    t = "atomic<u32>" if mode == "read_write" else "u32"
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_{arr}: array<{t}>;   "
+            f"// ({o} * {ng} / 2) two f16 scales d a word; {what}\n")
+
+
+def q8_scale_decl(n: str, binding: int, fmt: str, mode: str, o: int, ng: int) -> str:
+    """The scale buffer of a q8-kind weight (o rows of ng groups) and `fn {n}_scl(g) -> f32`,
+    group g's scale (g = o * ng + the group)."""
+    if fmt in HALF_SCALES:
+        return (_half_decl(n, "scale", binding, mode, o, ng, "x = d q")
+                + f"fn {n}_scl(g: u32) -> f32 {{ return {_half_scale(n, 'scale', mode == 'read_write')}; }}\n")
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {ng})\n"
+            f"fn {n}_scl(g: u32) -> f32 {{ return {n}_scale[g]; }}\n")
+
+
+def q4_sm_decl(n: str, binding: int, fmt: str, mode: str, o: int, ng: int) -> str:
+    """The scale buffer of a q4-kind weight (o rows of ng groups) and `fn {n}_pair(g) ->
+    vec2<f32>`, group g's (scale, min) (g = o * ng + the group): q4_0's d and -8 d, else the
+    stored f16x2 pair."""
+    if fmt in HALF_SCALES:
+        return (_half_decl(n, "sm", binding, mode, o, ng, "x = d (q - 8)")
+                + f"fn {n}_pair(g: u32) -> vec2<f32> {{\n"
+                  f"  let d = {_half_scale(n, 'sm', mode == 'read_write')};\n"
+                  f"  return vec2<f32>(d, -8.0 * d);\n}}\n")
+    return (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {ng}) f16x2 "
+            f"{'(scale, bias)' if fmt == 'e0m4' else '(scale, min)'}\n"
+            f"fn {n}_pair(g: u32) -> vec2<f32> {{ return unpack2x16float({n}_sm[g]); }}\n")
 
 
 def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
@@ -156,17 +202,16 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
     if FORMAT_KIND[fmt] == "q8":
         return head + (
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 4}) 4 x int8\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_scale: array<f32>;  // ({o}, {ng})\n"
+            + q8_scale_decl(n, binding + 1, fmt, mode, o, ng) +
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 4}u + s];\n"
             f"  let q = vec4<i32>(i32(w << 24u), i32(w << 16u), i32(w << 8u), i32(w)) >> vec4<u32>(24u);\n"
-            f"  return vec4<f32>(q) * {n}_scale[{sc}];\n}}\n")
+            f"  return vec4<f32>(q) * {n}_scl({sc});\n}}\n")
     data = (f"@group(0) @binding({binding}) var<storage, {mode}> {n}_data: array<u32>;   // ({o}, {i // 8}) 8 x uint4\n"
-            f"@group(0) @binding({binding + 1}) var<storage, {mode}> {n}_sm: array<u32>;   // ({o}, {ng}) f16x2 "
-            f"{'(scale, bias)' if fmt == 'e0m4' else '(scale, min)'}\n"
+            + q4_sm_decl(n, binding + 1, fmt, mode, o, ng) +
             f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n"
             f"  let w = {n}_data[o * {i // 8}u + s / 2u] >> ((s % 2u) * 16u);\n"
-            f"  let sm = unpack2x16float({n}_sm[{sc}]);\n")
+            f"  let sm = {n}_pair({sc});\n")
     if fmt == "e0m4":   # the nibbles as the top 4 fraction bits of 1.0f: 1 + q / 16, two bit operations
         return head + data + (
             "  let f = bitcast<vec4<f32>>((vec4<u32>(w << 19u, w << 15u, w << 11u, w << 7u) & vec4<u32>(0x780000u))\n"
@@ -279,7 +324,7 @@ def _q6k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:
 
 def wide_supported(fmt: str, i: int, layout: WeightLayout | None) -> bool:
     """Whether the block-wise GEMV can read this weight (rows contiguous, whole blocks)."""
-    if fmt in ("q4", "q8"):
+    if fmt in ("q4", "q4_0", "q8", "q8_0"):
         return True
     if fmt == "f16":
         return i % 8 == 0 and layout is not None and layout.order[-3:] == ("HWD", "S_I", "I4") and layout.order[1:3] == ("S_O", "O4")
@@ -310,8 +355,8 @@ def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     (measured 20x slower on an H200 through Vulkan)."""
     head = f"// {n}: weight ({o}, {i}) format {fmt}, read a whole block per call\nconst {n}_O: u32 = {o}u;\n"
     sig = f"fn {n}_dot(o: u32, b: u32, x: XB) -> f32 {{\n"
-    if fmt == "q4":   # 16 bytes of nibbles + (scale, min): sum((d q + m) x) = d sum(q x) + m sum(x)
-        body = [f"  let q = {n}_data[o * {n}_NB + b];", f"  let sm = unpack2x16float({n}_sm[o * {n}_NB + b]);"]
+    if fmt in ("q4", "q4_0"):   # 16 bytes of nibbles + (scale, min): sum((d q + m) x) = d sum(q x) + m sum(x)
+        body = [f"  let q = {n}_data[o * {n}_NB + b];", f"  let sm = {n}_pair(o * {n}_NB + b);"]
         body += [f"  let x{k} = x.x{k};" for k in range(8)]
         terms = []
         for k, c in enumerate("xyzw"):
@@ -323,9 +368,8 @@ def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
         body.append("  return sm.x * acc + sm.y * (xs.x + xs.y + xs.z + xs.w);")
         return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
                        f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}) blocks\n"
-                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_sm: array<u32>;\n"
-                       + sig + "\n".join(body) + "\n}\n")
-    if fmt == "q8":   # 32 int8 in two vec4<u32>
+                       + q4_sm_decl(n, binding + 1, fmt, "read", o, i // 32) + sig + "\n".join(body) + "\n}\n")
+    if fmt in ("q8", "q8_0"):   # 32 int8 in two vec4<u32>
         body = [f"  let qa = {n}_data[(o * {n}_NB + b) * 2u];", f"  let qb = {n}_data[(o * {n}_NB + b) * 2u + 1u];"]
         terms = []
         for k in range(8):
@@ -333,11 +377,10 @@ def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
             body.append(f"  let w{k} = {w};")
             terms.append(f"dot(vec4<f32>(vec4<i32>(i32(w{k} << 24u), i32(w{k} << 16u), i32(w{k} << 8u), i32(w{k})) "
                          f">> vec4<u32>(24u)), x.x{k})")
-        body.append("  return (" + "\n      + ".join(terms) + f") * {n}_scale[o * {n}_NB + b];")
+        body.append("  return (" + "\n      + ".join(terms) + f") * {n}_scl(o * {n}_NB + b);")
         return head + (f"const {n}_NB: u32 = {i // 32}u;\n"
                        f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {i // 32}, 2)\n"
-                       f"@group(0) @binding({binding + 1}) var<storage, read> {n}_scale: array<f32>;\n"
-                       + sig + "\n".join(body) + "\n}\n")
+                       + q8_scale_decl(n, binding + 1, fmt, "read", o, i // 32) + sig + "\n".join(body) + "\n}\n")
     if fmt == "f16":   # row-major (OI layout, I % 8 == 0): 8 halves per block
         return head + (
             f"const {n}_NB: u32 = {i // 8}u;\n"

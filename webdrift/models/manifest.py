@@ -31,8 +31,8 @@ from ..kernels.weights import FORMATS
 from ..weights.config import ModelConfig
 
 # stored quantized type -> the runtime format it maps to by default
-QUANT_DEFAULT = {"Q8_0": "q8", "Q5_0": "q8", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q6k",
-                 "Q4_0": "q4", "Q4_1": "q4", "Q4_K": "q4k", "Q2_K": "q4", "Q3_K": "q4"}
+QUANT_DEFAULT = {"Q8_0": "q8_0", "Q5_0": "q8_0", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q6k",
+                 "Q4_0": "q4_0", "Q4_1": "q4", "Q4_K": "q4k", "Q2_K": "q4", "Q3_K": "q4"}
 RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weights.py)
 # mixed policies: the runtime format per matrix role (attn: Q|K|V and O; ffn: gate, up, down;
 # embd: the token embedding and the LM head). ML Drift's 8/4/4: int8 per-channel attention,
@@ -41,17 +41,17 @@ MIXED_FORMATS = {"8/4/4": {"attn": "q8pc", "ffn": "q4pc", "embd": "q4pc"}}
 # "exact": every stored type in a runtime format that holds its values bit for bit (K-quants:
 # Q4_K / Q5_K super-blocks read natively, Q6_K's codes and scales in q6k); the types no
 # quantized format holds exactly (Q5_1, Q2_K, Q3_K) and mixed fused types widen to f32
-EXACT = {"F32": "f32", "BF16": "f32", "F16": "f16", "Q8_0": "q8", "Q5_0": "q8", "Q4_0": "q4", "Q4_1": "q4",
+EXACT = {"F32": "f32", "BF16": "f32", "F16": "f16", "Q8_0": "q8_0", "Q5_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4",
          "Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k"}
 WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what weight_format= accepts
 
 
 def default_format(src_type: str) -> str:
     """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
-    Q4_K -> q4k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_x -> q8 (Q8_0 and Q5_0
-    without loss; Q5_1/Q5_K re-quantized to int8 per 32-block, an error of at most 1/254 of the
-    block's largest magnitude); Q4_0/Q4_1/Q2_K/Q3_K -> q4 (Q4_0/Q4_1 without loss, Q2_K/Q3_K
-    re-quantized)."""
+    Q4_K -> q4k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_0 -> q8_0 (their f16 scale
+    and int8 values as stored, 8.5 bits a weight); Q5_1/Q5_K -> q8 (re-quantized to int8 per
+    32-block with an f32 scale, an error of at most 1/254 of the block's largest magnitude); Q4_0 -> q4_0 (its scale alone, 4.5 bits a weight, without loss);
+    Q4_1/Q2_K/Q3_K -> q4 (Q4_1 without loss, Q2_K/Q3_K re-quantized)."""
     if src_type in QUANT_DEFAULT:
         return QUANT_DEFAULT[src_type]
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
@@ -61,8 +61,8 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
     weight_format when given (re-quantizing on the GPU where needed; a mixed policy such as
     "8/4/4" picks by the matrix's role: attn, ffn or embd); otherwise the types' common
-    default, q8 for mixed quantized types (Gemma's Q5_0 Q/K with a Q8_0 V; a Q4_K_M file's Q4_K
-    Q/K with a Q6_K V), f32 when floats are mixed in."""
+    default, q8 for mixed quantized types (a Q4_K_M file's Q4_K Q/K with a Q6_K V; Gemma's Q5_0
+    Q/K with a Q8_0 V share q8_0), f32 when floats are mixed in."""
     if weight_format in MIXED_FORMATS:
         if role not in MIXED_FORMATS[weight_format]:
             raise InvalidArgumentError(f"weight_format={weight_format!r} chooses by a matrix's role "
@@ -76,9 +76,9 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     fmts = {default_format(t) for t in types}
     if len(fmts) == 1:
         return fmts.pop()
-    if fmts <= {"q4", "q4k"}:   # Q4_K with Q4_0 / Q4_1: q4 holds them all (Q4_K's scales in f16)
+    if fmts <= {"q4", "q4_0", "q4k"}:   # Q4_K with Q4_0 / Q4_1: q4 holds them all (Q4_K's scales in f16)
         return "q4"
-    if fmts <= {"q8", "q4", "q4k", "q6k"}:   # q4k / q6k hold one GGUF type each: a mix re-quantizes to q8
+    if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q6k"}:   # q8_0 / q4_0 / q4k / q6k hold one GGUF type each: a mix re-quantizes to q8
         return "q8"
     return "f32"
 

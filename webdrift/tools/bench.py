@@ -516,7 +516,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--synthetic", action="append", default=None,
                    help=f"random-weight model shapes, comma list or repeatable: {', '.join(PRESETS)}, or 'all'")
     p.add_argument("--quant", action="append", default=None,
-                   help=f"synthetic storage formats, comma list: {', '.join(QUANTS)} (default q4; --quick: all)")
+                   help=f"synthetic storage formats, comma list: {', '.join(QUANTS)} (the GGUF blocks: "
+                        + ", ".join(f"{q} {t}" for q, t in QUANTS.items()) + "; default q4; --quick: f16, q8, q4)")
     p.add_argument("--weight-format", action="append", default=None,
                    help="load every model with each of these runtime weight formats, comma list: "
                         f"{', '.join(WEIGHT_FORMAT_CHOICES)} (default: as the file / --quant)")

@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"a real model (known name, .gguf path or HF folder; default {DEFAULT_MODEL} if it is "
                         "in the cache, else --synthetic of its shape)")
     p.add_argument("--synthetic", default=None, help="a random-weight model shape (see `webdrift bench --help`)")
-    p.add_argument("--quant", default="q4", help="storage format of --synthetic: f16, q8, q4 (default q4)")
+    p.add_argument("--quant", default="q4", help="storage format of --synthetic: f16, q8 (Q8_0), q4 (Q4_1), q4_0 (Q4_0) (default q4)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default %(default)s)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate (default %(default)s)")
     p.add_argument("--prefill-chunk", type=int, default=256, help="engine prefill chunk (default %(default)s)")

@@ -2,7 +2,7 @@
 
 `synthetic_source(name, quant)` returns a ModelSource-like object (the duck type GPUModel loads:
 `.path`, `.config`, `.tensors[name] -> .name, .shape, .type_name, .raw()`) whose matrices are
-random bytes in a GGUF block layout (F16, Q8_0 or Q4_1) and whose norm weights are F32 ones.
+random bytes in a GGUF block layout (F16, Q8_0, Q4_1 or Q4_0) and whose norm weights are F32 ones.
 The bytes go through the normal GPU conversion path at load, so the runtime weights are exactly
 the formats a real file of that type gives. Decode speed does not depend on the values; they are
 only kept finite and small (every f16 scale / value field is set to a small normal number) so no
@@ -55,10 +55,10 @@ PRESETS: dict[str, Shape] = {
 }
 
 # --quant -> the GGUF storage type of every matrix (norms stay F32, as in real GGUF files)
-QUANTS: dict[str, str] = {"f16": "F16", "q8": "Q8_0", "q4": "Q4_1"}
+QUANTS: dict[str, str] = {"f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q4_0": "Q4_0"}
 
 # GGUF block layouts: (bytes per block, elements per block)
-_BLOCK = {"F32": (4, 1), "F16": (2, 1), "Q8_0": (34, 32), "Q4_1": (20, 32)}
+_BLOCK = {"F32": (4, 1), "F16": (2, 1), "Q8_0": (34, 32), "Q4_1": (20, 32), "Q4_0": (18, 32)}
 
 
 def check_choice(what: str, value: str, choices) -> None:
@@ -112,8 +112,8 @@ def _pool(type_name: str) -> bytes:
         raw = bytearray(struct.pack("<f", 1.0) * _POOL_BLOCKS)
     elif type_name == "F16":        # values in +-[2^-7, 2^-6)
         raw[1::2] = raw[1::2].translate(_f16_high(8, None))
-    elif type_name == "Q8_0":       # d in [2^-12, 2^-11), q random int8
-        raw[1::bb] = raw[1::bb].translate(_f16_high(3, False))
+    elif type_name in ("Q8_0", "Q4_0"):   # d in [2^-12, 2^-11) (Q4_0: [2^-10, 2^-9)), q random
+        raw[1::bb] = raw[1::bb].translate(_f16_high(3 if type_name == "Q8_0" else 5, False))
     elif type_name == "Q4_1":       # d in [2^-10, 2^-9), m = -8 d (values centred on 0): exponent + 3, sign set
         raw[1::bb] = raw[1::bb].translate(_f16_high(5, False))
         raw[2::bb] = raw[0::bb]
