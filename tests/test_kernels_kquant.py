@@ -60,8 +60,14 @@ def test_values_bit_exact_with_gguf(src, fmt, O, I):
 def test_linear_reads_kquants(src, fmt, stage, T, variant):
     if variant is not None and variant.variant == "subgroup" and not device().has_subgroups:
         pytest.skip("no subgroups on this adapter")   # not counted: row / split cover the format
-    O, I = 37, 512
-    w, wref = kquant_weight(src, fmt, O, I, seed=3)
+    w, wref = kquant_weight(src, fmt, 37, 512, seed=3)
+    assert_linear_matches(w, wref, stage, T, variant)
+
+
+def assert_linear_matches(w, wref: np.ndarray, stage: str, T: int, variant) -> None:
+    """LinearKernel (stage, variant; None: the prefill GEMM) over weight w on T random rows
+    against numpy on w's values wref; the rows past T left as they were."""
+    O, I = wref.shape
     x = np.random.default_rng(1).standard_normal((T, I)).astype(np.float32)
     xd, yd = TensorDesc("x", I, 72), TensorDesc("y", O, 72)
     bufs = {"x": upload(xd, x), "y": upload(yd, None, fill=1234.5), "w": w.buffers}
@@ -89,9 +95,7 @@ def test_integer_dot_kernels_read_kquants(src, fmt, dual):
     the integer-dot GEMV (one row and 4 columns) and the int8 prefill GEMM (two tiles) against the
     exact block sums in float64 (sum_b d_x (d sc) sum(q_x q) + (-dmin m) s_x, the weights from
     gguf-py), and the columns bit for bit the one-row kernel's."""
-    from tests.gpu_util import step_buffer, write_step
     from tests.test_kernels_gemm_i8 import decode_rows
-    from webdrift.kernels.linear import Epilogue, GemmVariant
     from webdrift.kernels.quantize import QuantizeKernel, xq_desc
     dev = device()
     T, O, I, CAP = 6, 37, 768, 8
@@ -111,8 +115,17 @@ def test_integer_dot_kernels_read_kquants(src, fmt, dual):
         refs.append(xdeq @ (wd - np.repeat(m, 32, axis=1)).T + s.astype(np.float64) @ m.T)
         ws.append(w)
     want = refs[0] * 0.5 * (1 + np.tanh(refs[0] / 2)) * refs[1] if dual else refs[0]   # SiLU(gate) * up
-    gw, gw2 = ws[0], (ws[1] if dual else None)
-    binds = {"step": step_buffer(), "x": qb, "w": gw.buffers} | ({"w2": gw2.buffers} if dual else {})
+    assert_int8_kernels(qb, qd, yd, T, ws[0], ws[1] if dual else None, want)
+
+
+def assert_int8_kernels(qb, qd, yd, T: int, w, w2, want: np.ndarray) -> None:
+    """The integer-dot GEMV (one row, and 4 columns: bit for bit the one-row kernel's) and the
+    int8 prefill GEMM (two tiles) over the int8 rows qb (qd) and weight w (with w2: SiLU(w x) *
+    (w2 x)) against `want` (T, O); the rows past T left as they were."""
+    from tests.gpu_util import step_buffer, write_step
+    from webdrift.kernels.linear import Epilogue, GemmVariant
+    dev = device()
+    binds = {"step": step_buffer(), "x": qb, "w": w.buffers} | ({"w2": w2.buffers} if w2 is not None else {})
     write_step(T)
     outs = {}
     for name, stage, v in (("blk", "decode", GemvVariant("blk", rows=4, wg=64)),
@@ -120,12 +133,11 @@ def test_integer_dot_kernels_read_kquants(src, fmt, dual):
                            ("gemm", "prefill", GemmVariant(int8=True, kstep=2)),
                            ("gemm_db", "prefill", GemmVariant(int8=True, bm=32, bn=32, tm=4, tn=2, kstep=1, double=True))):
         yb = upload(yd, None, fill=1234.5)
-        k = LinearKernel(dev, stage, qd, yd, gw, gw2, variant=v, epilogue=Epilogue(act="silu"))
+        k = LinearKernel(dev, stage, qd, yd, w, w2, variant=v, epilogue=Epilogue(act="silu"))
         dev.submit([k.dispatch(binds | {"y": yb}, k.workgroups(T))])
         outs[name] = download(yd, yb)
         assert (outs[name][T:] == 1234.5).all(), name
-        scale = np.abs(want).max()
-        np.testing.assert_allclose(outs[name][:T], want, rtol=1e-5, atol=1e-5 * scale, err_msg=name)
+        np.testing.assert_allclose(outs[name][:T], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=name)
     np.testing.assert_array_equal(outs["cols"], outs["blk"])
 
 

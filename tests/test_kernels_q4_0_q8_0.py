@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.gpu_util import device, download, run, step_buffer, upload, write_step
+from tests.gpu_util import device, run, upload
 from tests.test_kernels_gemm_i8 import decode_rows
-from tests.test_kernels_kquant import read_rows
+from tests.test_kernels_kquant import assert_int8_kernels, assert_linear_matches, read_rows
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.linear import Epilogue, GemmVariant, GemvVariant, LinearKernel
+from webdrift.kernels.linear import GemvVariant
 from webdrift.kernels.quantize import QuantizeKernel, xq_desc
 from webdrift.kernels.weights import buffer_sizes
 from webdrift.models.manifest import runtime_format
@@ -79,23 +79,16 @@ def test_floats_quantized_like_ggml(src):
     assert (got[0, :32] == 0).all()
 
 
+@pytest.mark.parametrize("fmt", ["q4_0", "q8_0"])
 @pytest.mark.parametrize("stage,T,variant", [
     ("decode", 1, GemvVariant("row", rows=1, wg=64)), ("decode", 2, GemvVariant("split", rows=4, wg=64)),
     ("decode", 1, GemvVariant("subgroup", rows=8, wg=256)), ("decode", 3, GemvVariant("wide", rows=4, wg=64)),
     ("decode", 1, GemvVariant("wide", rows=8, wg=128, mrows=2, ksplit=True)), ("prefill", 65, None)])
-def test_float_kernels_read_q4_0(stage, T, variant):
+def test_float_kernels_read_q4_0_q8_0(fmt, stage, T, variant):
     if variant is not None and variant.variant in ("subgroup", "wide") and not device().has_subgroups:
         pytest.skip("no subgroups on this adapter")   # not counted: row / split cover the format
-    O, I = 37, 480
-    w, wref, _ = q4_0_weight(O, I, seed=3)
-    x = np.random.default_rng(1).standard_normal((T, I)).astype(np.float32)
-    xd, yd = TensorDesc("x", I, 72), TensorDesc("y", O, 72)
-    bufs = {"x": upload(xd, x), "y": upload(yd, None, fill=1234.5), "w": w.buffers}
-    run(LinearKernel(device(), stage, xd, yd, w, variant=variant or GemvVariant()), bufs, T)
-    y = download(yd, bufs["y"])
-    ref = x.astype(np.float64) @ wref.T.astype(np.float64)
-    np.testing.assert_allclose(y[:T], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 4)
-    assert (y[T:] == 1234.5).all()
+    w, wref, _ = (q4_0_weight if fmt == "q4_0" else q8_0_weight)(37, 480, seed=3)
+    assert_linear_matches(w, wref, stage, T, variant)
 
 
 @pytest.mark.parametrize("dual", [False, True])
@@ -119,20 +112,7 @@ def test_integer_dot_kernels_read_q4_0(dual):
         refs.append(xdeq @ (wref - np.repeat(m, 32, axis=1)).T + sx.astype(np.float64) @ m.T)
         ws.append(w)
     want = refs[0] * 0.5 * (1 + np.tanh(refs[0] / 2)) * refs[1] if dual else refs[0]   # SiLU(gate) * up
-    binds = {"step": step_buffer(), "x": qb, "w": ws[0].buffers} | ({"w2": ws[1].buffers} if dual else {})
-    write_step(T)
-    outs = {}
-    for name, stage, v in (("blk", "decode", GemvVariant("blk", rows=4, wg=64)),
-                           ("cols", "decode", GemvVariant("blk", rows=4, wg=64, cols=4)),
-                           ("gemm", "prefill", GemmVariant(int8=True, kstep=2)),
-                           ("gemm_db", "prefill", GemmVariant(int8=True, bm=32, bn=32, tm=4, tn=2, kstep=1, double=True))):
-        yb = upload(yd, None, fill=1234.5)
-        k = LinearKernel(dev, stage, qd, yd, ws[0], ws[1] if dual else None, variant=v, epilogue=Epilogue(act="silu"))
-        dev.submit([k.dispatch(binds | {"y": yb}, k.workgroups(T))])
-        outs[name] = download(yd, yb)
-        assert (outs[name][T:] == 1234.5).all(), name
-        np.testing.assert_allclose(outs[name][:T], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=name)
-    np.testing.assert_array_equal(outs["cols"], outs["blk"])
+    assert_int8_kernels(qb, qd, yd, T, ws[0], ws[1] if dual else None, want)
 
 
 def test_format_policy():
@@ -189,24 +169,6 @@ def test_floats_quantized_like_ggml_q8_0():
     assert differ.mean() < 0.01 and (got[0, :32] == 0).all()
 
 
-@pytest.mark.parametrize("stage,T,variant", [
-    ("decode", 1, GemvVariant("row", rows=1, wg=64)), ("decode", 2, GemvVariant("split", rows=4, wg=64)),
-    ("decode", 3, GemvVariant("wide", rows=4, wg=64)), ("prefill", 65, None)])
-def test_float_kernels_read_q8_0(stage, T, variant):
-    if variant is not None and variant.variant == "wide" and not device().has_subgroups:
-        pytest.skip("no subgroups on this adapter")   # not counted: row / split cover the format
-    O, I = 37, 480
-    w, wref, _ = q8_0_weight(O, I, seed=3)
-    x = np.random.default_rng(1).standard_normal((T, I)).astype(np.float32)
-    xd, yd = TensorDesc("x", I, 72), TensorDesc("y", O, 72)
-    bufs = {"x": upload(xd, x), "y": upload(yd, None, fill=1234.5), "w": w.buffers}
-    run(LinearKernel(device(), stage, xd, yd, w, variant=variant or GemvVariant()), bufs, T)
-    y = download(yd, bufs["y"])
-    ref = x.astype(np.float64) @ wref.T.astype(np.float64)
-    np.testing.assert_allclose(y[:T], ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max() * 4)
-    assert (y[T:] == 1234.5).all()
-
-
 def test_integer_dot_kernels_read_q8_0():
     """The int8 rows in natural order, the integer-dot GEMV (one row, 4 columns) and the int8
     GEMM against sum_b d_x d_w sum(q_x q_w) in float64."""
@@ -219,18 +181,7 @@ def test_integer_dot_kernels_read_q8_0():
     vals, d, _, _ = decode_rows(np.frombuffer(dev.read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T], I, "q8_0")
     w, wref, _ = q8_0_weight(O, I, seed=7)
     want = (vals * np.repeat(d.astype(np.float64), 32, axis=1)) @ wref.astype(np.float64).T
-    write_step(T)
-    outs = {}
-    for name, stage, v in (("blk", "decode", GemvVariant("blk", rows=4, wg=64)),
-                           ("cols", "decode", GemvVariant("blk", rows=4, wg=64, cols=4)),
-                           ("gemm", "prefill", GemmVariant(int8=True, kstep=2))):
-        yb = upload(yd, None, fill=1234.5)
-        k = LinearKernel(dev, stage, qd, yd, w, variant=v)
-        dev.submit([k.dispatch({"step": step_buffer(), "x": qb, "w": w.buffers, "y": yb}, k.workgroups(T))])
-        outs[name] = download(yd, yb)
-        assert (outs[name][T:] == 1234.5).all(), name
-        np.testing.assert_allclose(outs[name][:T], want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=name)
-    np.testing.assert_array_equal(outs["cols"], outs["blk"])
+    assert_int8_kernels(qb, qd, yd, T, w, None, want)
 
 
 def test_q8_0_format_policy():
