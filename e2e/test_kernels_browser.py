@@ -210,13 +210,14 @@ json.dumps(out)
 
 
 def test_browser_int8_kernels(chromium, server, record):
-    """QuantizeKernel (norm fused) + the integer-dot GEMV (q8, q4, q6k weights), plain and with its
+    """QuantizeKernel (norm fused) + the integer-dot GEMV (q8, q8_0, q4, q4_0, q5k, q6k weights), plain and with its
     quantizing epilogue, and the int8 prefill GEMM (single and double-buffered tiles), compiled by Tint and run on
     SwiftShader, against the numpy emulation of the desktop tests; with both rows as the columns of
     one workgroup (cols=2), bit-identical to the one-row kernel."""
     from gguf import GGMLQuantizationType, quants
 
     from tests.gpu_util import random_kquant_blocks
+    from tests.test_kernels_kquant import kquant_mins
     from tests.test_kernels_linear_blk import quant_x
     rng = np.random.default_rng(9)
     T, O, I, CAP, eps = 2, 64, 256, 4, 1e-5
@@ -228,12 +229,22 @@ def test_browser_int8_kernels(chromium, server, record):
     q4_raw, w_q4 = _q4_1(w)
     q6_blocks = random_kquant_blocks("Q6_K", O, I, seed=3)     # q6k: Q6_K's bits, read natively
     w_q6 = quants.dequantize(q6_blocks, GGMLQuantizationType.Q6_K).astype(np.float32)
+    q5_blocks = random_kquant_blocks("Q5_K", O, I, seed=4)     # q5k: Q5_K as stored, read natively
+    w_q5 = quants.dequantize(q5_blocks, GGMLQuantizationType.Q5_K).astype(np.float32)
+    q40_blocks = quants.quantize(w, GGMLQuantizationType.Q4_0)  # q4_0: Q4_0 as stored
+    w_q40 = quants.dequantize(q40_blocks, GGMLQuantizationType.Q4_0).astype(np.float32)
+    # the blocks' additive terms the kernels take from the float block sums (q4: Q4_1's m, the
+    # smallest value of each block here; q4_0: -8 d; q5k: -dmin m)
+    mins = {"q4": w_q4.reshape(O, -1, 32).min(-1)}
+    mins["q4_0"] = -8.0 * q40_blocks.reshape(O, -1, 18)[..., :2].copy().view("<f2")[..., 0].astype(np.float64)
+    mins["q5k"] = kquant_mins("Q5_K", q5_blocks, I)
     enc = lambda b: base64.b64encode(b).decode()
     xp = np.zeros((CAP, I), np.float32)
     xp[:T] = x
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "eps": eps, "x": enc(xp.tobytes()), "nw": enc(nw.tobytes()),
             "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw), "w_Q6_K": enc(q6_blocks.tobytes()),
-            "formats": [("Q8_0", "q8"), ("Q4_1", "q4"), ("Q6_K", "q6k")]}
+            "w_Q5_K": enc(q5_blocks.tobytes()), "w_Q4_0": enc(q40_blocks.tobytes()),
+            "formats": [("Q8_0", "q8"), ("Q8_0", "q8_0"), ("Q4_1", "q4"), ("Q4_0", "q4_0"), ("Q5_K", "q5k"), ("Q6_K", "q6k")]}
     res = run_in_worker(chromium, server, INT8_CODE, args)
     assert res["dp4a"] and res["subgroups"], res            # Chromium's WGSL offers both
     errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
@@ -244,11 +255,11 @@ def test_browser_int8_kernels(chromium, server, record):
     inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + eps)
     uq = quant_x(u)
     nb = O // 32
-    for fmt, wref in (("q8", w_q8), ("q4", w_q4), ("q6k", w_q6)):
+    for fmt, wref in (("q8", w_q8), ("q8_0", w_q8), ("q4", w_q4), ("q4_0", w_q40), ("q5k", w_q5), ("q6k", w_q6)):
         y = np.array(res[fmt + "/blk"]).reshape(T, O)
         want = uq @ wref.T.astype(np.float64)
-        if fmt == "q4":
-            m = np.repeat(wref.reshape(O, -1, 32).min(-1), 32, axis=1).astype(np.float64)
+        if fmt in mins:
+            m = np.repeat(mins[fmt], 32, axis=1).astype(np.float64)
             want += (u - uq) @ m.T
         want *= inv
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=fmt)

@@ -22,7 +22,7 @@ from tests.test_kernels_linear import SENTINEL, _weights, gelu_tanh, silu
 from webdrift.errors import UnsupportedModelError
 from webdrift.kernels.autotune import GEMM_CANDIDATES, GEMM_F16_CANDIDATES, GEMM_I8_CANDIDATES, static_gemm
 from webdrift.kernels.linear import Epilogue, GemmVariant, LinearKernel, PreNorm
-from webdrift.kernels.quantize import QuantizeKernel, xq_desc
+from webdrift.kernels.quantize import NATURAL_ORDER, QuantizeKernel, xq_desc
 from webdrift.tensor import TensorDesc
 
 CAP = 136      # token capacity: one shader per configuration serves every T <= 136
@@ -45,7 +45,7 @@ def decode_rows(words: np.ndarray, i: int, fmt: str):
     nb = i // 32
     nbp = (nb + 3) // 4 * 4
     q = words[:, :8 * nb].copy().view(np.int8).reshape(len(words), nb * 8, 4).astype(np.int64)
-    if fmt not in ("q8", "q8_0"):   # q4, q4_0, q4k, q6k: evens then odds
+    if fmt not in NATURAL_ORDER:   # q4, q4_0, q4k, q6k: evens then odds
         pairs = q.reshape(len(words), nb * 4, 2, 4)            # (T, word pair, even|odd, 4)
         q = np.stack([pairs[:, :, 0], pairs[:, :, 1]], -1).reshape(len(words), nb * 8, 4)
     vals = q.reshape(len(words), i)

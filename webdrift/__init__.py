@@ -59,18 +59,18 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     weight_format: runtime weight format of every matrix ("f32", "f16", "q8", "q8_0", "q8pc",
     "q4", "q4_0", "q4g128", "q4pc", "e0m4", ..., the mixed "8/4/4" or "exact";
     docs/QUANTIZATION.md), re-quantized on the GPU at load where the file differs; default follows
-    the file (Q8_0/Q5_0 -> q8_0, Q4_0 -> q4_0, Q4_K -> q4k, Q6_K -> q6k, all kept as stored;
-    Q5_1/Q5_K -> q8, Q4_1/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32;
+    the file (Q8_0/Q5_0 -> q8_0, Q4_0 -> q4_0, Q4_K -> q4k, Q5_K -> q5k, Q6_K -> q6k, all kept
+    as stored; Q5_1 -> q8, Q4_1/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32;
     models/manifest.runtime_format).
     layout: physical layout of activations ("linear" or "sliced").
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
     autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest;
     "force": also on software adapters (lavapipe, SwiftShader), which otherwise keep static rules.
-    prefill_kernels: "gemm" (tiled matrix-matrix kernels; on q4/q8/q4k/q6k layers with int8 activations
+    prefill_kernels: "gemm" (tiled matrix-matrix kernels; on q8/q8_0/q4/q4_0/q4k/q5k/q6k layers with int8 activations
     and integer dot products where the GPU has them), "gemv" (the decode kernels over the
     prompt's rows), "auto" (gemv on software adapters such as lavapipe, gemm elsewhere), or
     "gemm_float" / "gemm_int8" (the float / the int8 GEMM forced).
-    int8_activations: decode q4/q8/q4k/q6k layers from int8-quantized activations (per 32-block scales,
+    int8_activations: decode q8/q8_0/q4/q4_0/q4k/q5k/q6k layers from int8-quantized activations (per 32-block scales,
     like llama.cpp's MMVQ) with integer dot products. None (auto): on GPUs that have them, for
     each GEMV role where measuring both paths shows the faster GEMV repays its quantize dispatch;
     True / False: every role; a dict {"qkv", "o", "gateup", "down", "head": bool}: those roles.

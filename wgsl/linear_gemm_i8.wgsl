@@ -88,7 +88,32 @@ fn q4_block(q: vec4<u32>, sc: vec2<f32>) -> Block {
   return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
                vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), sc);
 }
-#if Q4K
+#if Q5K
+// q5k: Q5_K super-blocks as stored: the 8 words of 5-bit codes of sub-block j (natural order, as
+// x is packed for it), (d sc, -dmin m) from the header
+fn q5_words(A: vec4<u32>, H: vec4<u32>, j: u32) -> vec4<u32> {
+  return vec4<u32>(w_q5(A.x, H.x, j), w_q5(A.y, H.y, j), w_q5(A.z, H.z, j), w_q5(A.w, H.w, j));
+}
+fn w_block(o: u32, b: u32) -> Block {
+  let k = o * NB + b;
+  let i = k / 8u * 11u;
+  let j = k % 8u;
+  return Block(q5_words(w_data[i + 3u + 2u * (j / 2u)], w_data[i + 1u], j),
+               q5_words(w_data[i + 4u + 2u * (j / 2u)], w_data[i + 2u], j), w_k4sm(k));
+}
+#if DUAL
+fn w2_block(o: u32, b: u32) -> Block {
+  let k = o * NB + b;
+  let i = k / 8u * 11u;
+  let j = k % 8u;
+  return Block(q5_words2(w2_data[i + 3u + 2u * (j / 2u)], w2_data[i + 1u], j),
+               q5_words2(w2_data[i + 4u + 2u * (j / 2u)], w2_data[i + 2u], j), w2_k4sm(k));
+}
+fn q5_words2(A: vec4<u32>, H: vec4<u32>, j: u32) -> vec4<u32> {
+  return vec4<u32>(w2_q5(A.x, H.x, j), w2_q5(A.y, H.y, j), w2_q5(A.z, H.z, j), w2_q5(A.w, H.w, j));
+}
+#endif
+#elif Q4K
 // q4k: as q4, the block's nibbles after its super-block's header, (d sc, -dmin m) from the header
 fn w_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;

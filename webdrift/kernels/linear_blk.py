@@ -11,6 +11,9 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q8_0: as q8, its scale an f16 (two a word). q4_0: as q4, its pair (d, -8 d) from the f16 scale it stores.
   q4k: Q4_K super-blocks with each 32-block's nibbles in q4's order (kernels/weights.py) -> as q4,
       its (scale, min) pair (d sc, -dmin m) from the super-block's header.
+  q5k: Q5_K super-blocks as stored: a 32-block's nibbles (8 consecutive qs words) with each
+      input's fifth bit from qh OR-ed in as bit 4 -> codes 0..31 as bytes in natural order, x
+      packed naturally as for q8; its (scale, min) pair (d sc, -dmin m) from the header, as q4k.
   q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
       even / odd byte lanes (kernels/weights.py), made int8 (q - 32) -> x packed even / odd; the
       two 16-input halves of a block (x's lo and hi words) have their own scales.
@@ -24,13 +27,13 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, ceil4, n_partials, row_words
-from .weights import q4_sm_decl, q4k_block_wgsl, q6k_block_wgsl, q6k_decl, q8_scale_decl
+from .weights import q4_sm_decl, q4k_block_wgsl, q5k_block_wgsl, q6k_block_wgsl, q6k_decl, q8_scale_decl
 
 Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
 
 
 def supported(fmt: str, i: int) -> bool:
-    return fmt in FORMATS and i % (256 if fmt in ("q4k", "q6k") else 32) == 0
+    return fmt in FORMATS and i % (256 if fmt in ("q4k", "q5k", "q6k") else 32) == 0
 
 
 def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
@@ -48,6 +51,9 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
                        f"// ({o}, {i // 256}, 9) Q4_K super-blocks, nibbles in q4's order\n") + q4k_block_wgsl(n)
     if fmt == "q6k":
         return head + q6k_decl(n, binding, "read", o, i, word="vec2<u32>") + q6k_block_wgsl(n)
+    if fmt == "q5k":
+        return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  "
+                       f"// ({o}, {i // 256}, 11) Q5_K super-blocks as stored\n") + q5k_block_wgsl(n)
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
 
 
@@ -65,6 +71,27 @@ def _q6k_load(n: str, r: int) -> list[str]:
             s = 2 * k + p
             L.append(f"    let {n}v{r}_{s} = {n}_q6({words[k]}, {4 * p}u, {n}H{r}.{'xy'[s // 4]}, {2 * (s % 4)}u);")
     return L
+
+
+def _q5k_load(n: str, r: int) -> list[str]:
+    """Block b of row rw{r} of a q5k weight: its 8 words of 5-bit codes (natural order) as
+    {n}v{r}_0..7 and its pair as {n}m{r}."""
+    o = f"rw{r}"
+    L = [f"    let {n}k{r} = {o} * NB + b;", f"    let {n}i{r} = {n}k{r} / 8u * 11u;", f"    let {n}j{r} = {n}k{r} % 8u;",
+         f"    let {n}A{r} = {n}_data[{n}i{r} + 3u + 2u * ({n}j{r} / 2u)];",
+         f"    let {n}B{r} = {n}_data[{n}i{r} + 4u + 2u * ({n}j{r} / 2u)];",
+         f"    let {n}H{r} = {n}_data[{n}i{r} + 1u];", f"    let {n}G{r} = {n}_data[{n}i{r} + 2u];",
+         f"    let {n}m{r} = {n}_k4sm({n}k{r});"]
+    for t, c in enumerate("xyzw"):
+        L.append(f"    let {n}v{r}_{t} = {n}_q5({n}A{r}.{c}, {n}H{r}.{c}, {n}j{r});")
+        L.append(f"    let {n}v{r}_{t + 4} = {n}_q5({n}B{r}.{c}, {n}G{r}.{c}, {n}j{r});")
+    return L
+
+
+def _q5k_acc(n: str, acc: str, r: int, xk: str) -> str:
+    terms = [f"dot4I8Packed({n}v{r}_{t}, {xk}.lo.{c})" for t, c in enumerate("xyzw")]
+    terms += [f"dot4I8Packed({n}v{r}_{t + 4}, {xk}.hi.{c})" for t, c in enumerate("xyzw")]
+    return f"{acc} += {n}m{r}.x * {xk}.d * f32({' + '.join(terms)}) + {n}m{r}.y * {xk}.s;"
 
 
 def _q6k_terms(n: str, r: int, xk: str, half: int) -> str:
@@ -92,6 +119,8 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
     if fmt == "q6k":
         return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
+    if fmt == "q5k":
+        return _q5k_load(n, r) + [f"    {_q5k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt in Q8_FORMATS:
         terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
@@ -127,6 +156,8 @@ def _load(n: str, r: int, fmt: str) -> list[str]:
     o = f"rw{r}"
     if fmt == "q6k":
         return _q6k_load(n, r)
+    if fmt == "q5k":
+        return _q5k_load(n, r)
     if fmt in Q8_FORMATS:
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
@@ -142,6 +173,8 @@ def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     xk = f"xk{c}"
     if fmt == "q6k":
         return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
+    if fmt == "q5k":
+        return f"      {_q5k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt in Q8_FORMATS:
         terms = ([f"dot4I8Packed({n}a{r}.{e}, {xk}.lo.{e})" for e in "xyzw"]
                  + [f"dot4I8Packed({n}b{r}.{e}, {xk}.hi.{e})" for e in "xyzw"])
@@ -363,7 +396,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
     xp = min(wg, 1 << (np_ - 1).bit_length())          # the partial sums' tree (linear_blk_xnorm.wgsl)
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4_0", "q4k"),
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4_0", "q4k", "q5k"),
             "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:

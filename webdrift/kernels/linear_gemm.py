@@ -180,11 +180,11 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
 
 
 def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
-    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k" or "q6k"; the scale
-    products per block: q8 / q8_0 d_w d_x isum, q4, q4_0 and q4k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
+    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k", "q5k" or "q6k"; the
+    scale products per block: q8 / q8_0 d_w d_x isum, q4, q4_0, q4k and q5k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
     v.check()
     body = []
-    q4, q6 = fmt in ("q4", "q4_0", "q4k"), fmt == "q6k"
+    q4, q6 = fmt in ("q4", "q4_0", "q4k", "q5k"), fmt == "q6k"
     sums = ("_0", "_1") if q6 else ("",)   # integer sums per block: q6k one per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
         (("b", "ws", "n", "wsc", "wd", "c"),)
@@ -218,7 +218,7 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
         body.append("    }")
     nbuf = 2 if v.double else 1
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
-            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4, "Q4K": fmt == "q4k", "Q6K": q6,
+            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4, "Q4K": fmt == "q4k", "Q5K": fmt == "q5k", "Q6K": q6,
             **_bases(("xb", "wb", "xb2", "wb2"), ("2u * KS * BM", "2u * KS * BN", "KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
 

@@ -1,8 +1,9 @@
 """Int8 activation rows for the integer-dot GEMV (linear.py's "blk" variant): their layout, the
 defines of wgsl/quantize_block.wgsl that writes them (shared by every producer), and
 QuantizeKernel (wgsl/quantize.wgsl), which turns activation rows (optionally RMS-normalised)
-into them. A row of i channels for weights of format fmt ("q8" / "q8_0" / "q4" / "q4_0" / "q4k" / "q6k": it
-fixes the int8 order: natural for q8 / q8_0, q4's evens then odds per 8 values for the others),
+into them. A row of i channels for weights of format fmt ("q8" / "q8_0" / "q4" / "q4_0" / "q4k" / "q5k" /
+"q6k": it fixes the int8 order: natural for q8 / q8_0 / q5k, q4's evens then odds per 8 values for
+the others),
 u32 words, NB = i / 32 blocks, NBP = NB rounded up to 4:
   [8 NB: four int8 per word][NBP: f32 block scales][NBP: f32 block sums][NBP: partial sums of x^2]
 Must not: import numpy or wgpu.
@@ -20,7 +21,8 @@ from .bindings import Bindings
 if TYPE_CHECKING:
     from .norm import PreNorm
 
-FORMATS = ("q8", "q8_0", "q4", "q4_0", "q4k", "q6k")   # weight formats the int8 rows are packed for
+FORMATS = ("q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k")   # weight formats the int8 rows are packed for
+NATURAL_ORDER = ("q8", "q8_0", "q5k")   # formats whose int8 rows are in channel order (the others: q4's)
 QWG = 256                # quantize.wgsl's workgroup: one invocation per channel, 8 blocks
 
 
@@ -51,7 +53,7 @@ def block_defines(fmt: str, i: int, wg: int) -> dict:
     weights with workgroups of wg invocations."""
     nb = i // 32
     return {"QNB": nb, "QNBP": ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * ceil4(nb),
-            "QWG": wg, "QPACK_Q4": fmt not in ("q8", "q8_0")}
+            "QWG": wg, "QPACK_Q4": fmt not in NATURAL_ORDER}
 
 
 def declare_rows(b: Bindings, name: str, rows: TensorDesc) -> str:

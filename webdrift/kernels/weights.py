@@ -276,13 +276,13 @@ def q6k_block_wgsl(n: str) -> str:
             f"  return bitcast<f32>({n}_sc[blk / 8u * 5u + 4u]) * vec2<f32>(f32(i32(c << 8u) >> 24u), f32(i32(c) >> 24u));\n}}\n")
 
 
-def q4k_block_wgsl(n: str) -> str:
-    """For the integer-dot kernels (`{n}_data: array<vec4<u32>>`, 9 vec4 per Q4_K super-block:
-    the header d, dmin, scales[12], then 8 of nibbles): `fn {n}_k4sm(blk) -> vec2<f32>`, the
-    (scale, min) pair of 32-block blk (o * NB + b) as q4 has them: (d sc, -dmin m), the 6-bit
+def q4k_block_wgsl(n: str, vec4s: int = 9) -> str:
+    """For the integer-dot kernels (`{n}_data: array<vec4<u32>>`, `vec4s` per super-block, the
+    first the header d, dmin, scales[12]: Q4_K's 9, Q5_K's 11): `fn {n}_k4sm(blk) -> vec2<f32>`,
+    the (scale, min) pair of 32-block blk (o * NB + b) as q4 has them: (d sc, -dmin m), the 6-bit
     sub-block sc, m unpacked as ggml's get_scale_min_k4 (exact in f32)."""
     return (f"fn {n}_k4sm(blk: u32) -> vec2<f32> {{\n"
-            f"  let h = {n}_data[blk / 8u * 9u];\n"
+            f"  let h = {n}_data[blk / 8u * {vec4s}u];\n"
             f"  let j = blk % 8u;\n"
             f"  let k = 8u * (j % 4u);\n"
             f"  let md = (h.w >> k) & 0xffu;   // j >= 4: byte j + 4\n"
@@ -290,6 +290,17 @@ def q4k_block_wgsl(n: str) -> str:
             f"  let mn = select(((h.z >> k) & 63u), (md >> 4u) | (((h.z >> (k + 6u)) & 3u) << 4u), j >= 4u);\n"
             f"  let dm = unpack2x16float(h.x);\n"
             f"  return vec2<f32>(dm.x * f32(sc), -(dm.y * f32(mn)));\n}}\n")
+
+
+def q5k_block_wgsl(n: str) -> str:
+    """For the integer-dot kernels over Q5_K super-blocks as stored (11 vec4: the header, qh[32]
+    in vec4 1-2, qs[128] in 3-10): `fn {n}_q5(w, h, s) -> u32`, the 5-bit codes of four
+    consecutive inputs of sub-block s as bytes (natural order), from the qs word w holding their
+    nibbles (low half for even s) and the qh word h holding their fifth bits (bit s of each
+    byte); and the (d sc, -dmin m) pairs ({n}_k4sm), as Q4_K's."""
+    return (f"fn {n}_q5(w: u32, h: u32, s: u32) -> u32 {{\n"
+            f"  return ((w >> (4u * (s % 2u))) & 0x0F0F0F0Fu) | (((h >> s) & 0x01010101u) << 4u);\n}}\n"
+            + q4k_block_wgsl(n, 11))
 
 
 def _q4k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:

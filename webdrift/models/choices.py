@@ -15,6 +15,11 @@ from ..errors import InvalidArgumentError, UnsupportedModelError
 from ..kernels import linear_blk
 from ..kernels.attention import AttentionCombineKernel
 from ..kernels.autotune import GEMM_TUNE_ROWS, gemm_int8_pays, int8_pays, tunable
+from ..kernels.quantize import FORMATS
+
+# what the integer-dot kernels read, for messages: their formats, inputs in whole 32-blocks
+# (256-input super-blocks for the K-quants)
+INT8_FORMATS = "/".join(FORMATS) + " (whole blocks of inputs)"
 
 ROLES = ("qkv", "o", "gateup", "down", "head")
 LAYER_ROLES = ("qkv", "o", "gateup", "down")
@@ -46,7 +51,7 @@ def layer_role_weights(lw) -> dict:
 
 def _layer_int8(dev, lw) -> tuple[list, bool]:
     """A layer's five weight matrices, and whether they can all read int8 rows on this adapter
-    (q4 / q8 with inputs a multiple of 32, q4k / q6k, packed integer dot products)."""
+    (the integer-dot formats, quantize.FORMATS, with whole blocks; packed integer dot products)."""
     mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
@@ -54,7 +59,7 @@ def _layer_int8(dev, lw) -> tuple[list, bool]:
 def choose_prefill_int8(model, wanted: bool | None, rows: int = GEMM_TUNE_ROWS) -> dict:
     """Per layer role (qkv, o, gateup, down): whether its prefill GEMM reads int8 rows
     (QuantizeKernel + the integer-dot GEMM, wgsl/linear_gemm_i8.wgsl). None (auto): where every
-    layer weight is q4 / q8 / q4k / q6k with inputs a multiple of 32 and the adapter has packed
+    layer weight is in an integer-dot format (INT8_FORMATS) and the adapter has packed
     integer dot products, never on software adapters, and where the adapter is tuned, per role
     if timing layer 0's GEMM of that role both ways over `rows` tokens (the prefill chunk; the
     int8 one with its quantize dispatch, a matrix-unit QKV / gate-up with its Norm pass) says
@@ -66,7 +71,7 @@ def choose_prefill_int8(model, wanted: bool | None, rows: int = GEMM_TUNE_ROWS) 
     mats, ok = _layer_int8(dev, lw)
     if wanted and not ok:
         raise UnsupportedModelError(
-            "the int8 prefill GEMM needs q4/q8/q4k/q6k layer weights with inputs a multiple of 32 and WGSL's "
+            f"the int8 prefill GEMM needs {INT8_FORMATS} layer weights and WGSL's "
             f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
     if wanted is not None or not ok or dev.info.is_cpu:
         return dict.fromkeys(LAYER_ROLES, bool(wanted))
@@ -107,12 +112,12 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
         out = {r: bool(wanted.get(r, False)) for r in roles}
         if (any(v for r, v in out.items() if r != "head") and not ok) or (out["head"] and not head_ok):
             raise UnsupportedModelError(f"int8 activations for {sorted(r for r, v in out.items() if v)} need "
-                                        "q4/q8 weights with inputs a multiple of 32 and packed 4x8 integer dot products")
+                                        f"{INT8_FORMATS} weights and packed 4x8 integer dot products")
         return Int8Choice(out, all(out[r] for r in LAYER_ROLES) and possible)
     if wanted is not None:
         if wanted and not ok:
             raise UnsupportedModelError(
-                "int8 activations need q4/q8/q4k/q6k layer weights with inputs a multiple of 32 and WGSL's "
+                f"int8 activations need {INT8_FORMATS} layer weights and WGSL's "
                 f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
                 f"adapter: {dev.has_dp4a})")
         return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)

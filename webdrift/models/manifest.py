@@ -31,7 +31,7 @@ from ..kernels.weights import FORMATS
 from ..weights.config import ModelConfig
 
 # stored quantized type -> the runtime format it maps to by default
-QUANT_DEFAULT = {"Q8_0": "q8_0", "Q5_0": "q8_0", "Q5_1": "q8", "Q5_K": "q8", "Q6_K": "q6k",
+QUANT_DEFAULT = {"Q8_0": "q8_0", "Q5_0": "q8_0", "Q5_1": "q8", "Q5_K": "q5k", "Q6_K": "q6k",
                  "Q4_0": "q4_0", "Q4_1": "q4", "Q4_K": "q4k", "Q2_K": "q4", "Q3_K": "q4"}
 RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weights.py)
 # mixed policies: the runtime format per matrix role (attn: Q|K|V and O; ffn: gate, up, down;
@@ -48,9 +48,9 @@ WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what we
 
 def default_format(src_type: str) -> str:
     """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
-    Q4_K -> q4k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_0 -> q8_0 (their f16 scale
-    and int8 values as stored, 8.5 bits a weight); Q5_1/Q5_K -> q8 (re-quantized to int8 per
-    32-block with an f32 scale, an error of at most 1/254 of the block's largest magnitude); Q4_0 -> q4_0 (its scale alone, 4.5 bits a weight, without loss);
+    Q4_K -> q4k, Q5_K -> q5k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_0 -> q8_0
+    (their f16 scale and int8 values as stored, 8.5 bits a weight); Q5_1 -> q8 (re-quantized to
+    int8 per 32-block with an f32 scale, an error of at most 1/254 of the block's largest magnitude); Q4_0 -> q4_0 (its scale alone, 4.5 bits a weight, without loss);
     Q4_1/Q2_K/Q3_K -> q4 (Q4_1 without loss, Q2_K/Q3_K re-quantized)."""
     if src_type in QUANT_DEFAULT:
         return QUANT_DEFAULT[src_type]
@@ -61,8 +61,8 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
     weight_format when given (re-quantizing on the GPU where needed; a mixed policy such as
     "8/4/4" picks by the matrix's role: attn, ffn or embd); otherwise the types' common
-    default, q8 for mixed quantized types (a Q4_K_M file's Q4_K Q/K with a Q6_K V; Gemma's Q5_0
-    Q/K with a Q8_0 V share q8_0), f32 when floats are mixed in."""
+    default, q8 for mixed quantized types (a Q4_K_M / Q5_K_M file's Q4_K / Q5_K Q/K with a Q6_K V;
+    Gemma's Q5_0 Q/K with a Q8_0 V share q8_0), f32 when floats are mixed in."""
     if weight_format in MIXED_FORMATS:
         if role not in MIXED_FORMATS[weight_format]:
             raise InvalidArgumentError(f"weight_format={weight_format!r} chooses by a matrix's role "
@@ -78,7 +78,7 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
         return fmts.pop()
     if fmts <= {"q4", "q4_0", "q4k"}:   # Q4_K with Q4_0 / Q4_1: q4 holds them all (Q4_K's scales in f16)
         return "q4"
-    if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q6k"}:   # q8_0 / q4_0 / q4k / q6k hold one GGUF type each: a mix re-quantizes to q8
+    if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k"}:   # q8_0 / q4_0 / q4k / q5k / q6k hold one GGUF type each: a mix re-quantizes to q8
         return "q8"
     return "f32"
 
