@@ -50,8 +50,11 @@ def test_q4_0_values_bit_exact_and_size(O, I):
 
 def test_q4_0_uploaded_in_row_chunks():
     O, I = 11, 224                                               # 7 blocks a row: odd
-    w, ref, _ = q4_0_weight(O, I, seed=4, chunk_rows=3)
+    w, ref, blocks = q4_0_weight(O, I, seed=4, chunk_rows=3)
     np.testing.assert_array_equal(read_rows(w, O, I).view(np.uint32), ref.view(np.uint32))
+    # the scales are OR-ed into zeroed words: converting rows into the weight again is refused
+    with pytest.raises(ValueError, match="rows 2..3 were converted into this q4_0 weight already"):
+        upload_rows(device(), w, "Q4_0", blocks[2:4].tobytes(), 2, row0=2)
 
 
 @pytest.mark.parametrize("src", ["F32", "F16"])

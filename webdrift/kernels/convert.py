@@ -96,6 +96,11 @@ def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0
         if row_bytes != dst.i // 256 * block_bytes or row0 + rows > dst.o:
             raise UnsupportedModelError(f"{dst.name}: {rows} rows of {row_bytes} bytes do not fit {dst.fmt} rows "
                                         f"{row0}.. of {dst.i} inputs")
+    if dst.fmt in HALF_SCALES:   # scales OR-ed into words that start zeroed: each row converted once
+        if any(r0 < row0 + rows and row0 < r0 + n for r0, n in dst.converted):
+            raise ValueError(f"{dst.name}: rows {row0}..{row0 + rows - 1} were converted into this {dst.fmt} "
+                             "weight already (its f16 scales are OR-ed into zeroed words: allocate a new one)")
+        dst.converted.append((row0, rows))
     if dst.fmt in AS_STORED:   # the super-blocks as stored, rows row0.. of the one buffer
         dev.write_buffer(dst.buffers[0], raw, row0 * row_bytes)
         return

@@ -103,6 +103,7 @@ class GPUWeight:
     buffers: list = field(default_factory=list)      # gpu Buffers, in binding order
     layout: WeightLayout | None = None               # f32 / f16 only
     row0: int = 0                                    # a row shard: rows row0 .. row0+o of the whole matrix
+    converted: list = field(default_factory=list, repr=False)   # (row0, rows) ranges converted into it (HALF_SCALES)
 
     @property
     def n_bindings(self) -> int:
