@@ -78,12 +78,12 @@ def test_sharded_sliced_layout_matches_transformers(tmp_path, hf_tokenizer_dir):
 
 
 def test_sharded_q8_embedding_smollm2_matches_transformers(smollm2_gguf_path, smollm2_hf):
-    """SmolLM2's tied Q8_0 embedding (49152 x 576: 27 MiB of int8 + 3.4 MiB of scales) in 12 MiB
+    """SmolLM2's tied Q8_0 embedding (49152 x 576: 27 MiB of int8 + 1.7 MiB of f16 scales) in 12 MiB
     bindings: q8_0 shards of 21824 + 21824 + 5504 rows (data and scale buffers split alike)."""
     eng = webdrift.load(str(smollm2_gguf_path), max_context=96, prefill_chunk=64, max_binding_bytes=12 << 20)
     shards = eng.model.output_shards
     assert [(w.fmt, w.row0, w.o) for w in shards] == [("q8_0", 0, 21824), ("q8_0", 21824, 21824), ("q8_0", 43648, 5504)]
-    assert [b.size for b in shards[2].buffers] == [5504 * 576, 5504 * 18 * 4]
+    assert [b.size for b in shards[2].buffers] == [5504 * 576, 5504 * 18 * 2]   # q8_0: two f16 scales a word
     assert _count(eng.decode, "lm_head") == 3 and _count(eng.decode, "embedding") == 3
     smollm2_ref = smollm2_hf[0]
     rng = np.random.default_rng(5)
