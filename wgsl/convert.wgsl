@@ -216,15 +216,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   // runtime q4: nibble n of word k = element 8k+n; (scale, min) as f16x2 per 32-block
   let wrow = (ROW0 + r) * (COLS / 8u) + (GROUP / 8u) * u;
 #if Q4_DIRECT
-#if DST_HALF
-  let blk = (r * UNITS + u) * 18u;   // Q4_0 -> q4_0: d and the 16 nibble bytes as they are
-  let d = f16_at(blk);
-#elif SRC_Q4_1
+#if SRC_Q4_1
   let blk = (r * UNITS + u) * 20u;   // d, m, 16 nibble bytes
   let d = f16_at(blk);
   let m = f16_at(blk + 2u);
 #elif SRC_Q4_0
-  let blk = (r * UNITS + u) * 18u;   // d, 16 nibble bytes; x = d (q - 8)
+  let blk = (r * UNITS + u) * 18u;   // d, 16 nibble bytes; x = d (q - 8) (q4_0 keeps d alone)
   let d = f16_at(blk);
   let m = -8.0 * d;
 #else

@@ -89,28 +89,25 @@ fn q4_block(q: vec4<u32>, sc: vec2<f32>) -> Block {
                vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), sc);
 }
 #if Q5K
-// q5k: Q5_K super-blocks as stored: the 8 words of 5-bit codes of sub-block j (natural order, as
-// x is packed for it), (d sc, -dmin m) from the header
-fn q5_words(A: vec4<u32>, H: vec4<u32>, j: u32) -> vec4<u32> {
-  return vec4<u32>(w_q5(A.x, H.x, j), w_q5(A.y, H.y, j), w_q5(A.z, H.z, j), w_q5(A.w, H.w, j));
+// q5k: Q5_K super-blocks as stored (11 vec4: header, qh, qs): 32-block j of a super-block's 8
+// words of 5-bit codes (natural order, as x is packed for it) from its qs vec4s A, B and the qh
+// vec4s H, G (w_q5 is a pure function of its words, shared by w2); sc = (d sc, -dmin m)
+fn q5_block(A: vec4<u32>, B: vec4<u32>, H: vec4<u32>, G: vec4<u32>, j: u32, sc: vec2<f32>) -> Block {
+  return Block(vec4<u32>(w_q5(A.x, H.x, j), w_q5(A.y, H.y, j), w_q5(A.z, H.z, j), w_q5(A.w, H.w, j)),
+               vec4<u32>(w_q5(B.x, G.x, j), w_q5(B.y, G.y, j), w_q5(B.z, G.z, j), w_q5(B.w, G.w, j)), sc);
 }
 fn w_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let i = k / 8u * 11u;
-  let j = k % 8u;
-  return Block(q5_words(w_data[i + 3u + 2u * (j / 2u)], w_data[i + 1u], j),
-               q5_words(w_data[i + 4u + 2u * (j / 2u)], w_data[i + 2u], j), w_k4sm(k));
+  let s = k / 8u * 11u;                   // the super-block's header
+  let q = s + 3u + 2u * (k % 8u / 2u);    // its qs vec4s holding block k's nibbles
+  return q5_block(w_data[q], w_data[q + 1u], w_data[s + 1u], w_data[s + 2u], k % 8u, w_k4sm(k));
 }
 #if DUAL
 fn w2_block(o: u32, b: u32) -> Block {
   let k = o * NB + b;
-  let i = k / 8u * 11u;
-  let j = k % 8u;
-  return Block(q5_words2(w2_data[i + 3u + 2u * (j / 2u)], w2_data[i + 1u], j),
-               q5_words2(w2_data[i + 4u + 2u * (j / 2u)], w2_data[i + 2u], j), w2_k4sm(k));
-}
-fn q5_words2(A: vec4<u32>, H: vec4<u32>, j: u32) -> vec4<u32> {
-  return vec4<u32>(w2_q5(A.x, H.x, j), w2_q5(A.y, H.y, j), w2_q5(A.z, H.z, j), w2_q5(A.w, H.w, j));
+  let s = k / 8u * 11u;                   // the super-block's header
+  let q = s + 3u + 2u * (k % 8u / 2u);    // its qs vec4s holding block k's nibbles
+  return q5_block(w2_data[q], w2_data[q + 1u], w2_data[s + 1u], w2_data[s + 2u], k % 8u, w2_k4sm(k));
 }
 #endif
 #elif Q4K

@@ -50,8 +50,9 @@ def default_format(src_type: str) -> str:
     """The runtime format a stored type maps to: floats keep their width (BF16 widens to f32);
     Q4_K -> q4k, Q5_K -> q5k, Q6_K -> q6k (every bit kept, read natively); Q8_0/Q5_0 -> q8_0
     (their f16 scale and int8 values as stored, 8.5 bits a weight); Q5_1 -> q8 (re-quantized to
-    int8 per 32-block with an f32 scale, an error of at most 1/254 of the block's largest magnitude); Q4_0 -> q4_0 (its scale alone, 4.5 bits a weight, without loss);
-    Q4_1/Q2_K/Q3_K -> q4 (Q4_1 without loss, Q2_K/Q3_K re-quantized)."""
+    int8 per 32-block with an f32 scale, an error of at most 1/254 of the block's largest
+    magnitude); Q4_0 -> q4_0 (its scale alone, 4.5 bits a weight, without loss); Q4_1/Q2_K/Q3_K ->
+    q4 (Q4_1 without loss, Q2_K/Q3_K re-quantized)."""
     if src_type in QUANT_DEFAULT:
         return QUANT_DEFAULT[src_type]
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
