@@ -518,7 +518,13 @@ dev.write_buffer(step, pack_step(T, 0))
 for src, fmt in args["formats"]:
     try:
         w = allocate_weight(dev, fmt, fmt, O, I, "OI")
-        upload_rows(dev, w, src, base64.b64decode(args["raw"][src]), O)
+        if isinstance(src, list):   # a row-split weight: (stored type, rows) of each range
+            row0 = 0
+            for s, rows in src:
+                upload_rows(dev, w, s, base64.b64decode(args["raw"]["split:" + s]), rows, row0)
+                row0 += rows
+        else:
+            upload_rows(dev, w, src, base64.b64decode(args["raw"][src]), O)
         out[fmt + "/buffers"] = [base64.b64encode(await dev.read_buffer(b, 0, b.size)).decode() for b in w.buffers]
         for cand in args["variants"] + [{"stage": "prefill"}]:
             cand = dict(cand)
@@ -541,12 +547,14 @@ def test_browser_new_weight_formats(chromium, server, record):
     the prefill GEMM match numpy on the converted weights. I = 768: q4g128's rows are 6 groups. The K-quant formats (q4k, q5k: Q4_K / Q5_K super-blocks read natively; q8g16:
     Q6_K's integers and scales; q6k: Q6_K's bits repacked) from random blocks, and q4_0 / q8_0 (GGUF
     Q4_0 / Q8_0 with their f16 scales, two a word) from gguf-py's quantization, against gguf-py's
-    dequantization."""
+    dequantization; and a row-split weight (rows 0..23 Q4_K in q4k, 24..39 Q6_K in q6k: a Q4_K_M
+    Q|K|V under weight_format="exact")."""
     from gguf import GGMLQuantizationType, quants
 
     from tests.gpu_util import random_kquant_blocks
     from tests.test_kernels_formats import NEW, assert_params, decode_ref, quantize_ref
     kq = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k"), ("Q4_0", "q4_0"), ("Q8_0", "q8_0")]
+    SPLIT = "q4k*24|q6k*16"
 
     rng = np.random.default_rng(9)
     T, O, I, CAP = 3, 40, 768, 8
@@ -557,8 +565,9 @@ def test_browser_new_weight_formats(chromium, server, record):
     x[:T] = rng.standard_normal((T, I))
     enc = lambda b: base64.b64encode(b).decode()
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "variants": VARIANTS, "x": enc(x.tobytes()),
-            "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq],
-            "raw": {"F32": enc(w.tobytes()), **{s: enc(b.tobytes()) for s, b in blocks.items()}}}
+            "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq] + [[[["Q4_K", 24], ["Q6_K", O - 24]], SPLIT]],
+            "raw": {"F32": enc(w.tobytes()), **{s: enc(b.tobytes()) for s, b in blocks.items()},
+                    "split:Q4_K": enc(blocks["Q4_K"][:24].tobytes()), "split:Q6_K": enc(blocks["Q6_K"][24:].tobytes())}}
     res = run_in_worker(chromium, server, FORMATS_CODE, args)
     errors = {k: v for k, v in res.items() if isinstance(v, str)}
     assert not errors, f"formats failed in the browser: {errors}"
@@ -571,8 +580,10 @@ def test_browser_new_weight_formats(chromium, server, record):
         ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
         for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
             np.testing.assert_allclose(np.array(res[name]).reshape(T, O), ref, rtol=1e-4, atol=1e-4, err_msg=name)
-    for src, fmt in kq:
-        val = quants.dequantize(blocks[src], getattr(GGMLQuantizationType, src))
+    deq = {src: quants.dequantize(blocks[src], getattr(GGMLQuantizationType, src)) for src, _ in kq}
+    deq["split"] = np.concatenate([deq["Q4_K"][:24], deq["Q6_K"][24:]])
+    for src, fmt in kq + [("split", SPLIT)]:
+        val = deq[src]
         ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
         for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
             got = np.array(res[name]).reshape(T, O)

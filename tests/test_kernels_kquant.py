@@ -176,6 +176,73 @@ def test_exact_policy():
     assert runtime_format(["Q4_1"], "exact") == "q4" and runtime_format(["BF16"], "exact") == "f32"
     assert runtime_format(["Q3_K"], "exact") == "f32" and runtime_format(["Q4_K", "Q6_K"], "exact") == "f32"
     assert EngineOptions(weight_format="exact").weight_format == "exact"
+    # a fused Q|K|V of several types with its rows known: each tensor's rows in its own format
+    # (runs of one format merged); floats or types without an exact format among them: f32
+    assert runtime_format(["Q4_K", "Q4_K", "Q6_K"], "exact", rows=[256, 128, 128]) == "q4k*384|q6k*128"
+    assert runtime_format(["Q5_K", "Q5_K", "Q8_0"], "exact", rows=[64, 32, 32]) == "q5k*96|q8_0*32"
+    assert runtime_format(["Q4_K", "Q6_K", "Q4_K"], "exact", rows=[8, 8, 8]) == "q4k*8|q6k*8|q4k*8"
+    assert runtime_format(["Q4_K", "Q4_K", "Q4_K"], "exact", rows=[8, 8, 8]) == "q4k"
+    assert runtime_format(["Q4_K", "F16", "Q6_K"], "exact", rows=[8, 8, 8]) == "f32"
+    assert runtime_format(["Q4_K", "Q3_K", "Q6_K"], "exact", rows=[8, 8, 8]) == "f32"
+    assert runtime_format(["Q4_K", "Q4_K", "Q6_K"], rows=[256, 128, 128]) == "q8"    # the default: unchanged
+
+
+def row_split_weight(parts, I: int, seed: int = 0):
+    """A row-split weight of (stored type, runtime format, rows) parts, from random blocks
+    (K-quants: random_kquant_blocks; Q4_0 / Q8_0: gguf-py's quantization of normal values),
+    each part's rows uploaded on their own, and the whole matrix as gguf-py dequantizes it."""
+    from webdrift.kernels.weights import split_format
+    rng = np.random.default_rng(seed)
+    fmt = split_format([(f, rows) for _, f, rows in parts])
+    w = allocate_weight(device(), "wsplit", fmt, sum(rows for *_, rows in parts), I)
+    refs, row0 = [], 0
+    for k, (src, _, rows) in enumerate(parts):
+        t = getattr(GGMLQuantizationType, src)
+        if src in ("Q4_0", "Q8_0"):
+            blocks = quants.quantize(rng.standard_normal((rows, I)).astype(np.float32), t)
+        else:
+            blocks = random_kquant_blocks(src, rows, I, seed=seed + k)
+        refs.append(quants.dequantize(blocks, t).astype(np.float32))
+        upload_rows(device(), w, src, blocks.tobytes(), rows, row0)
+        row0 += rows
+    return w, np.concatenate(refs)
+
+
+SPLITS = [[("Q4_K", "q4k", 24), ("Q6_K", "q6k", 13)],                       # a Q4_K_M Q|K|V with a Q6_K V
+          [("Q6_K", "q6k", 8), ("Q4_K", "q4k", 16), ("Q5_K", "q5k", 9)],    # three ranges
+          [("Q4_0", "q4_0", 11), ("Q8_0", "q8_0", 7)]]                       # f16 scales two a word in each
+
+
+@pytest.mark.parametrize("parts", SPLITS, ids=["q4k|q6k", "q6k|q4k|q5k", "q4_0|q8_0"])
+def test_row_split_weight(parts):
+    """A row-split weight (weight_format="exact" on a fused Q|K|V whose tensors differ in type):
+    every value bit for bit gguf-py's, and the float GEMVs and the prefill GEMM on it against
+    numpy; the integer-dot kernels do not read it (the int8 paths are then off for the model)."""
+    from webdrift.kernels import linear_blk
+    w, ref = row_split_weight(parts, 512, seed=len(parts))
+    O = len(ref)
+    np.testing.assert_array_equal(read_rows(w, O, 512).view(np.uint32), ref.view(np.uint32))
+    assert [p.fmt for p in w.parts] == [f for _, f, _ in parts] and w.nbytes == sum(p.nbytes for p in w.parts)
+    for stage, T, variant in [("decode", 1, GemvVariant("row", rows=1, wg=64)), ("decode", 2, GemvVariant("split", rows=4, wg=64)),
+                              ("decode", 1, GemvVariant("subgroup", rows=8, wg=256)), ("prefill", 65, None)]:
+        if variant is not None and variant.variant == "subgroup" and not device().has_subgroups:
+            continue   # row / split cover the read on adapters without subgroups
+        assert_linear_matches(w, ref, stage, T, variant)
+    assert not linear_blk.supported(w.fmt, 512)
+
+
+def test_row_split_bad_input():
+    from webdrift.kernels.weights import buffer_sizes, split_parts
+    for bad in ("q4k*8|q9k*8", "q4k*8|f16*8", "q4k*8|q6k", "q4k*8|q6k*0", "q4k*x|q6k*8"):
+        with pytest.raises(UnsupportedModelError, match="each row range is a quantized format and a row count"):
+            split_parts(bad)
+    with pytest.raises(UnsupportedModelError, match="splits 16 rows; the weight has 17"):
+        buffer_sizes("q4k*8|q6k*8", 17, 256)
+    w = allocate_weight(device(), "w", "q4k*2|q6k*2", 4, 256)
+    with pytest.raises(UnsupportedModelError, match=r"rows 1..2 are not within one of its row ranges \(q4k\*2\|q6k\*2\)"):
+        upload_rows(device(), w, "Q4_K", b"\0" * (2 * 144), 2, 1)
+    with pytest.raises(UnsupportedModelError, match="q6k holds Q6_K super-blocks; this tensor is Q4_K"):
+        upload_rows(device(), w, "Q4_K", b"\0" * (2 * 144), 2, 2)
 
 
 def test_kquant_bad_input():
@@ -201,10 +268,11 @@ def test_kquant_bad_input():
 
 # -- a whole model of K-quant layers vs transformers (which dequantizes GGUF with gguf-py) ----------
 
-def _kquant_gguf(path) -> str:
+def _kquant_gguf(path, v0: str = "Q4_K") -> str:
     """A llama GGUF (dim 256, 2 layers, 4 / 2 heads, FFN 512, the tiny model's tokenizer) whose
     matrices are random K-quant blocks: Q|K|V and gate/up Q4_K, O Q5_K, down and the (tied)
-    embedding Q6_K; super-block scales small enough for sensible activations."""
+    embedding Q6_K; super-block scales small enough for sensible activations. v0: layer 0's V
+    type (a Q4_K_M file has Q6_K V on some layers)."""
     from gguf import GGUFWriter
 
     from tests.gpu_util import KQUANT_F16_FIELDS
@@ -248,7 +316,7 @@ def _kquant_gguf(path) -> str:
         w.add_tensor(p + "ffn_norm.weight", np.ones(dim, np.float32))
         kq(p + "attn_q.weight", "Q4_K", heads * hd, dim)
         kq(p + "attn_k.weight", "Q4_K", kv * hd, dim)
-        kq(p + "attn_v.weight", "Q4_K", kv * hd, dim)
+        kq(p + "attn_v.weight", v0 if i == 0 else "Q4_K", kv * hd, dim)
         kq(p + "attn_output.weight", "Q5_K", dim, heads * hd)
         kq(p + "ffn_gate.weight", "Q4_K", ffn, dim)
         kq(p + "ffn_up.weight", "Q4_K", ffn, dim)
@@ -314,3 +382,30 @@ def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
         webdrift.load(path, max_context=32, weight_format=fmt, autotune=False)
     with pytest.raises(UnsupportedModelError, match="token_embd: q5k holds Q5_K super-blocks"):
         webdrift.load(path, max_context=32, weight_format="q5k", autotune=False)
+
+
+def test_kquant_model_row_split_qkv_vs_transformers(tmp_path):
+    """A Q4_K_M-like layer whose V is Q6_K while Q / K are Q4_K: weight_format="exact" keeps each
+    tensor's rows in its own format (a row-split Q|K|V) and gives transformers' fp32 logits within
+    1e-4 of the largest, where before it widened the layer to f32; the default still re-quantizes
+    that Q|K|V to q8 (measured here: further off); the int8 paths do not read row-split weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import webdrift
+    path = _kquant_gguf(tmp_path / "kq.gguf", v0="Q6_K")
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="kq.gguf", dtype=torch.float32).eval()
+    ids = np.random.default_rng(2).integers(3, 260, 32).tolist()
+    with torch.no_grad():
+        want = ref(torch.tensor([ids])).logits[0].numpy()
+    exact = webdrift.load(path, max_context=64, weight_format="exact", autotune=False, kv_cache="f32")
+    assert [lw.wqkv.fmt for lw in exact.model.layers] == ["q4k*384|q6k*128", "q4k"]
+    assert exact.model.int8_roles == dict.fromkeys(exact.model.int8_roles, False)
+    err = np.abs(exact.logits(ids) - want).max()
+    assert err < 1e-4 * np.abs(want).max(), err
+    default = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32")
+    assert [lw.wqkv.fmt for lw in default.model.layers] == ["q8", "q4k"]
+    assert default.model.weight_bytes > exact.model.weight_bytes
+    assert np.abs(default.logits(ids) - want).max() > 10 * err
+    with pytest.raises(UnsupportedModelError, match=r"int8 activations need .*q4k\*384\|q6k\*128"):
+        webdrift.load(path, max_context=64, weight_format="exact", autotune=False, int8_activations=True)

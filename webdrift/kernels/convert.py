@@ -87,6 +87,12 @@ def upload_rows(dev: Device, dst: GPUWeight, src_type: str, raw, rows: int, row0
     n = len(raw)
     if rows <= 0 or n % rows:
         raise UnsupportedModelError(f"{dst.name}: {n} bytes do not split into {rows} rows")
+    if dst.parts is not None:   # a row-split weight: the rows go into the part holding them
+        for p in dst.parts:
+            if p.row0 <= row0 and row0 + rows <= p.row0 + p.o:
+                return upload_rows(dev, p, src_type, raw, rows, row0 - p.row0, max_chunk)
+        raise UnsupportedModelError(f"{dst.name}: rows {row0}..{row0 + rows - 1} are not within one of its row "
+                                    f"ranges ({dst.fmt})")
     row_bytes = n // rows
     if dst.fmt in NATIVE_SOURCE:
         want, block_bytes = NATIVE_SOURCE[dst.fmt]

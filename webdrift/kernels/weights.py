@@ -35,6 +35,10 @@ in one of these formats (fused dequantization happens in the accessor):
               give word k's even (p = 0) or odd (p = 1) inputs' high bits in the byte lanes that
               `w >> 4p & 0x0F0F0F0F` gives their low bits)
        sc   array<u32> (O, I/256, 5): words 0..3 the 16 int8 scales, word 4 d (the f16 as f32)
+Row-split weights ("q4k*5120|q6k*1024"): consecutive row ranges in formats of their own, each
+       range a weight of that format with its own buffers (in the order of the ranges), so a
+       fused Q|K|V whose stored types differ (a Q4_K_M file's Q4_K Q / K with a Q6_K V) keeps every
+       stored bit; `{w}_read4` picks the range by the row (split_parts, split_format).
 (G, the group: inputs sharing one scale, FORMAT_GROUP; 0 = the whole row. A row holds ceil(I / G)
 groups, the last one holding the remainder where G does not divide I: SmolLM2's 576 inputs in
 q4g128 are 4 groups of 128 and one of 64.)
@@ -68,6 +72,43 @@ NATIVE_SOURCE = {"q4k": ("Q4_K", 144), "q5k": ("Q5_K", 176), "q6k": ("Q6_K", 210
 AS_STORED = ("q5k",)   # of them, those whose buffer is the stored super-blocks, copied (no kernel)
 
 
+SPLIT_SEP, ROWS_SEP = "|", "*"   # a row-split format: "fmt*rows|fmt*rows..."
+
+
+def split_format(parts: list[tuple[str, int]]) -> str:
+    """The format of a weight whose consecutive row ranges are (format, rows) parts; one part (or
+    parts of one format) is that plain format."""
+    merged: list[list] = []
+    for f, rows in parts:
+        if merged and merged[-1][0] == f:
+            merged[-1][1] += rows
+        else:
+            merged.append([f, rows])
+    if len(merged) == 1:
+        return merged[0][0]
+    return SPLIT_SEP.join(f"{f}{ROWS_SEP}{rows}" for f, rows in merged)
+
+
+def split_parts(fmt: str) -> list[tuple[str, int]] | None:
+    """A row-split format's (format, rows) parts in row order; None for a plain format."""
+    if SPLIT_SEP not in fmt:
+        return None
+    parts = []
+    for p in fmt.split(SPLIT_SEP):
+        f, _, rows = p.partition(ROWS_SEP)
+        if f not in FORMATS or f in ("f32", "f16") or not rows.isdigit() or int(rows) <= 0:
+            raise UnsupportedModelError(f"weight format {fmt!r}: each row range is a quantized format and a row "
+                                        f"count ('q4k*5120|q6k*1024'), not {p!r}")
+        parts.append((f, int(rows)))
+    return parts
+
+
+def format_names(fmt: str) -> list[str]:
+    """The plain formats a weight of format fmt holds (a row-split one: its parts')."""
+    parts = split_parts(fmt)
+    return [f for f, _ in parts] if parts else [fmt]
+
+
 def group_size(fmt: str, i: int) -> int:
     """Inputs sharing one scale in a quantized weight of i inputs."""
     return FORMAT_GROUP[fmt] or i
@@ -75,6 +116,11 @@ def group_size(fmt: str, i: int) -> int:
 
 def check_format(fmt: str, i: int) -> None:
     """A clear error where a weight of i inputs cannot be held in format fmt."""
+    parts = split_parts(fmt)
+    if parts:
+        for f, _ in parts:
+            check_format(f, i)
+        return
     if fmt not in FORMATS:
         raise UnsupportedModelError(f"weight format {fmt!r} is not one of {', '.join(FORMATS)}")
     if fmt in FORMAT_KIND and i % 32:
@@ -104,6 +150,24 @@ class GPUWeight:
     layout: WeightLayout | None = None               # f32 / f16 only
     row0: int = 0                                    # a row shard: rows row0 .. row0+o of the whole matrix
     converted: list = field(default_factory=list, repr=False)   # (row0, rows) ranges converted into it (HALF_SCALES)
+    _parts: list = field(default_factory=list, repr=False)      # a row-split weight's parts (parts)
+
+    @property
+    def parts(self) -> list[GPUWeight] | None:
+        """A row-split weight's row ranges as weights of their own (rows row0.. of this one, its
+        buffers in order; the same objects every time, so the converter's bookkeeping holds);
+        None for a plain format."""
+        sp = split_parts(self.fmt)
+        if sp is None:
+            return None
+        if not self._parts:
+            row0 = k = 0
+            for f, rows in sp:
+                n = len(buffer_sizes(f, rows, self.i))
+                self._parts.append(GPUWeight(f"{self.name}[{row0}:{row0 + rows}]", f, rows, self.i,
+                                             self.buffers[k:k + n], row0=row0))
+                row0, k = row0 + rows, k + n
+        return self._parts
 
     @property
     def n_bindings(self) -> int:
@@ -118,7 +182,13 @@ class GPUWeight:
 
 
 def buffer_sizes(fmt: str, o: int, i: int, layout: WeightLayout | None = None) -> list[int]:
-    """Byte sizes of the buffers a weight of this format and shape needs."""
+    """Byte sizes of the buffers a weight of this format and shape needs (a row-split one: its
+    parts' buffers in row order)."""
+    parts = split_parts(fmt)
+    if parts:
+        if sum(rows for _, rows in parts) != o:
+            raise UnsupportedModelError(f"weight format {fmt!r} splits {sum(r for _, r in parts)} rows; the weight has {o}")
+        return [n for f, rows in parts for n in buffer_sizes(f, rows, i)]
     if fmt == "f32":
         return [layout.n_elements * 4]
     if fmt == "f16":
@@ -176,6 +246,9 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
     """native_f16 (device specialisation, adapters with shader-f16): f16 weights are read as
     array<vec4<f16>> instead of unpacking u32 pairs; the bytes are the same either way."""
     mode = "read_write" if writable else "read"
+    parts = split_parts(fmt)
+    if parts:
+        return _split_accessor(n, binding, parts, o, i, writable)
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}\nconst {n}_O: u32 = {o}u; const {n}_I: u32 = {i}u; const {n}_SI: u32 = {slices(i)}u;\n"
     if fmt == "f32":
         return head + layout.wgsl_index(n) + (
@@ -221,6 +294,21 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
     return head + data + (
         "  let q = vec4<f32>(vec4<u32>(w, w >> 4u, w >> 8u, w >> 12u) & vec4<u32>(15u));\n"
         "  return q * sm.x + sm.y;\n}\n")
+
+
+def _split_accessor(n: str, binding: int, parts: list[tuple[str, int]], o: int, i: int, writable: bool) -> str:
+    """A row-split weight: part k declared as weight `{n}_p{k}` (its bindings after the previous
+    parts'), and `{n}_read4(o, s)` reading row o from the part holding it."""
+    decls, body, row0 = [], [], 0
+    for k, (f, rows) in enumerate(parts):
+        decls.append(weight_accessor_wgsl(f"{n}_p{k}", binding, f, rows, i, None, writable))
+        binding += len(buffer_sizes(f, rows, i))
+        call = f"return {n}_p{k}_read4(o - {row0}u, s);"
+        body.append(f"  if (o < {row0 + rows}u) {{ {call} }}" if k < len(parts) - 1 else f"  {call}")
+        row0 += rows
+    return (f"// {n}: weight ({o} outputs, {i} inputs), rows split {'|'.join(f'{f}*{r}' for f, r in parts)}\n"
+            f"const {n}_O: u32 = {o}u; const {n}_I: u32 = {i}u; const {n}_SI: u32 = {slices(i)}u;\n"
+            + "".join(decls) + f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n" + "\n".join(body) + "\n}\n")
 
 
 def _q5k_accessor(n: str, binding: int, mode: str, o: int, i: int) -> str:

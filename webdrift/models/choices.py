@@ -49,10 +49,12 @@ def layer_role_weights(lw) -> dict:
     return {"qkv": (lw.wqkv, None), "o": (lw.wo, None), "gateup": (lw.w_gate, lw.w_up), "down": (lw.w_down, None)}
 
 
-def _layer_int8(dev, lw) -> tuple[list, bool]:
-    """A layer's five weight matrices, and whether they can all read int8 rows on this adapter
-    (the integer-dot formats, quantize.FORMATS, with whole blocks; packed integer dot products)."""
-    mats = [lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down]
+def _layer_int8(dev, layers) -> tuple[list, bool]:
+    """The layers' weight matrices, and whether they can all read int8 rows on this adapter
+    (the integer-dot formats, quantize.FORMATS, with whole blocks; packed integer dot products).
+    Every layer counts: a file's layers can differ in format (a Q4_K_M file's Q|K|V is row-split
+    on some layers with weight_format="exact")."""
+    mats = [w for lw in layers for w in (lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
 
@@ -68,11 +70,11 @@ def choose_prefill_int8(model, wanted: bool | None, rows: int = GEMM_TUNE_ROWS) 
     everywhere (UnsupportedModelError where impossible); False: the float GEMM everywhere.
     `model`: dev, layers[0], autotune (a GPUModel)."""
     dev, lw = model.dev, model.layers[0]
-    mats, ok = _layer_int8(dev, lw)
+    mats, ok = _layer_int8(dev, model.layers)
     if wanted and not ok:
         raise UnsupportedModelError(
             f"the int8 prefill GEMM needs {INT8_FORMATS} layer weights and WGSL's "
-            f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, adapter: {dev.has_dp4a})")
+            f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})[:8]}, adapter: {dev.has_dp4a})")
     if wanted is not None or not ok or dev.info.is_cpu:
         return dict.fromkeys(LAYER_ROLES, bool(wanted))
     if tunable(dev, model.autotune):
@@ -102,7 +104,7 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
     dev, cfg, lw = model.dev, model.cfg, model.layers[0]
     roles = {r: (w, w2, r in ("qkv", "gateup")) for r, (w, w2) in layer_role_weights(lw).items()}   # pre-normed?
     roles["head"] = (model.output, None, True)
-    mats, ok = _layer_int8(dev, lw)
+    mats, ok = _layer_int8(dev, model.layers)
     head_ok = dev.has_dp4a and linear_blk.supported(model.output.fmt, model.output.i)
     possible = chain_possible(dev, cfg)
     if isinstance(wanted, dict):    # per role (unnamed roles: off)
@@ -118,7 +120,7 @@ def choose_int8(model, wanted: bool | dict | None) -> Int8Choice:
         if wanted and not ok:
             raise UnsupportedModelError(
                 f"int8 activations need {INT8_FORMATS} layer weights and WGSL's "
-                f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})}, "
+                f"packed_4x8_integer_dot_product (weights: {sorted({w.fmt for w in mats})[:8]}, "
                 f"adapter: {dev.has_dp4a})")
         return Int8Choice({r: bool(wanted) and (r != "head" or head_ok) for r in roles}, bool(wanted) and possible)
     timed = tunable(dev, model.autotune)     # measured now, or (asynchronous timing) queued: the size rule until then

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
-from ..kernels.weights import FORMATS
+from ..kernels.weights import FORMATS, split_format
 from ..weights.config import ModelConfig
 
 # stored quantized type -> the runtime format it maps to by default
@@ -39,8 +39,10 @@ RUNTIME_FORMATS = FORMATS   # f32 f16 q8 q8pc q4 q4g128 q4pc e0m4 (kernels/weigh
 # int4 per-channel embedding and feed-forward.
 MIXED_FORMATS = {"8/4/4": {"attn": "q8pc", "ffn": "q4pc", "embd": "q4pc"}}
 # "exact": every stored type in a runtime format that holds its values bit for bit (K-quants:
-# Q4_K / Q5_K super-blocks read natively, Q6_K's codes and scales in q6k); the types no
-# quantized format holds exactly (Q5_1, Q2_K, Q3_K) and mixed fused types widen to f32
+# Q4_K / Q5_K super-blocks read natively, Q6_K's codes and scales in q6k); a fused Q|K|V of
+# several such types keeps each tensor's rows in its own format (a row-split weight,
+# kernels/weights.py); the types no quantized format holds exactly (Q5_1, Q2_K, Q3_K) and floats
+# mixed with quantized types widen to f32
 EXACT = {"F32": "f32", "BF16": "f32", "F16": "f16", "Q8_0": "q8_0", "Q5_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4",
          "Q4_K": "q4k", "Q5_K": "q5k", "Q6_K": "q6k"}
 WEIGHT_FORMATS = RUNTIME_FORMATS + tuple(MIXED_FORMATS) + ("exact",)   # what weight_format= accepts
@@ -58,10 +60,13 @@ def default_format(src_type: str) -> str:
     return {"F32": "f32", "F16": "f16", "BF16": "f32"}.get(src_type, "f32")
 
 
-def runtime_format(types: list[str], weight_format: str | None = None, role: str | None = None) -> str:
-    """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused):
+def runtime_format(types: list[str], weight_format: str | None = None, role: str | None = None,
+                   rows: list[int] | None = None) -> str:
+    """The runtime format of one weight made of tensors of these stored types (Q|K|V are fused;
+    rows: each tensor's row count, where the weight stacks exactly these tensors):
     weight_format when given (re-quantizing on the GPU where needed; a mixed policy such as
-    "8/4/4" picks by the matrix's role: attn, ffn or embd); otherwise the types' common
+    "8/4/4" picks by the matrix's role: attn, ffn or embd; "exact" with several quantized types and
+    their rows: each tensor's rows in its own exact format, "q4k*5120|q6k*1024"); otherwise the types' common
     default, q8 for mixed quantized types (a Q4_K_M / Q5_K_M file's Q4_K / Q5_K Q/K with a Q6_K V;
     Gemma's Q5_0 Q/K with a Q8_0 V share q8_0), f32 when floats are mixed in."""
     if weight_format in MIXED_FORMATS:
@@ -70,8 +75,12 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
                                        f"({', '.join(MIXED_FORMATS[weight_format])}); got role {role!r}")
         return MIXED_FORMATS[weight_format][role]
     if weight_format == "exact":
-        fmts = {EXACT.get(t, "f32") for t in types}
-        return fmts.pop() if len(fmts) == 1 else "f32"
+        exact = [EXACT.get(t, "f32") for t in types]
+        if len(set(exact)) == 1:
+            return exact[0]
+        if rows is not None and len(rows) == len(types) and not {"f32", "f16"} & set(exact):
+            return split_format(list(zip(exact, rows)))
+        return "f32"
     if weight_format:
         return weight_format
     fmts = {default_format(t) for t in types}
@@ -95,7 +104,8 @@ class Matrix:
     role: str = "embd"              # attn | ffn | embd: what a mixed weight_format ("8/4/4") picks by
 
     def format(self, tensors: dict, weight_format: str | None) -> str:
-        return runtime_format([tensors[n].type_name for n in self.names + self.peers], weight_format, self.role)
+        rows = None if self.peers else [tensors[n].shape[0] for n in self.names]
+        return runtime_format([tensors[n].type_name for n in self.names + self.peers], weight_format, self.role, rows)
 
 
 @dataclass(frozen=True)

@@ -74,8 +74,9 @@ def model_label(src) -> tuple[str, str]:
     """(model, quant) labels of a source: synthetic name/quant, or file name/runtime formats."""
     if getattr(src, "format", "") == "synthetic":
         return src.name, src.quant
+    from ..kernels.weights import format_names
     from ..models.footprint import plan_weights
-    fmts = sorted({p.fmt for p in plan_weights(src) if p.o > 1})
+    fmts = sorted({f for p in plan_weights(src) if p.o > 1 for f in format_names(p.fmt)})
     name = getattr(src, "bench_name", None) or str(src.path).replace("\\", "/").rsplit("/", 1)[-1]
     return name, "+".join(fmts)
 
