@@ -170,13 +170,26 @@ def random_kquant_blocks(src_type: str, rows: int, cols: int, seed: int = 0) -> 
     return b.reshape(rows, -1)
 
 
-SOURCE_FOR = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q6k": "Q6_K"}   # q6k: random Q6_K blocks
+SOURCE_FOR = {"f32": "F32", "f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q6k": "Q6_K",   # q6k / q4k / q5k: random blocks
+              "q4k": "Q4_K", "q5k": "Q5_K", "q4_0": "Q4_0", "q8_0": "Q8_0"}
 
 
 def make_weight(w: np.ndarray, fmt: str, layout: str = "OI", src_type: str | None = None,
                 name: str = "w"):
     """Upload numpy weight w (O, I) in runtime format fmt (through the GPU converter); returns
-    (GPUWeight, the dense values the GPU weight holds per numpy/gguf)."""
+    (GPUWeight, the dense values the GPU weight holds per numpy/gguf). A row-split fmt: each row
+    range from its format's source type."""
+    from webdrift.kernels.weights import split_parts
+    parts = split_parts(fmt)
+    if parts:
+        gw = allocate_weight(device(), name, fmt, w.shape[0], w.shape[1], layout)
+        refs, row0 = [], 0
+        for f, rows in parts:
+            raw, ref = source_bytes(w[row0:row0 + rows], SOURCE_FOR[f])
+            upload_rows(device(), gw, SOURCE_FOR[f], raw, rows, row0)
+            refs.append(ref)
+            row0 += rows
+        return gw, np.concatenate(refs)
     src = src_type or SOURCE_FOR[fmt]
     raw, ref = source_bytes(w, src)
     if fmt == "f16" and src != "F16":

@@ -184,28 +184,35 @@ def test_exact_policy():
     assert runtime_format(["Q4_K", "Q4_K", "Q4_K"], "exact", rows=[8, 8, 8]) == "q4k"
     assert runtime_format(["Q4_K", "F16", "Q6_K"], "exact", rows=[8, 8, 8]) == "f32"
     assert runtime_format(["Q4_K", "Q3_K", "Q6_K"], "exact", rows=[8, 8, 8]) == "f32"
-    assert runtime_format(["Q4_K", "Q4_K", "Q6_K"], rows=[256, 128, 128]) == "q8"    # the default: unchanged
+    # the default: row-split where the integer-dot kernels read the mix (one int8 row order), else q8
+    assert runtime_format(["Q4_K", "Q4_K", "Q6_K"], rows=[256, 128, 128]) == "q4k*384|q6k*128"
+    assert runtime_format(["Q5_K", "Q5_K", "Q6_K"], rows=[256, 128, 128]) == "q8"
+    assert runtime_format(["Q4_K", "Q4_K", "Q6_K"]) == "q8"    # rows unknown
 
 
 def row_split_weight(parts, I: int, seed: int = 0):
     """A row-split weight of (stored type, runtime format, rows) parts, from random blocks
     (K-quants: random_kquant_blocks; Q4_0 / Q8_0: gguf-py's quantization of normal values),
-    each part's rows uploaded on their own, and the whole matrix as gguf-py dequantizes it."""
+    each part's rows uploaded on their own; the whole matrix as gguf-py dequantizes it, and its
+    32-blocks' additive terms (kquant_mins; Q4_0: -8 d; Q8_0: 0)."""
     from webdrift.kernels.weights import split_format
     rng = np.random.default_rng(seed)
     fmt = split_format([(f, rows) for _, f, rows in parts])
     w = allocate_weight(device(), "wsplit", fmt, sum(rows for *_, rows in parts), I)
-    refs, row0 = [], 0
+    refs, mins, row0 = [], [], 0
     for k, (src, _, rows) in enumerate(parts):
         t = getattr(GGMLQuantizationType, src)
         if src in ("Q4_0", "Q8_0"):
             blocks = quants.quantize(rng.standard_normal((rows, I)).astype(np.float32), t)
+            d = blocks.reshape(rows, I // 32, -1)[..., :2].copy().view("<f2")[..., 0].astype(np.float64)
+            mins.append(-8.0 * d if src == "Q4_0" else 0.0 * d)
         else:
             blocks = random_kquant_blocks(src, rows, I, seed=seed + k)
+            mins.append(kquant_mins(src, blocks, I))
         refs.append(quants.dequantize(blocks, t).astype(np.float32))
         upload_rows(device(), w, src, blocks.tobytes(), rows, row0)
         row0 += rows
-    return w, np.concatenate(refs)
+    return w, np.concatenate(refs), np.concatenate(mins)
 
 
 SPLITS = [[("Q4_K", "q4k", 24), ("Q6_K", "q6k", 13)],                       # a Q4_K_M Q|K|V with a Q6_K V
@@ -215,11 +222,9 @@ SPLITS = [[("Q4_K", "q4k", 24), ("Q6_K", "q6k", 13)],                       # a 
 
 @pytest.mark.parametrize("parts", SPLITS, ids=["q4k|q6k", "q6k|q4k|q5k", "q4_0|q8_0"])
 def test_row_split_weight(parts):
-    """A row-split weight (weight_format="exact" on a fused Q|K|V whose tensors differ in type):
-    every value bit for bit gguf-py's, and the float GEMVs and the prefill GEMM on it against
-    numpy; the integer-dot kernels do not read it (the int8 paths are then off for the model)."""
-    from webdrift.kernels import linear_blk
-    w, ref = row_split_weight(parts, 512, seed=len(parts))
+    """A row-split weight (a fused Q|K|V whose tensors differ in type): every value bit for bit
+    gguf-py's, and the float GEMVs and the prefill GEMM on it against numpy."""
+    w, ref, _ = row_split_weight(parts, 512, seed=len(parts))
     O = len(ref)
     np.testing.assert_array_equal(read_rows(w, O, 512).view(np.uint32), ref.view(np.uint32))
     assert [p.fmt for p in w.parts] == [f for _, f, _ in parts] and w.nbytes == sum(p.nbytes for p in w.parts)
@@ -228,7 +233,38 @@ def test_row_split_weight(parts):
         if variant is not None and variant.variant == "subgroup" and not device().has_subgroups:
             continue   # row / split cover the read on adapters without subgroups
         assert_linear_matches(w, ref, stage, T, variant)
-    assert not linear_blk.supported(w.fmt, 512)
+
+
+@pytest.mark.parametrize("parts,dual", [
+    ([("Q4_K", "q4k", 24), ("Q6_K", "q6k", 13)], False),                          # a Q4_K_M Q|K|V
+    ([("Q6_K", "q6k", 9), ("Q4_K", "q4k", 16), ("Q4_0", "q4_0", 12)], True),       # three ranges, gate/up
+    ([("Q8_0", "q8_0", 21), ("Q5_K", "q5k", 16)], False)], ids=["q4k|q6k", "q6k|q4k|q4_0-dual", "q8_0|q5k"])
+def test_integer_dot_kernels_read_row_split(parts, dual):
+    """The integer-dot GEMV (one row, 4 columns) and the int8 GEMM (two tiles) on row-split
+    weights whose ranges take the input rows in one order, against the exact block sums in
+    float64 (as test_integer_dot_kernels_read_kquants); ranges of two orders are refused."""
+    from tests.test_kernels_gemm_i8 import decode_rows
+    from webdrift.kernels import linear_blk
+    from webdrift.kernels.quantize import QuantizeKernel, xq_desc
+    dev = device()
+    T, I, CAP = 6, 512, 8
+    ws, refs = [], []
+    for k in range(2 if dual else 1):
+        w, wd, m = row_split_weight(parts, I, seed=11 + 5 * k)
+        ws.append((w, wd.astype(np.float64), m))
+    O = ws[0][0].o
+    x = np.random.default_rng(5).standard_normal((T, I)).astype(np.float32)
+    xd, qd, yd = TensorDesc("x", I, CAP), xq_desc("xq", I, CAP), TensorDesc("y", O, CAP)
+    xb, qb = upload(xd, x), upload(qd, None)
+    fmt = ws[0][0].fmt
+    assert linear_blk.supported(fmt, I)
+    run(QuantizeKernel(dev, xd, qd, fmt), {"x": xb, "xq": qb}, T)
+    vals, d, s, _ = decode_rows(np.frombuffer(dev.read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T], I, parts[0][1])
+    xdeq = vals * np.repeat(d.astype(np.float64), 32, axis=1)
+    refs = [xdeq @ (wd - np.repeat(m, 32, axis=1)).T + s.astype(np.float64) @ m.T for _, wd, m in ws]
+    want = refs[0] * 0.5 * (1 + np.tanh(refs[0] / 2)) * refs[1] if dual else refs[0]   # SiLU(gate) * up
+    assert_int8_kernels(qb, qd, yd, T, ws[0][0], ws[1][0] if dual else None, want)
+    assert not linear_blk.supported("q5k*8|q6k*8", 512)    # natural order against q4's
 
 
 def test_row_split_bad_input():
@@ -385,10 +421,14 @@ def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
 
 
 def test_kquant_model_row_split_qkv_vs_transformers(tmp_path):
-    """A Q4_K_M-like layer whose V is Q6_K while Q / K are Q4_K: weight_format="exact" keeps each
-    tensor's rows in its own format (a row-split Q|K|V) and gives transformers' fp32 logits within
-    1e-4 of the largest, where before it widened the layer to f32; the default still re-quantizes
-    that Q|K|V to q8 (measured here: further off); the int8 paths do not read row-split weights."""
+    """A Q4_K_M-like layer whose V is Q6_K while Q / K are Q4_K: the default and weight_format=
+    "exact" keep each tensor's rows in its own format (a row-split Q|K|V; before session 24 the
+    default re-quantized it to q8 and exact widened it to f32) and give transformers' fp32 logits
+    within 1e-4 of the largest (the same logits bit for bit); q8 (the old default) further off.
+    With int8 activations the integer-dot GEMV (prefill through the GEMVs) and the int8 GEMM read
+    the row-split weight and agree (this random model's Q6_K V, its int8 sub-block scales of
+    mixed signs, amplifies any rounding of activations: against transformers both are ~20% off
+    here, as q8 weights are; the kernels' sums are checked exactly in test_integer_dot_kernels_read_row_split)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -400,12 +440,17 @@ def test_kquant_model_row_split_qkv_vs_transformers(tmp_path):
         want = ref(torch.tensor([ids])).logits[0].numpy()
     exact = webdrift.load(path, max_context=64, weight_format="exact", autotune=False, kv_cache="f32")
     assert [lw.wqkv.fmt for lw in exact.model.layers] == ["q4k*384|q6k*128", "q4k"]
-    assert exact.model.int8_roles == dict.fromkeys(exact.model.int8_roles, False)
-    err = np.abs(exact.logits(ids) - want).max()
+    got = exact.logits(ids)
+    err = np.abs(got - want).max()
     assert err < 1e-4 * np.abs(want).max(), err
-    default = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32")
-    assert [lw.wqkv.fmt for lw in default.model.layers] == ["q8", "q4k"]
-    assert default.model.weight_bytes > exact.model.weight_bytes
-    assert np.abs(default.logits(ids) - want).max() > 10 * err
-    with pytest.raises(UnsupportedModelError, match=r"int8 activations need .*q4k\*384\|q6k\*128"):
-        webdrift.load(path, max_context=64, weight_format="exact", autotune=False, int8_activations=True)
+    default = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32", int8_activations=False)
+    assert [lw.wqkv.fmt for lw in default.model.layers] == ["q4k*384|q6k*128", "q4k"]
+    np.testing.assert_array_equal(default.logits(ids), got)
+    q8 = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32", weight_format="q8")
+    assert q8.model.weight_bytes > default.model.weight_bytes
+    assert np.abs(q8.logits(ids) - want).max() > 10 * err
+    i8 = {pk: webdrift.load(path, max_context=64, autotune=False, kv_cache="f32", int8_activations=True,
+                            prefill_kernels=pk) for pk in ("gemv", "gemm_int8")}
+    assert all(e.model.int8_roles["qkv"] for e in i8.values())
+    a, b = i8["gemv"].logits(ids), i8["gemm_int8"].logits(ids)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())

@@ -232,6 +232,10 @@ def test_blk_quantizing_epilogue(fmt, qfmt, dual, residual, qnorm, wg, qlast):
 
 ROPE_CASES = [("blk", "q4", True, False, 4, 1), ("blk", "q4", False, True, 2, 1), ("blk", "q8", True, True, 8, 1),
               ("blk", "q6k", False, True, 4, 1),
+              # row-split: a Q4_K_M Q|K|V (Q, K in q4k, V in q6k), and a range boundary inside a
+              # workgroup and a head (each row in its range); the float GEMV reads it too
+              ("blk", "q4k*192|q6k*64", False, True, 4, 1), ("blk", "q4_0*100|q4k*156", True, False, 8, 1),
+              ("subgroup", "q4k*192|q6k*64", True, False, 2, 1),
               ("subgroup", "f16", True, True, 8, 4), ("subgroup", "q8", False, False, 2, 1),
               ("wide", "q4", True, False, 8, 1), ("wide", "f16", False, True, 16, 4),
               ("wide", "f16", True, True, 16, 1, 4), ("wide", "q8", False, False, 8, 1, 2),

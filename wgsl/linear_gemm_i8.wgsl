@@ -43,10 +43,10 @@ const NSTEPS: u32 = (NB + KS - 1u) / KS;
 var<workgroup> xs: array<vec4<u32>, {{XS_N}}>;
 var<workgroup> xsc: array<vec2<f32>, {{XSC_N}}>;
 var<workgroup> ws: array<vec4<u32>, {{WS_N}}>;
-var<workgroup> wsc: array<vec2<f32>, {{WSC_N}}>;
+var<workgroup> wsc: array<{{WSC_T}}, {{WSC_N}}>;
 #if DUAL
 var<workgroup> ws2: array<vec4<u32>, {{WS_N}}>;
-var<workgroup> wsc2: array<vec2<f32>, {{WSC_N}}>;
+var<workgroup> wsc2: array<{{WSC_T}}, {{WSC_N}}>;
 #endif
 #if XNORM
 var<workgroup> xinv: array<f32, {{BM}}>;
@@ -88,82 +88,18 @@ fn q4_block(q: vec4<u32>, sc: vec2<f32>) -> Block {
   return Block(vec4<u32>(q.x & M, (q.x >> 4u) & M, q.y & M, (q.y >> 4u) & M),
                vec4<u32>(q.z & M, (q.z >> 4u) & M, q.w & M, (q.w >> 4u) & M), sc);
 }
-#if Q5K
-// q5k: Q5_K super-blocks as stored (11 vec4: header, qh, qs): 32-block j of a super-block's 8
-// words of 5-bit codes (natural order, as x is packed for it) from its qs vec4s A, B and the qh
-// vec4s H, G (w_q5 is a pure function of its words, shared by w2); sc = (d sc, -dmin m)
-fn q5_block(A: vec4<u32>, B: vec4<u32>, H: vec4<u32>, G: vec4<u32>, j: u32, sc: vec2<f32>) -> Block {
-  return Block(vec4<u32>(w_q5(A.x, H.x, j), w_q5(A.y, H.y, j), w_q5(A.z, H.z, j), w_q5(A.w, H.w, j)),
-               vec4<u32>(w_q5(B.x, G.x, j), w_q5(B.y, G.y, j), w_q5(B.z, G.z, j), w_q5(B.w, G.w, j)), sc);
-}
-fn w_block(o: u32, b: u32) -> Block {
-  let k = o * NB + b;
-  let s = k / 8u * 11u;                   // the super-block's header
-  let q = s + 3u + 2u * (k % 8u / 2u);    // its qs vec4s holding block k's nibbles
-  return q5_block(w_data[q], w_data[q + 1u], w_data[s + 1u], w_data[s + 2u], k % 8u, w_k4sm(k));
-}
-#if DUAL
-fn w2_block(o: u32, b: u32) -> Block {
-  let k = o * NB + b;
-  let s = k / 8u * 11u;                   // the super-block's header
-  let q = s + 3u + 2u * (k % 8u / 2u);    // its qs vec4s holding block k's nibbles
-  return q5_block(w2_data[q], w2_data[q + 1u], w2_data[s + 1u], w2_data[s + 2u], k % 8u, w2_k4sm(k));
-}
-#endif
-#elif Q4K
-// q4k: as q4, the block's nibbles after its super-block's header, (d sc, -dmin m) from the header
-fn w_block(o: u32, b: u32) -> Block {
-  let k = o * NB + b;
-  return q4_block(w_data[k / 8u * 9u + 1u + k % 8u], w_k4sm(k));
-}
-#if DUAL
-fn w2_block(o: u32, b: u32) -> Block {
-  let k = o * NB + b;
-  return q4_block(w2_data[k / 8u * 9u + 1u + k % 8u], w2_k4sm(k));
-}
-#endif
-#elif Q4
-// q4 / q4_0: the block's pair from the weight's `pair` (q4_0: (d, -8 d))
-fn w_block(o: u32, b: u32) -> Block { return q4_block(w_data[o * NB + b], w_pair(o * NB + b)); }
-#if DUAL
-fn w2_block(o: u32, b: u32) -> Block { return q4_block(w2_data[o * NB + b], w2_pair(o * NB + b)); }
-#endif
-#elif Q6K
-// q6k: the block's 6 words (low nibbles A, B; high bit pairs H) -> int8 codes q - 32 in the
-// quantizer's q4 order; sc = d x the two halves' scales
-fn q6_block(A: vec2<u32>, B: vec2<u32>, H: vec2<u32>, sc: vec2<f32>) -> Block {
-  return Block(vec4<u32>(w_q6(A.x, 0u, H.x, 0u), w_q6(A.x, 4u, H.x, 2u), w_q6(A.y, 0u, H.x, 4u), w_q6(A.y, 4u, H.x, 6u)),
-               vec4<u32>(w_q6(B.x, 0u, H.y, 0u), w_q6(B.x, 4u, H.y, 2u), w_q6(B.y, 0u, H.y, 4u), w_q6(B.y, 4u, H.y, 6u)), sc);
-}
-fn w_block(o: u32, b: u32) -> Block {
-  let i = 3u * (o * NB + b);
-  return q6_block(w_data[i], w_data[i + 1u], w_data[i + 2u], w_q6s(o * NB + b));
-}
-#if DUAL
-fn w2_block(o: u32, b: u32) -> Block {
-  let i = 3u * (o * NB + b);
-  return q6_block(w2_data[i], w2_data[i + 1u], w2_data[i + 2u], w2_q6s(o * NB + b));
-}
-#endif
-#else
-fn w_block(o: u32, b: u32) -> Block {
-  return Block(w_data[2u * (o * NB + b)], w_data[2u * (o * NB + b) + 1u], vec2<f32>(w_scl(o * NB + b), 0.0));
-}
-#if DUAL
-fn w2_block(o: u32, b: u32) -> Block {
-  return Block(w2_data[2u * (o * NB + b)], w2_data[2u * (o * NB + b) + 1u], vec2<f32>(w2_scl(o * NB + b), 0.0));
-}
-#endif
-#endif
+// the weights' blocks: `w_block(o, b)` (and `w2_block`) as Blocks of the format, or for a
+// row-split weight as WBlocks (sc = (scale of inputs 0..15, of 16..31, min)) from the row
+// range's own block function (kernels/linear_gemm.py i8_block_wgsl)
+{{W_BLOCKS}}
 
-struct WBlocks { g: Block, u: Block }   // the weight's block, and w2's (DUAL)
+struct WBlocks { g: WBlock, u: WBlock }   // the weight's block, and w2's (DUAL)
 
 // weight block idx = (o, kb) of the step starting at block b0
 fn fetch_w(idx: u32, o0: u32, b0: u32) -> WBlocks {
   let o = o0 + idx / KS;
   let b = b0 + idx % KS;
-  let z = Block(vec4<u32>(0u), vec4<u32>(0u), vec2<f32>(0.0));
-  var p = WBlocks(z, z);
+  var p = WBlocks(WBlock(), WBlock());
   if (idx < BN * KS && o < w_O && b < NB) {
     p.g = w_block(o, b);
 #if DUAL

@@ -26,18 +26,42 @@ Must not: import numpy or wgpu.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from .quantize import FORMATS, ceil4, n_partials, row_words
-from .weights import q4_sm_decl, q4k_block_wgsl, q5k_block_wgsl, q6k_block_wgsl, q6k_decl, q8_scale_decl
+from .quantize import FORMATS, NATURAL_ORDER, ceil4, n_partials, row_words
+from .weights import (
+    buffer_sizes,
+    format_names,
+    q4_sm_decl,
+    q4k_block_wgsl,
+    q5k_block_wgsl,
+    q6k_block_wgsl,
+    q6k_decl,
+    q8_scale_decl,
+    split_parts,
+)
 
 Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
 
 
 def supported(fmt: str, i: int) -> bool:
+    """Whether the integer-dot GEMV reads weights of this format and input size; a row-split
+    weight where every range's format is read and all take the input rows in one order (q4k with
+    q6k: yes; q5k with q6k: no, natural against q4's order)."""
+    parts = split_parts(fmt)
+    if parts:
+        return all(supported(f, i) for f, _ in parts) and len({f in NATURAL_ORDER for f, _ in parts}) == 1
     return fmt in FORMATS and i % (256 if fmt in ("q4k", "q5k", "q6k") else 32) == 0
 
 
 def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
-    """The weight's buffers (bindings binding, binding + 1) read one whole 32-block per load."""
+    """The weight's buffers (bindings binding, binding + 1) read one whole 32-block per load; a
+    row-split weight: each range as weight {n}_p{k}, its bindings after the previous range's."""
+    parts = split_parts(fmt)
+    if parts:
+        decls = [f"const {n}_O: u32 = {o}u;   // rows split {fmt}\n"]
+        for k, (f, rows) in enumerate(parts):
+            decls.append(weight_decl(f"{n}_p{k}", binding, f, rows, i))
+            binding += len(buffer_sizes(f, rows, i))
+        return "".join(decls)
     nb = i // 32
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
     if fmt in Q8_FORMATS:
@@ -57,10 +81,9 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
 
 
-def _q6k_load(n: str, r: int) -> list[str]:
-    """Block b of row rw{r} of a q6k weight: its 8 int8 words (k, p) in x's even / odd order as
+def _q6k_load(n: str, r: int, o: str) -> list[str]:
+    """Block b of row o (rw{r}) of a q6k weight: its 8 int8 words (k, p) in x's even / odd order as
     {n}v{r}_{2k+p}, and its two half scales d sc as {n}s{r} (vec2)."""
-    o = f"rw{r}"
     L = [f"    let {n}i{r} = 3u * ({o} * NB + b);",
          f"    let {n}A{r} = {n}_data[{n}i{r}];", f"    let {n}B{r} = {n}_data[{n}i{r} + 1u];",
          f"    let {n}H{r} = {n}_data[{n}i{r} + 2u];",
@@ -73,10 +96,9 @@ def _q6k_load(n: str, r: int) -> list[str]:
     return L
 
 
-def _q5k_load(n: str, r: int) -> list[str]:
-    """Block b of row rw{r} of a q5k weight: its 8 words of 5-bit codes (natural order) as
+def _q5k_load(n: str, r: int, o: str) -> list[str]:
+    """Block b of row o (rw{r}) of a q5k weight: its 8 words of 5-bit codes (natural order) as
     {n}v{r}_0..7 and its pair as {n}m{r}."""
-    o = f"rw{r}"
     L = [f"    let {n}k{r} = {o} * NB + b;", f"    let {n}i{r} = {n}k{r} / 8u * 11u;", f"    let {n}j{r} = {n}k{r} % 8u;",
          f"    let {n}A{r} = {n}_data[{n}i{r} + 3u + 2u * ({n}j{r} / 2u)];",
          f"    let {n}B{r} = {n}_data[{n}i{r} + 4u + 2u * ({n}j{r} / 2u)];",
@@ -115,12 +137,12 @@ def _q4_pair(n: str, o: str, fmt: str) -> str:
     return f"{n}_k4sm({o} * NB + b)" if fmt == "q4k" else f"{n}_pair({o} * NB + b)"
 
 
-def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
-    o = f"rw{r}"
+def _row(n: str, acc: str, r: int, fmt: str, o: str) -> list[str]:
+    """Row o (rw{r}, or its index within a row range) of weight n, block b, into {acc}{r}."""
     if fmt == "q6k":
-        return _q6k_load(n, r) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
+        return _q6k_load(n, r, o) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q5k":
-        return _q5k_load(n, r) + [f"    {_q5k_acc(n, f'{acc}{r}', r, 'xk')}"]
+        return _q5k_load(n, r, o) + [f"    {_q5k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt in Q8_FORMATS:
         terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
@@ -138,26 +160,69 @@ def _row(n: str, acc: str, r: int, fmt: str) -> list[str]:
 
 
 def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = False, cols: int = 1) -> str:
+    """The block loop's body: the rows' weight blocks of block b and their products with the
+    columns' x blocks. A row-split weight: where the workgroup's rows all lie in one row range
+    (all but a boundary workgroup), that range's straight-line body, its loads issued together;
+    at a boundary, each row in a branch on its range."""
     if rope:   # output index -> weight row (rotation partners adjacent)
         L = [f"    let rw{r} = rperm(min({base} + {r}u, w_O - 1u));" for r in range(rows)]
     else:
         L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
+    parts = split_parts(fmt)
+    if parts is None:
+        return "\n".join(L + _rows_body(fmt, rows, dual, cols, "", lambda r: f"rw{r}"))
+    row0 = 0
+    for k, (f, n) in enumerate(parts):
+        inside = " && ".join(f"rw{r} >= {row0}u && rw{r} < {row0 + n}u" if row0 else f"rw{r} < {n}u" for r in range(rows))
+        L.append(f"    {'} else ' if k else ''}if ({inside}) {{")
+        L += _rows_body(f, rows, dual, cols, f"_p{k}", lambda r, row0=row0: f"(rw{r} - {row0}u)")
+        row0 += n
+    L.append("    } else {   // a workgroup at a range boundary: each row in its range")
+    if cols == 1:
+        for r in range(rows):
+            for n, acc in (("w", "a"), ("w2", "g")) if dual else (("w", "a"),):
+                L += _by_range(parts, r, lambda wn, f, o, r=r, acc=acc: _row(wn, acc, r, f, o), n)
+    else:
+        for c0 in range(0, cols, XK_GROUP):
+            group = range(c0, min(cols, c0 + XK_GROUP))
+            L += [f"    let xk{c} = x_block(xr{c}, b);" for c in group]
+            for r in range(rows):
+                for n, acc in (("w", "a"), ("w2", "g")) if dual else (("w", "a"),):
+                    L += _by_range(parts, r, lambda wn, f, o, r=r, acc=acc, group=group: _load(wn, r, f, o)
+                                   + [_dot(wn, acc, r, c, f) for c in group], n)
+    return "\n".join(L + ["    }"])
+
+
+def _rows_body(fmt: str, rows: int, dual: bool, cols: int, part: str, row) -> list[str]:
+    """The body for one plain format: weights w{part} (and w2{part}), row r at row(r)."""
     if cols > 1:
-        return "\n".join(L + _cols_body(fmt, rows, dual, cols))
+        return _cols_body(fmt, rows, dual, cols, part, row)
+    L = []
     for r in range(rows):
-        L += _row("w", "a", r, fmt)
+        L += _row(f"w{part}", "a", r, fmt, row(r))
         if dual:
-            L += _row("w2", "g", r, fmt)
-    return "\n".join(L)
+            L += _row(f"w2{part}", "g", r, fmt, row(r))
+    return L
 
 
-def _load(n: str, r: int, fmt: str) -> list[str]:
-    """Weight block b of row rw{r}, loaded once for every column (q4: its even / odd nibbles)."""
-    o = f"rw{r}"
+def _by_range(parts: list, r: int, emit, n: str) -> list[str]:
+    """emit(weight, format, row) for row rw{r} of the row-split weight n, in a branch per row
+    range, each reading its own weight {n}_p{k} at the row within it."""
+    L, row0 = [], 0
+    for k, (f, rows) in enumerate(parts):
+        cond = f"if (rw{r} < {row0 + rows}u) {{" if k < len(parts) - 1 else "{"
+        L.append(("    " if k == 0 else "    } else ") + cond)
+        L += ["  " + line for line in emit(f"{n}_p{k}", f, f"(rw{r} - {row0}u)")]
+        row0 += rows
+    return L + ["    }"]
+
+
+def _load(n: str, r: int, fmt: str, o: str) -> list[str]:
+    """Weight block b of row o (rw{r}), loaded once for every column (q4: its even / odd nibbles)."""
     if fmt == "q6k":
-        return _q6k_load(n, r)
+        return _q6k_load(n, r, o)
     if fmt == "q5k":
-        return _q5k_load(n, r)
+        return _q5k_load(n, r, o)
     if fmt in Q8_FORMATS:
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
@@ -190,23 +255,25 @@ def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
 XK_GROUP = 4   # columns whose int8 x blocks are loaded together in the several-column GEMV
 
 
-def _cols_body(fmt: str, rows: int, dual: bool, cols: int) -> list[str]:
+def _cols_body(fmt: str, rows: int, dual: bool, cols: int, part: str = "", row=lambda r: f"rw{r}") -> list[str]:
     """The weight loads, then for each group of XK_GROUP columns their x blocks and products:
     loads not separated by branches are issued together (H100, 2026-11-24, scripts/streams_gemv.py:
     the 1B gate/up at 4 and 8 rows 7% faster than with each column's loads and products behind
     `if (c < nc)`), but all 8 columns' x blocks at once (80 registers) ran the 1B QKV of 8 streams
-    2-3x slower than two groups of 4 (H100, 2026-11-25, BENCHMARKS.md session 17)."""
+    2-3x slower than two groups of 4 (H100, 2026-11-25, BENCHMARKS.md session 17). Weights
+    w{part} / w2{part}, row r at row(r)."""
+    w, w2 = f"w{part}", f"w2{part}"
     L = []
     for r in range(rows):
-        L += _load("w", r, fmt) + (_load("w2", r, fmt) if dual else [])
+        L += _load(w, r, fmt, row(r)) + (_load(w2, r, fmt, row(r)) if dual else [])
     for c0 in range(0, cols, XK_GROUP):
         group = range(c0, min(cols, c0 + XK_GROUP))
         L += [f"    let xk{c} = x_block(xr{c}, b);" for c in group]
         for c in group:
             for r in range(rows):
-                L.append(_dot("w", "a", r, c, fmt))
+                L.append(_dot(w, "a", r, c, fmt))
                 if dual:
-                    L.append(_dot("w2", "g", r, c, fmt))
+                    L.append(_dot(w2, "g", r, c, fmt))
     return L
 
 
@@ -396,7 +463,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
     xp = min(wg, 1 << (np_ - 1).bit_length())          # the partial sums' tree (linear_blk_xnorm.wgsl)
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": fmt in ("q4", "q4_0", "q4k", "q5k"),
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": any(f in ("q4", "q4_0", "q4k", "q5k") for f in format_names(fmt)),
             "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:

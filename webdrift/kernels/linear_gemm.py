@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..tensor.weight_layout import NAMED_ORDERS
+from .weights import format_names, split_parts
 
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
 WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
@@ -179,12 +180,81 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
             "RP": rp, "RS": wg // rp}
 
 
+Q4_KIND = ("q4", "q4_0", "q4k", "q5k")   # int8-GEMM formats with a min term (m_w s_x) per block
+
+
+def _i8_block_fn(n: str, fmt: str) -> str:
+    """`fn {n}_block(o, b) -> Block`: 32-block b of row o of weight n (linear_gemm_i8.wgsl's Block:
+    its 8 words in the quantizer's order for fmt, sc its pair): q4 / q4_0 the stored nibbles
+    and `{n}_pair` ((d, -8 d) for q4_0), q4k the nibbles after the super-block's header and (d sc,
+    -dmin m) from it, q5k the 5-bit codes from Q5_K's qs and qh (helper's q5_block), q6k the codes
+    q - 32 and d x the two halves' scales (q6_block), q8 / q8_0 the int8 words and the scale."""
+    head = f"fn {n}_block(o: u32, b: u32) -> Block {{\n  let k = o * NB + b;\n"
+    if fmt == "q5k":   # the super-block's header at s; its qs vec4s holding block k's nibbles at q
+        body = ("  let s = k / 8u * 11u;\n  let q = s + 3u + 2u * (k % 8u / 2u);\n"
+                f"  return q5_block({n}_data[q], {n}_data[q + 1u], {n}_data[s + 1u], {n}_data[s + 2u], k % 8u, {n}_k4sm(k));\n")
+    elif fmt == "q4k":
+        body = f"  return q4_block({n}_data[k / 8u * 9u + 1u + k % 8u], {n}_k4sm(k));\n"
+    elif fmt in ("q4", "q4_0"):
+        body = f"  return q4_block({n}_data[k], {n}_pair(k));\n"
+    elif fmt == "q6k":
+        body = f"  return q6_block({n}_data[3u * k], {n}_data[3u * k + 1u], {n}_data[3u * k + 2u], {n}_q6s(k));\n"
+    else:
+        body = f"  return Block({n}_data[2u * k], {n}_data[2u * k + 1u], vec2<f32>({n}_scl(k), 0.0));\n"
+    return head + body + "}\n"
+
+
+def _i8_helpers(fmts_names: list[tuple[str, str]]) -> str:
+    """q5_block / q6_block, once per kernel, through the pure code-word function of the first
+    weight of that format (`{n}_q5`, `{n}_q6`: the same text for every weight)."""
+    out = []
+    q5 = next((n for f, n in fmts_names if f == "q5k"), None)
+    q6 = next((n for f, n in fmts_names if f == "q6k"), None)
+    if q5:   # Q5_K as stored: a 32-block's 8 words of 5-bit codes (natural order) from qs vec4s A, B and qh H, G
+        f = f"{q5}_q5"
+        out.append("fn q5_block(A: vec4<u32>, B: vec4<u32>, H: vec4<u32>, G: vec4<u32>, j: u32, sc: vec2<f32>) -> Block {\n"
+                   f"  return Block(vec4<u32>({f}(A.x, H.x, j), {f}(A.y, H.y, j), {f}(A.z, H.z, j), {f}(A.w, H.w, j)),\n"
+                   f"               vec4<u32>({f}(B.x, G.x, j), {f}(B.y, G.y, j), {f}(B.z, G.z, j), {f}(B.w, G.w, j)), sc);\n}}\n")
+    if q6:   # a q6k block's 6 words (low nibbles A, B; high bit pairs H) -> int8 q - 32 in the q4 order
+        f = f"{q6}_q6"
+        out.append("fn q6_block(A: vec2<u32>, B: vec2<u32>, H: vec2<u32>, sc: vec2<f32>) -> Block {\n"
+                   f"  return Block(vec4<u32>({f}(A.x, 0u, H.x, 0u), {f}(A.x, 4u, H.x, 2u), {f}(A.y, 0u, H.x, 4u), {f}(A.y, 4u, H.x, 6u)),\n"
+                   f"               vec4<u32>({f}(B.x, 0u, H.y, 0u), {f}(B.x, 4u, H.y, 2u), {f}(B.y, 0u, H.y, 4u), {f}(B.y, 4u, H.y, 6u)), sc);\n}}\n")
+    return "".join(out)
+
+
+def i8_block_wgsl(fmt: str, dual: bool) -> str:
+    """linear_gemm_i8.wgsl's W_BLOCKS: `w_block(o, b)` (and `w2_block`) -> WBlock. One format:
+    WBlock is Block. A row-split weight (kernels/weights.py): WBlock's sc is (scale of inputs
+    0..15, of 16..31, min), each row range's Block mapped to it (q6k: its two half scales; the
+    others: their scale twice, and their min or 0), so one product loop serves every range."""
+    names = ("w", "w2") if dual else ("w",)
+    parts = split_parts(fmt)
+    if parts is None:
+        fns = [_i8_block_fn(n, fmt) for n in names]
+        return "alias WBlock = Block;\n" + _i8_helpers([(fmt, "w")]) + "".join(fns)
+    out = ["struct WBlock { h0: vec4<u32>, h1: vec4<u32>, sc: vec4<f32> }\n",
+           _i8_helpers([(f, f"w_p{k}") for k, (f, _) in enumerate(parts)])]
+    for n in names:
+        body, row0 = [], 0
+        for k, (f, rows) in enumerate(parts):
+            out.append(_i8_block_fn(f"{n}_p{k}", f))
+            sc = "vec4<f32>(p.sc, 0.0, 0.0)" if f == "q6k" else "vec4<f32>(p.sc.x, p.sc.x, p.sc.y, 0.0)"
+            get = f"let p = {n}_p{k}_block(o - {row0}u, b); return WBlock(p.h0, p.h1, {sc});"
+            body.append(f"  if (o < {row0 + rows}u) {{ {get} }}" if k < len(parts) - 1 else f"  {{ {get} }}")
+            row0 += rows
+        out.append(f"fn {n}_block(o: u32, b: u32) -> WBlock {{\n" + "\n".join(body) + "\n}\n")
+    return "".join(out)
+
+
 def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
     """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k", "q5k" or "q6k"; the
     scale products per block: q8 / q8_0 d_w d_x isum, q4, q4_0, q4k and q5k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
     v.check()
     body = []
-    q4, q6 = fmt in ("q4", "q4_0", "q4k", "q5k"), fmt == "q6k"
+    split = split_parts(fmt) is not None
+    q4 = any(f in Q4_KIND for f in format_names(fmt))
+    q6 = fmt == "q6k" or split   # a row-split weight: two half sums and three scales (i8_block_wgsl)
     sums = ("_0", "_1") if q6 else ("",)   # integer sums per block: q6k one per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
         (("b", "ws", "n", "wsc", "wd", "c"),)
@@ -210,7 +280,7 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
                 for j in range(v.tn):
                     if q6:
                         body.append(f"      {acc}{i}_{j} += xd{i}.x * ({sn}{j}.x * f32({isum}{i}_{j}_0) "
-                                    f"+ {sn}{j}.y * f32({isum}{i}_{j}_1));")
+                                    f"+ {sn}{j}.y * f32({isum}{i}_{j}_1))" + (f" + {sn}{j}.z * xd{i}.y;" if split else ";"))
                         continue
                     line = f"      {acc}{i}_{j} += f32({isum}{i}_{j}) * (xd{i}.x * {sn}{j}.x)"
                     body.append(line + (f" + {sn}{j}.y * xd{i}.y;" if q4 else ";"))
@@ -218,7 +288,8 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
         body.append("    }")
     nbuf = 2 if v.double else 1
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
-            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4, "Q4K": fmt == "q4k", "Q5K": fmt == "q5k", "Q6K": q6,
+            "XS_N": 2 * nbuf * v.bm * v.kstep, "WS_N": 2 * nbuf * v.bn * v.kstep, "COMPUTE": "\n".join(body), "Q4": q4,
+            "W_BLOCKS": i8_block_wgsl(fmt, dual), "WSC_T": "vec4<f32>" if split else "vec2<f32>",
             **_bases(("xb", "wb", "xb2", "wb2"), ("2u * KS * BM", "2u * KS * BN", "KS * BM", "KS * BN")),
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
 

@@ -17,6 +17,7 @@ from ..gpu.base import Device
 from ..tensor import TensorDesc
 from .base import Kernel, wgsl_float
 from .bindings import Bindings
+from .weights import split_parts
 
 if TYPE_CHECKING:
     from .norm import PreNorm
@@ -48,12 +49,20 @@ def xq_desc(name: str, i: int, rows: int) -> TensorDesc:
     return TensorDesc(name, row_words(i), rows)
 
 
+def order_format(fmt: str) -> str:
+    """The format whose int8 row order a weight of format fmt reads: itself, or a row-split
+    weight's first range's (the integer-dot kernels read a row-split weight only where every
+    range takes one order: linear_blk.supported)."""
+    parts = split_parts(fmt)
+    return parts[0][0] if parts else fmt
+
+
 def block_defines(fmt: str, i: int, wg: int) -> dict:
     """Defines of wgsl/quantize_block.wgsl for a kernel writing rows of i channels for fmt
     weights with workgroups of wg invocations."""
     nb = i // 32
     return {"QNB": nb, "QNBP": ceil4(nb), "QSTRIDE": row_words(i), "QP0": 8 * nb + 2 * ceil4(nb),
-            "QWG": wg, "QPACK_Q4": fmt not in NATURAL_ORDER}
+            "QWG": wg, "QPACK_Q4": order_format(fmt) not in NATURAL_ORDER}
 
 
 def declare_rows(b: Bindings, name: str, rows: TensorDesc) -> str:
@@ -77,7 +86,7 @@ class QuantizeKernel(Kernel):
         """fmt: the consuming weight's format; last_row: read row step.last_row, write row 0;
         whole (with pre_norm): every workgroup reads the whole row for 1/rms and quantizes the
         normalised row (the GEMV then takes no pre_norm)."""
-        if x.c % 32 or xq.c != row_words(x.c) or fmt not in FORMATS:
+        if x.c % 32 or xq.c != row_words(x.c) or order_format(fmt) not in FORMATS:
             raise ValueError(f"cannot quantize {x.name} ({x.c} channels) into {xq.name} ({xq.c} words) for {fmt}")
         if whole and pre_norm is None:
             raise ValueError("a whole-row quantize applies an RMSNorm: it needs pre_norm")

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError
+from ..kernels import linear_blk
 from ..kernels.weights import FORMATS, split_format
 from ..weights.config import ModelConfig
 
@@ -67,8 +68,10 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     weight_format when given (re-quantizing on the GPU where needed; a mixed policy such as
     "8/4/4" picks by the matrix's role: attn, ffn or embd; "exact" with several quantized types and
     their rows: each tensor's rows in its own exact format, "q4k*5120|q6k*1024"); otherwise the types' common
-    default, q8 for mixed quantized types (a Q4_K_M / Q5_K_M file's Q4_K / Q5_K Q/K with a Q6_K V;
-    Gemma's Q5_0 Q/K with a Q8_0 V share q8_0), f32 when floats are mixed in."""
+    default (Gemma's Q5_0 Q/K with a Q8_0 V share q8_0); for mixed quantized types with their rows,
+    each tensor's rows in its default format where the integer-dot kernels read that mix (a Q4_K_M
+    file's Q4_K Q/K with a Q6_K V), else q8 (a Q5_K_M file's Q5_K Q/K with a Q6_K V); f32 when
+    floats are mixed in."""
     if weight_format in MIXED_FORMATS:
         if role not in MIXED_FORMATS[weight_format]:
             raise InvalidArgumentError(f"weight_format={weight_format!r} chooses by a matrix's role "
@@ -88,7 +91,14 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
         return fmts.pop()
     if fmts <= {"q4", "q4_0", "q4k"}:   # Q4_K with Q4_0 / Q4_1: q4 holds them all (Q4_K's scales in f16)
         return "q4"
-    if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k"}:   # q8_0 / q4_0 / q4k / q5k / q6k hold one GGUF type each: a mix re-quantizes to q8
+    if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k"}:
+        # each tensor's rows in its own format where the integer-dot kernels read the mix (its
+        # ranges take the int8 input rows in one order: a Q4_K_M file's Q4_K Q / K with a Q6_K V);
+        # otherwise (a Q5_K_M file's Q5_K with Q6_K) re-quantized to q8
+        if rows is not None and len(rows) == len(types):
+            split = split_format([(default_format(t), r) for t, r in zip(types, rows)])
+            if linear_blk.supported(split, 256):
+                return split
         return "q8"
     return "f32"
 
