@@ -5,7 +5,9 @@
 // the partial sums of x^2 the quantizer left in it. Per 32-block b of a (token t, output o):
 //   q8: d_w d_x sum(q_w q_x)                 q4, q4k: d_w d_x sum(q_w q_x) + m_w s_x
 //   q6k: d_x (s0 sum_lo(q_w q_x) + s1 sum_hi(q_w q_x))   (s0, s1: d x the 16-input halves' scales)
-// (q4 stores w = d q + m with q in 0..15; s_x = the block's f32 sum), accumulated in f32.
+// (q4 stores w = d q + m with q in 0..15; s_x = the block's f32 sum), accumulated in f32;
+//   a row-split weight (each row range its own format): d_x (s0 sum_lo + s1 sum_hi) + m_w s_x, its
+//   blocks carrying three scales (WBlock; kernels/linear_gemm.py i8_block_wgsl).
 // A workgroup of WG = NTY * NTX invocations computes a BM-token x BN-output tile; invocation
 // (ty, tx) the TM x TN register block of tokens ty + i NTY and outputs tx + j NTX
 // (kernels/linear_gemm.py writes COMPUTE and STORE). K advances KS blocks per step through

@@ -248,8 +248,10 @@ def i8_block_wgsl(fmt: str, dual: bool) -> str:
 
 
 def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
-    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k", "q5k" or "q6k"; the
-    scale products per block: q8 / q8_0 d_w d_x isum, q4, q4_0, q4k and q5k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi))."""
+    """Defines of wgsl/linear_gemm_i8.wgsl (fmt: "q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k" or a
+    row-split weight of them; the scale products per block: q8 / q8_0 d_w d_x isum, q4, q4_0, q4k
+    and q5k d_w d_x isum + m_w s_x, q6k d_x (s0 isum_lo + s1 isum_hi), a row-split weight d_x (s0
+    isum_lo + s1 isum_hi) + m_w s_x)."""
     v.check()
     body = []
     split = split_parts(fmt) is not None
