@@ -281,6 +281,20 @@ def test_row_split_bad_input():
         upload_rows(device(), w, "Q4_K", b"\0" * (2 * 144), 2, 2)
 
 
+def test_storage_buffers_over_the_adapter_limit(monkeypatch):
+    """A kernel binding more storage buffers than the adapter allows per shader stage (a row-split
+    weight adds its ranges' buffers; browsers' adapters may offer 8) is a GPULimitError naming
+    the kernel and both counts, before any pipeline is made."""
+    from webdrift.errors import GPULimitError
+    from webdrift.kernels.linear import LinearKernel
+    w = allocate_weight(device(), "w", "q4k*2|q6k*2", 4, 256)
+    xd, yd = TensorDesc("x", 256, 2), TensorDesc("y", 4, 2)
+    LinearKernel(device(), "decode", xd, yd, w, variant=GemvVariant("row", rows=1, wg=64))   # x, y, 3 weight buffers
+    monkeypatch.setitem(device().info.limits, "max-storage-buffers-per-shader-stage", 4)
+    with pytest.raises(GPULimitError, match=r"kernel 'linear_row_q4k\*2\|q6k\*2' binds 5 storage buffers; the adapter allows 4"):
+        LinearKernel(device(), "decode", xd, yd, w, variant=GemvVariant("row", rows=1, wg=64))
+
+
 def test_kquant_bad_input():
     with pytest.raises(UnsupportedModelError, match="q4k holds Q4_K super-blocks; this tensor is Q4_0"):
         w = allocate_weight(device(), "w", "q4k", 2, 256)

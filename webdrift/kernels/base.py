@@ -6,7 +6,8 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
-from ..gpu.base import BindGroup, Device, Dispatch
+from ..errors import GPULimitError
+from ..gpu.base import UNI, BindGroup, Device, Dispatch
 from .bindings import Bindings
 from .template import specialise
 
@@ -44,6 +45,11 @@ class Kernel:
         self.defines.setdefault("SUBGROUP_ENABLE", dev.wgsl_subgroup_enable)
         self.label = label or self.template
         self.bindings = bindings
+        storage = sum(k != UNI for k in bindings.kinds)
+        limit = dev.info.limits.get("max-storage-buffers-per-shader-stage")
+        if limit is not None and storage > int(limit):   # (a browser's adapter may offer as few as 8)
+            raise GPULimitError(f"kernel {self.label!r} binds {storage} storage buffers; the adapter allows {limit} "
+                                "per shader stage")
         self.source = specialise(self.template, self.defines)
         if "f16>" in self.source:   # a generated accessor reads native f16 (adapter has shader-f16)
             self.source = "enable f16;\n" + self.source
