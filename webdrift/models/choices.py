@@ -53,7 +53,7 @@ def _layer_int8(dev, layers) -> tuple[list, bool]:
     """The layers' weight matrices, and whether they can all read int8 rows on this adapter
     (the integer-dot formats, quantize.FORMATS, with whole blocks; packed integer dot products).
     Every layer counts: a file's layers can differ in format (a Q4_K_M file's Q|K|V is row-split
-    on some layers with weight_format="exact")."""
+    on the layers whose V is Q6_K, q4k on the others)."""
     mats = [w for lw in layers for w in (lw.wqkv, lw.wo, lw.w_gate, lw.w_up, lw.w_down)]
     return mats, dev.has_dp4a and all(linear_blk.supported(w.fmt, w.i) for w in mats)
 
