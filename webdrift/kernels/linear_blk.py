@@ -37,6 +37,8 @@ from .weights import (
     q6k_decl,
     q8_scale_decl,
     split_parts,
+    split_ranges,
+    wgsl_by_range,
 )
 
 Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
@@ -58,7 +60,7 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     parts = split_parts(fmt)
     if parts:
         decls = [f"const {n}_O: u32 = {o}u;   // rows split {fmt}\n"]
-        for k, (f, rows) in enumerate(parts):
+        for k, f, _, rows in split_ranges(parts):
             decls.append(weight_decl(f"{n}_p{k}", binding, f, rows, i))
             binding += len(buffer_sizes(f, rows, i))
         return "".join(decls)
@@ -171,12 +173,10 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
     parts = split_parts(fmt)
     if parts is None:
         return "\n".join(L + _rows_body(fmt, rows, dual, cols, "", lambda r: f"rw{r}"))
-    row0 = 0
-    for k, (f, n) in enumerate(parts):
+    for k, f, row0, n in split_ranges(parts):
         inside = " && ".join(f"rw{r} >= {row0}u && rw{r} < {row0 + n}u" if row0 else f"rw{r} < {n}u" for r in range(rows))
         L.append(f"    {'} else ' if k else ''}if ({inside}) {{")
         L += _rows_body(f, rows, dual, cols, f"_p{k}", lambda r, row0=row0: f"(rw{r} - {row0}u)")
-        row0 += n
     L.append("    } else {   // a workgroup at a range boundary: each row in its range")
     if cols == 1:
         for r in range(rows):
@@ -208,13 +208,7 @@ def _rows_body(fmt: str, rows: int, dual: bool, cols: int, part: str, row) -> li
 def _by_range(parts: list, r: int, emit, n: str) -> list[str]:
     """emit(weight, format, row) for row rw{r} of the row-split weight n, in a branch per row
     range, each reading its own weight {n}_p{k} at the row within it."""
-    L, row0 = [], 0
-    for k, (f, rows) in enumerate(parts):
-        cond = f"if (rw{r} < {row0 + rows}u) {{" if k < len(parts) - 1 else "{"
-        L.append(("    " if k == 0 else "    } else ") + cond)
-        L += ["  " + line for line in emit(f"{n}_p{k}", f, f"(rw{r} - {row0}u)")]
-        row0 += rows
-    return L + ["    }"]
+    return wgsl_by_range(parts, f"rw{r}", lambda k, f, row0: emit(f"{n}_p{k}", f, f"(rw{r} - {row0}u)"), "    ")
 
 
 def _load(n: str, r: int, fmt: str, o: str) -> list[str]:

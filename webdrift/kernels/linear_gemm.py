@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..tensor.weight_layout import NAMED_ORDERS
-from .weights import format_names, split_parts
+from .weights import format_names, split_parts, wgsl_by_range
 
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
 WGMEM_LIMIT_DEFAULT = 16384     # and bytes of workgroup memory
@@ -235,14 +235,13 @@ def i8_block_wgsl(fmt: str, dual: bool) -> str:
         return "alias WBlock = Block;\n" + _i8_helpers([(fmt, "w")]) + "".join(fns)
     out = ["struct WBlock { h0: vec4<u32>, h1: vec4<u32>, sc: vec4<f32> }\n",
            _i8_helpers([(f, f"w_p{k}") for k, (f, _) in enumerate(parts)])]
+
+    def to_wblock(n: str, k: int, f: str, row0: int) -> list[str]:   # range k's Block as a WBlock
+        sc = "vec4<f32>(p.sc, 0.0, 0.0)" if f == "q6k" else "vec4<f32>(p.sc.x, p.sc.x, p.sc.y, 0.0)"
+        return [f"let p = {n}_p{k}_block(o - {row0}u, b);", f"return WBlock(p.h0, p.h1, {sc});"]
     for n in names:
-        body, row0 = [], 0
-        for k, (f, rows) in enumerate(parts):
-            out.append(_i8_block_fn(f"{n}_p{k}", f))
-            sc = "vec4<f32>(p.sc, 0.0, 0.0)" if f == "q6k" else "vec4<f32>(p.sc.x, p.sc.x, p.sc.y, 0.0)"
-            get = f"let p = {n}_p{k}_block(o - {row0}u, b); return WBlock(p.h0, p.h1, {sc});"
-            body.append(f"  if (o < {row0 + rows}u) {{ {get} }}" if k < len(parts) - 1 else f"  {{ {get} }}")
-            row0 += rows
+        out += [_i8_block_fn(f"{n}_p{k}", f) for k, (f, _) in enumerate(parts)]
+        body = wgsl_by_range(parts, "o", lambda k, f, row0, n=n: to_wblock(n, k, f, row0))
         out.append(f"fn {n}_block(o: u32, b: u32) -> WBlock {{\n" + "\n".join(body) + "\n}\n")
     return "".join(out)
 

@@ -103,6 +103,27 @@ def split_parts(fmt: str) -> list[tuple[str, int]] | None:
     return parts
 
 
+def split_ranges(parts: list[tuple[str, int]]) -> list[tuple[int, str, int, int]]:
+    """A row-split weight's ranges as (k, format, first row, rows)."""
+    out, row0 = [], 0
+    for k, (f, rows) in enumerate(parts):
+        out.append((k, f, row0, rows))
+        row0 += rows
+    return out
+
+
+def wgsl_by_range(parts: list[tuple[str, int]], row: str, emit, indent: str = "  ") -> list[str]:
+    """WGSL lines running emit(k, format, first row) -- range k's statements, reading the row at
+    `row - first row` within it -- in the branch of the row range holding `row` (an if / else
+    chain, the last range unconditioned)."""
+    L = []
+    for k, f, row0, rows in split_ranges(parts):
+        head = f"if ({row} < {row0 + rows}u) {{" if k < len(parts) - 1 else "{"
+        L.append(indent + ("} else " if k else "") + head)
+        L += [indent + "  " + line for line in emit(k, f, row0)]
+    return L + [indent + "}"]
+
+
 def format_names(fmt: str) -> list[str]:
     """The plain formats a weight of format fmt holds (a row-split one: its parts')."""
     parts = split_parts(fmt)
@@ -161,12 +182,12 @@ class GPUWeight:
         if sp is None:
             return None
         if not self._parts:
-            row0 = k = 0
-            for f, rows in sp:
+            b = 0
+            for _, f, row0, rows in split_ranges(sp):
                 n = len(buffer_sizes(f, rows, self.i))
                 self._parts.append(GPUWeight(f"{self.name}[{row0}:{row0 + rows}]", f, rows, self.i,
-                                             self.buffers[k:k + n], row0=row0))
-                row0, k = row0 + rows, k + n
+                                             self.buffers[b:b + n], row0=row0))
+                b += n
         return self._parts
 
     @property
@@ -299,13 +320,11 @@ def weight_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int,
 def _split_accessor(n: str, binding: int, parts: list[tuple[str, int]], o: int, i: int, writable: bool) -> str:
     """A row-split weight: part k declared as weight `{n}_p{k}` (its bindings after the previous
     parts'), and `{n}_read4(o, s)` reading row o from the part holding it."""
-    decls, body, row0 = [], [], 0
-    for k, (f, rows) in enumerate(parts):
+    decls = []
+    for k, f, _, rows in split_ranges(parts):
         decls.append(weight_accessor_wgsl(f"{n}_p{k}", binding, f, rows, i, None, writable))
         binding += len(buffer_sizes(f, rows, i))
-        call = f"return {n}_p{k}_read4(o - {row0}u, s);"
-        body.append(f"  if (o < {row0 + rows}u) {{ {call} }}" if k < len(parts) - 1 else f"  {call}")
-        row0 += rows
+    body = wgsl_by_range(parts, "o", lambda k, f, row0: [f"return {n}_p{k}_read4(o - {row0}u, s);"])
     return (f"// {n}: weight ({o} outputs, {i} inputs), rows split {'|'.join(f'{f}*{r}' for f, r in parts)}\n"
             f"const {n}_O: u32 = {o}u; const {n}_I: u32 = {i}u; const {n}_SI: u32 = {slices(i)}u;\n"
             + "".join(decls) + f"fn {n}_read4(o: u32, s: u32) -> vec4<f32> {{\n" + "\n".join(body) + "\n}\n")
