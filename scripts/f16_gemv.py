@@ -2,7 +2,8 @@
 the way the tuner times kernels (each run after an L2 flush, the median of 5), and prints each
 role's candidates fastest first with the weight bytes streamed per second (issue 10: the f16
 rows). Random f16 weights and activations; one token row.
-    PYTHONPATH=. python scripts/f16_gemv.py [llama-3.1-8b|llama-3.2-1b|llama-3.2-3b ...]"""
+    PYTHONPATH=. python scripts/f16_gemv.py [llama-3.1-8b|llama-3.2-1b|llama-3.2-3b ...]
+NONORM=1 adds QKV and gate/up without the fused RMS norm, and an LM-head-sized GEMV (no norm)."""
 import os
 import sys
 
@@ -40,6 +41,9 @@ for shape in sys.argv[1:] or ["llama-3.1-8b"]:
     roles = {"qkv+rope": ((nh + 2 * nkv) * dh, h, False, True, False),
              "qkv": ((nh + 2 * nkv) * dh, h, False, True, False), "o": (h, nh * dh, False, False, True),
              "gateup": (f, h, True, True, False), "down": (h, f, False, False, True)}
+    if os.environ.get("NONORM"):   # what the fused norm's prologue costs: the same roles without it
+        roles |= {"qkv-nonorm": ((nh + 2 * nkv) * dh, h, False, False, False),
+                  "gateup-nonorm": (f, h, True, False, False), "lmhead": (128256, h, False, False, False)}
     for role, (O, I, dual, norm, res) in roles.items():
         w = make_weight("w", O, I)
         w2 = make_weight("w2", O, I) if dual else None
