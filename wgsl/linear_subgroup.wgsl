@@ -36,11 +36,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sgi = lid / sg;
 #repeat NCOL
   let t{{#}} = min(tbase + {{#}}u, {{NT}} - 1u);   // column {{#}}'s token row (past the last: not written)
-  var inv{{#}} = 1.0;
-#if PRE_NORM
-  if ({{#}}u > 0u) { workgroupBarrier(); }   // the previous column's sums are read from red
-  inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
-#endif
 #endrepeat
 #if ROPE
   // pairs of outputs (i0, i0 + 1) = weight rows (o, o2), rotation partners, in one subgroup
@@ -58,6 +53,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #repeat NCOL
     var acc{{#}} = 0.0;
     var acc2_{{#}} = 0.0;
+    var ss{{#}} = 0.0;   // x's squares (PRE_NORM)
 #endrepeat
     var s = lane;
 #if UNROLL4
@@ -73,10 +69,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if COLS
       if (nc > {{#}}u) {
 #endif
-      let x0_{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
-      let x1_{{#}} = load_x(x_row(t{{#}}), s + sg, inv{{#}});
-      let x2_{{#}} = load_x(x_row(t{{#}}), s + 2u * sg, inv{{#}});
-      let x3_{{#}} = load_x(x_row(t{{#}}), s + 3u * sg, inv{{#}});
+      let x0_{{#}} = load_xs(x_row(t{{#}}), s, &ss{{#}});
+      let x1_{{#}} = load_xs(x_row(t{{#}}), s + sg, &ss{{#}});
+      let x2_{{#}} = load_xs(x_row(t{{#}}), s + 2u * sg, &ss{{#}});
+      let x3_{{#}} = load_xs(x_row(t{{#}}), s + 3u * sg, &ss{{#}});
       acc{{#}} += dot(x0_{{#}}, w_read4(o, s));
       a1_{{#}} += dot(x1_{{#}}, w_read4(o, s + sg));
       a2_{{#}} += dot(x2_{{#}}, w_read4(o, s + 2u * sg));
@@ -104,7 +100,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if COLS
       if (nc > {{#}}u) {
 #endif
-      let xv{{#}} = load_x(x_row(t{{#}}), s, inv{{#}});
+      let xv{{#}} = load_xs(x_row(t{{#}}), s, &ss{{#}});
       acc{{#}} += dot(xv{{#}}, w_read4(o, s));
 #if PAIR
       acc2_{{#}} += dot(xv{{#}}, w2_read4(o2, s));
@@ -118,6 +114,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     acc{{#}} = subgroupAdd(acc{{#}});
 #if PAIR
     acc2_{{#}} = subgroupAdd(acc2_{{#}});
+#endif
+#if PRE_NORM
+    let inv{{#}} = rms_inv(subgroupAdd(ss{{#}}));
+    acc{{#}} *= inv{{#}};
+    acc2_{{#}} *= inv{{#}};
 #endif
 #endrepeat
 #if ROPE

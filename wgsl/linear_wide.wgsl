@@ -39,11 +39,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let sgi = lid / sg;
 #repeat NCOL
   let t{{#}} = min(tbase + {{#}}u, {{NT}} - 1u);   // column {{#}}'s token row (past the last: not written)
-  var inv{{#}} = 1.0;
-#if PRE_NORM
-  if ({{#}}u > 0u) { workgroupBarrier(); }   // the previous column's sums are read from red
-  inv{{#}} = sg_row_inv(x_row(t{{#}}), lid, lane, sg);
-#endif
 #endrepeat
 #if MROWS
 #if KSPLIT
@@ -82,7 +77,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
 {{MR_RED}}
 #if KSPLIT
-    workgroupBarrier();   // red's earlier contents (the norm's sums, the previous rows') are read
+    workgroupBarrier();   // red's earlier contents (the previous rows' sums) are read
     if (lane == 0u) {
 {{KS_PUT}}
     }
@@ -118,6 +113,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #repeat NCOL
     var acc{{#}} = 0.0;
     var acc2_{{#}} = 0.0;
+    var ss{{#}} = 0.0;   // x's squares (PRE_NORM)
 #endrepeat
     var b = lane;
 #if UNROLL4
@@ -133,10 +129,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if COLS
       if (nc > {{#}}u) {
 #endif
-      let x0_{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
-      let x1_{{#}} = x_blk(x_row(t{{#}}), b + sg, inv{{#}});
-      let x2_{{#}} = x_blk(x_row(t{{#}}), b + 2u * sg, inv{{#}});
-      let x3_{{#}} = x_blk(x_row(t{{#}}), b + 3u * sg, inv{{#}});
+      let x0_{{#}} = x_blk(x_row(t{{#}}), b, &ss{{#}});
+      let x1_{{#}} = x_blk(x_row(t{{#}}), b + sg, &ss{{#}});
+      let x2_{{#}} = x_blk(x_row(t{{#}}), b + 2u * sg, &ss{{#}});
+      let x3_{{#}} = x_blk(x_row(t{{#}}), b + 3u * sg, &ss{{#}});
       acc{{#}} += w_dot(o, b, x0_{{#}});
       a1_{{#}} += w_dot(o, b + sg, x1_{{#}});
       a2_{{#}} += w_dot(o, b + 2u * sg, x2_{{#}});
@@ -164,7 +160,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if COLS
       if (nc > {{#}}u) {
 #endif
-      let xb{{#}} = x_blk(x_row(t{{#}}), b, inv{{#}});
+      let xb{{#}} = x_blk(x_row(t{{#}}), b, &ss{{#}});
       acc{{#}} += w_dot(o, b, xb{{#}});
 #if PAIR
       acc2_{{#}} += w2_dot(o2, b, xb{{#}});
@@ -178,6 +174,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     acc{{#}} = subgroupAdd(acc{{#}});
 #if PAIR
     acc2_{{#}} = subgroupAdd(acc2_{{#}});
+#endif
+#if PRE_NORM
+    let inv{{#}} = rms_inv(subgroupAdd(ss{{#}}));
+    acc{{#}} *= inv{{#}};
+    acc2_{{#}} *= inv{{#}};
 #endif
 #endrepeat
 #if ROPE

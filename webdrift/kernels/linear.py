@@ -142,7 +142,7 @@ def _red_floats(v: str, rows: int, wg: int, dev: Device, ks_slots: int = 0) -> i
 
 
 def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, ksplit: bool = False,
-                kunroll: int = 1) -> dict:
+                kunroll: int = 1, norm: bool = False) -> dict:
     """linear_wide.wgsl's MROWS statements, unrolled over the m rows (o + j; rows past the
     weight's last read its last row, and are not written) and the NCOL columns (c: token row
     t{c}, input block xb{c}; each column the one-column statements); nt: the token count.
@@ -152,22 +152,26 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
     (KS_PUT) and the totals taken back (KS_GET) for the epilogue; kunroll > 1 (with ksplit): the
     block loop takes kunroll strides at a time (blocks b + u bstep), each stride's sums in
     accumulators of their own (MR_ACC_U) added to the first's after the loop (MR_MERGE_U), so
-    kunroll x m weight blocks are in flight per invocation."""
+    kunroll x m weight blocks are in flight per invocation. norm (PRE_NORM): each column's squares
+    of x (ss_{c}, added by x_blk) meet like the sums, and 1 / rms scales the column's sums before
+    the epilogue."""
     if m <= 1 and not ksplit:
         return {"MROWS": False, "KSPLIT": False}
     js, cs = range(m), range(cols)
     row = [f"min(o + {j}u, w_O - 1u)" for j in js]
     row = [f"rperm({r})" for r in row] if rope else row
     decl = [f"    var m{j}_{c} = 0.0;" + (f" var n{j}_{c} = 0.0;" if pair else "") for c in cs for j in js]
+    decl += [f"    var ss_{c} = 0.0;" for c in cs]
     acc = []
     for c in cs:   # column c: its input block, then its rows' sums (only where it has a token row)
         acc += [f"      if (nc > {c}u) {{"] if cols > 1 else []
-        acc.append(f"      let xb{c} = x_blk(x_row(t{c}), b, inv{c});")
+        acc.append(f"      let xb{c} = x_blk(x_row(t{c}), b, &ss_{c});")
         acc += [f"      m{j}_{c} += w_dot({row[j]}, b, xb{c});" + (f" n{j}_{c} += w2_dot({row[j]}, b, xb{c});" if pair else "")
                 for j in js]
         acc += ["      }"] if cols > 1 else []
     red = [f"    m{j}_{c} = subgroupAdd(m{j}_{c});" + (f" n{j}_{c} = subgroupAdd(n{j}_{c});" if pair else "")
            for c in cs for j in js]
+    red += [f"    ss_{c} = subgroupAdd(ss_{c});" for c in cs] if norm else []
     if not rope:
         epi = [f"      if (o + {j}u < w_O && tbase + {c}u < {nt}) {{ epilogue(t{c}, o + {j}u, m{j}_{c}, "
                f"{f'n{j}_{c}' if pair else f'm{j}_{c}'}); }}" for c in cs for j in js]
@@ -178,6 +182,9 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
                f"        rope_out(t0, o + {j}u, va{j}, vb{j});\n        rope_out(t0, o + {j + 1}u, vb{j}, va{j});\n      }}"
                for j in js[::2]]
     sums = [v for c in cs for j in js for v in ([f"m{j}_{c}"] + ([f"n{j}_{c}"] if pair else []))]
+    if norm:   # 1 / rms of each column scales its sums (in the epilogue's invocation, after they met)
+        epi = [f"      let inv{c} = rms_inv(ss_{c});" + "".join(
+            f" m{j}_{c} *= inv{c};" + (f" n{j}_{c} *= inv{c};" if pair else "") for j in js) for c in cs] + epi
     d = {"MROWS": m, "MR_DECL": "\n".join(decl), "MR_ACC": "\n".join(acc), "MR_RED": "\n".join(red),
          "MR_EPI": "\n".join(epi), "KSPLIT": ksplit, "KUNROLL": ksplit and kunroll > 1}
     if ksplit and kunroll > 1:   # (one column: LinearKernel checks)
@@ -185,7 +192,7 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
 
         def s(v: str, u: int) -> str:   # stride u's accumulator of sum v (stride 0: v itself)
             return f"{v}_{u}" if u else v
-        acc_u = [f"      let xb0_{u} = x_blk(x_row(t0), b + {u}u * bstep, inv0);" for u in range(kunroll)]
+        acc_u = [f"      let xb0_{u} = x_blk(x_row(t0), b + {u}u * bstep, &ss_0);" for u in range(kunroll)]
         acc_u += [f"      {s(f'm{j}_0', u)} += w_dot({row[j]}, b + {u}u * bstep, xb0_{u});"
                   + (f" {s(f'n{j}_0', u)} += w2_dot({row[j]}, b + {u}u * bstep, xb0_{u});" if pair else "")
                   for u in range(kunroll) for j in js]
@@ -195,8 +202,9 @@ def _mrows_code(m: int, pair: bool, cols: int, nt: str, rope: bool = False, kspl
     else:
         d.update(KU=1, MR_DECL_U="", MR_ACC_U="", MR_MERGE_U="")
     if ksplit:
-        d.update(KS_SLOTS=len(sums), KS_PUT="\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(sums)),
-                 KS_GET="\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(sums)))
+        slots = sums + ([f"ss_{c}" for c in cs] if norm else [])
+        d.update(KS_SLOTS=len(slots), KS_PUT="\n".join(f"      red[{k}u * KSN + sgi] = {v};" for k, v in enumerate(slots)),
+                 KS_GET="\n".join(f"      {v} = red[KST + {k}u];" for k, v in enumerate(slots)))
     return d
 
 
@@ -344,7 +352,8 @@ class LinearKernel(Kernel):
         nt = "1u" if x_last_row else "step.n_tokens"
         ncol = variant.cols if gemm is None else 1
         mr = _mrows_code(variant.mrows if gemm is None else 1, w2 is not None, ncol, nt, rope is not None,
-                         gemm is None and variant.ksplit, variant.unroll if gemm is None else 1)
+                         gemm is None and variant.ksplit, variant.unroll if gemm is None else 1,
+                         norm=pre_norm is not None and not i8)
         d.update(mr)
         d.update(DUAL=w2 is not None, PAIR=w2 is not None or rope is not None, ROPE=rope is not None,
                  UNROLL4=gemm is None and variant.unroll == 4, BIAS=ep.bias, RESIDUAL=ep.residual, GELU=ep.act == "gelu_tanh",

@@ -456,15 +456,16 @@ def wide_slices(fmt: str) -> int:
 
 
 def wide_input_wgsl(fmt: str) -> str:
-    """`struct XB` (the input slices of one block) and `fn x_blk(t, b, inv) -> XB`, read through the
-    kernel's `load_x(t, s, inv)`: loaded once per block and shared by both weights of a pair
+    """`struct XB` (the input slices of one block) and `fn x_blk(t, b, ss) -> XB`, read through the
+    kernel's `load_xs(t, s, ss)` (with a fused norm: x's squares added to *ss): loaded once per
+    block and shared by both weights of a pair
     (gate/up, or RoPE's rotation partners). Fields, not an array (arrays indexed in loops can end
     up in local memory)."""
     k = wide_slices(fmt)
     fields = ", ".join(f"x{j}: vec4<f32>" for j in range(k))
-    loads = ", ".join(f"load_x(t, {k}u * b + {j}u, inv)" for j in range(k))
+    loads = ", ".join(f"load_xs(t, {k}u * b + {j}u, ss)" for j in range(k))
     return (f"struct XB {{ {fields} }}\n"
-            f"fn x_blk(t: u32, b: u32, inv: f32) -> XB {{ return XB({loads}); }}\n")
+            f"fn x_blk(t: u32, b: u32, ss: ptr<function, f32>) -> XB {{ return XB({loads}); }}\n")
 
 
 def wide_accessor_wgsl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
