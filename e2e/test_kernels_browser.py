@@ -177,10 +177,12 @@ dev.write_buffer(step, pack_step(T, 0))
 for src, fmt in args["formats"]:
     try:
         w = allocate_weight(dev, fmt, fmt, O, I, "OI")
-        if isinstance(src, list):   # a row-split weight: (stored type, rows) of each range
+        if isinstance(src, list):   # a row-split weight: (stored type, rows) of each range, from those rows of w_TYPE
             row0 = 0
             for s, rows in src:
-                upload_rows(dev, w, s, b64(args["w_split_" + s]), rows, row0)
+                raw = b64(args["w_" + s])
+                per = len(raw) // O
+                upload_rows(dev, w, s, raw[row0 * per:(row0 + rows) * per], rows, row0)
                 row0 += rows
         else:
             upload_rows(dev, w, src, b64(args["w_" + src]), O)
@@ -216,8 +218,9 @@ json.dumps(out)
 
 
 def test_browser_int8_kernels(chromium, server, record):
-    """QuantizeKernel (norm fused) + the integer-dot GEMV (q8, q8_0, q4, q4_0, q5k, q6k weights, and a row-split
-    q4_0|q6k one: rows 0..39 Q4_0, 40..63 Q6_K, a boundary inside a workgroup), plain and with its
+    """QuantizeKernel (norm fused) + the integer-dot GEMV (q8, q8_0, q4, q4_0, q5k, q6k weights, and row-split
+    q4_0|q6k and q5k|q6k ones: rows 0..39 Q4_0, 40..63 Q6_K; rows 0..25 Q5_K, 26..63 Q6_K in channel
+    order, a boundary inside a workgroup), plain and with its
     quantizing epilogue, and the int8 prefill GEMM (single and double-buffered tiles), compiled by Tint and run on
     SwiftShader, against the numpy emulation of the desktop tests; with both rows as the columns of
     one workgroup (cols=2), bit-identical to the one-row kernel."""
@@ -248,15 +251,17 @@ def test_browser_int8_kernels(chromium, server, record):
     split = "q4_0*40|q6k*24"
     w_split = np.concatenate([w_q40[:40], w_q6[40:]])
     mins[split] = np.concatenate([mins["q4_0"][:40], np.zeros((O - 40, I // 32))])
+    split5 = "q5k*26|q6k*38"   # a Q5_K_M Q|K|V: int8 rows in channel order, the q6k words shuffled to it
+    w_split5 = np.concatenate([w_q5[:26], w_q6[26:]])
+    mins[split5] = np.concatenate([mins["q5k"][:26], np.zeros((O - 26, I // 32))])
     enc = lambda b: base64.b64encode(b).decode()
     xp = np.zeros((CAP, I), np.float32)
     xp[:T] = x
     args = {"T": T, "O": O, "I": I, "CAP": CAP, "eps": eps, "x": enc(xp.tobytes()), "nw": enc(nw.tobytes()),
             "nw2": enc(nw2.tobytes()), "w_Q8_0": enc(q8_raw), "w_Q4_1": enc(q4_raw), "w_Q6_K": enc(q6_blocks.tobytes()),
             "w_Q5_K": enc(q5_blocks.tobytes()), "w_Q4_0": enc(q40_blocks.tobytes()),
-            "w_split_Q4_0": enc(q40_blocks[:40].tobytes()), "w_split_Q6_K": enc(q6_blocks[40:].tobytes()),
             "formats": [("Q8_0", "q8"), ("Q8_0", "q8_0"), ("Q4_1", "q4"), ("Q4_0", "q4_0"), ("Q5_K", "q5k"), ("Q6_K", "q6k"),
-                        ([("Q4_0", 40), ("Q6_K", O - 40)], split)]}
+                        ([("Q4_0", 40), ("Q6_K", O - 40)], split), ([("Q5_K", 26), ("Q6_K", O - 26)], split5)]}
     res = run_in_worker(chromium, server, INT8_CODE, args)
     assert res["dp4a"] and res["subgroups"], res            # Chromium's WGSL offers both
     errors = {k: v for k, v in res.items() if isinstance(v, str) and v.startswith("ERROR")}
@@ -268,7 +273,7 @@ def test_browser_int8_kernels(chromium, server, record):
     uq = quant_x(u)
     nb = O // 32
     for fmt, wref in (("q8", w_q8), ("q8_0", w_q8), ("q4", w_q4), ("q4_0", w_q40), ("q5k", w_q5), ("q6k", w_q6),
-                      (split, w_split)):
+                      (split, w_split), (split5, w_split5)):
         y = np.array(res[fmt + "/blk"]).reshape(T, O)
         want = uq @ wref.T.astype(np.float64)
         if fmt in mins:

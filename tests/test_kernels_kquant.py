@@ -186,7 +186,8 @@ def test_exact_policy():
     assert runtime_format(["Q4_K", "Q3_K", "Q6_K"], "exact", rows=[8, 8, 8]) == "f32"
     # the default: row-split where the integer-dot kernels read the mix (one int8 row order), else q8
     assert runtime_format(["Q4_K", "Q4_K", "Q6_K"], rows=[256, 128, 128]) == "q4k*384|q6k*128"
-    assert runtime_format(["Q5_K", "Q5_K", "Q6_K"], rows=[256, 128, 128]) == "q8"
+    assert runtime_format(["Q5_K", "Q5_K", "Q6_K"], rows=[256, 128, 128]) == "q5k*384|q6k*128"   # Q5_K_M
+    assert runtime_format(["Q4_K", "Q4_K", "Q5_K"], rows=[256, 128, 128]) == "q8"   # two orders
     assert runtime_format(["Q4_K", "Q4_K", "Q6_K"]) == "q8"    # rows unknown
 
 
@@ -238,14 +239,18 @@ def test_row_split_weight(parts):
 @pytest.mark.parametrize("parts,dual", [
     ([("Q4_K", "q4k", 24), ("Q6_K", "q6k", 13)], False),                          # a Q4_K_M Q|K|V
     ([("Q6_K", "q6k", 9), ("Q4_K", "q4k", 16), ("Q4_0", "q4_0", 12)], True),       # three ranges, gate/up
-    ([("Q8_0", "q8_0", 21), ("Q5_K", "q5k", 16)], False)], ids=["q4k|q6k", "q6k|q4k|q4_0-dual", "q8_0|q5k"])
+    ([("Q8_0", "q8_0", 21), ("Q5_K", "q5k", 16)], False),
+    ([("Q5_K", "q5k", 40), ("Q6_K", "q6k", 13)], False),                          # a Q5_K_M Q|K|V
+    ([("Q6_K", "q6k", 9), ("Q8_0", "q8_0", 12), ("Q5_K", "q5k", 16)], True)],      # q6k first, channel order
+    ids=["q4k|q6k", "q6k|q4k|q4_0-dual", "q8_0|q5k", "q5k|q6k", "q6k|q8_0|q5k-dual"])
 def test_integer_dot_kernels_read_row_split(parts, dual):
     """The integer-dot GEMV (one row, 4 columns) and the int8 GEMM (two tiles) on row-split
-    weights whose ranges take the input rows in one order, against the exact block sums in
-    float64 (as test_integer_dot_kernels_read_kquants); ranges of two orders are refused."""
+    weights whose ranges read the input rows in one order (q4's, or channel order with the q6k
+    ranges' words shuffled), against the exact block sums in float64 (as
+    test_integer_dot_kernels_read_kquants); q4-order ranges with channel-order ones are refused."""
     from tests.test_kernels_gemm_i8 import decode_rows
     from webdrift.kernels import linear_blk
-    from webdrift.kernels.quantize import QuantizeKernel, xq_desc
+    from webdrift.kernels.quantize import QuantizeKernel, order_format, xq_desc
     dev = device()
     T, I, CAP = 6, 512, 8
     ws, refs = [], []
@@ -259,12 +264,14 @@ def test_integer_dot_kernels_read_row_split(parts, dual):
     fmt = ws[0][0].fmt
     assert linear_blk.supported(fmt, I)
     run(QuantizeKernel(dev, xd, qd, fmt), {"x": xb, "xq": qb}, T)
-    vals, d, s, _ = decode_rows(np.frombuffer(dev.read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T], I, parts[0][1])
+    vals, d, s, _ = decode_rows(np.frombuffer(dev.read_buffer_sync(qb), np.uint32).reshape(CAP, -1)[:T], I, order_format(fmt))
     xdeq = vals * np.repeat(d.astype(np.float64), 32, axis=1)
     refs = [xdeq @ (wd - np.repeat(m, 32, axis=1)).T + s.astype(np.float64) @ m.T for _, wd, m in ws]
     want = refs[0] * 0.5 * (1 + np.tanh(refs[0] / 2)) * refs[1] if dual else refs[0]   # SiLU(gate) * up
     assert_int8_kernels(qb, qd, yd, T, ws[0][0], ws[1][0] if dual else None, want)
-    assert not linear_blk.supported("q5k*8|q6k*8", 512)    # natural order against q4's
+    assert linear_blk.supported("q5k*8|q6k*8", 512) and linear_blk.supported("q6k*8|q8_0*8", 512)
+    assert not linear_blk.supported("q5k*8|q4k*8", 512)    # channel order against q4's
+    assert not linear_blk.supported("q8_0*8|q6k*8|q4_0*8", 512)
 
 
 def test_row_split_bad_input():
@@ -318,11 +325,11 @@ def test_kquant_bad_input():
 
 # -- a whole model of K-quant layers vs transformers (which dequantizes GGUF with gguf-py) ----------
 
-def _kquant_gguf(path, v0: str = "Q4_K") -> str:
+def _kquant_gguf(path, v0: str = "Q4_K", qk0: str = "Q4_K") -> str:
     """A llama GGUF (dim 256, 2 layers, 4 / 2 heads, FFN 512, the tiny model's tokenizer) whose
     matrices are random K-quant blocks: Q|K|V and gate/up Q4_K, O Q5_K, down and the (tied)
     embedding Q6_K; super-block scales small enough for sensible activations. v0: layer 0's V
-    type (a Q4_K_M file has Q6_K V on some layers)."""
+    type (a Q4_K_M file has Q6_K V on some layers), qk0 its Q and K type (a Q5_K_M file's: Q5_K)."""
     from gguf import GGUFWriter
 
     from tests.gpu_util import KQUANT_F16_FIELDS
@@ -364,8 +371,8 @@ def _kquant_gguf(path, v0: str = "Q4_K") -> str:
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", np.ones(dim, np.float32))
         w.add_tensor(p + "ffn_norm.weight", np.ones(dim, np.float32))
-        kq(p + "attn_q.weight", "Q4_K", heads * hd, dim)
-        kq(p + "attn_k.weight", "Q4_K", kv * hd, dim)
+        kq(p + "attn_q.weight", qk0 if i == 0 else "Q4_K", heads * hd, dim)
+        kq(p + "attn_k.weight", qk0 if i == 0 else "Q4_K", kv * hd, dim)
         kq(p + "attn_v.weight", v0 if i == 0 else "Q4_K", kv * hd, dim)
         kq(p + "attn_output.weight", "Q5_K", dim, heads * hd)
         kq(p + "ffn_gate.weight", "Q4_K", ffn, dim)
@@ -434,8 +441,11 @@ def test_format_not_applicable_is_refused_at_plan(tmp_path, fmt, needle):
         webdrift.load(path, max_context=32, weight_format="q5k", autotune=False)
 
 
-def test_kquant_model_row_split_qkv_vs_transformers(tmp_path):
-    """A Q4_K_M-like layer whose V is Q6_K while Q / K are Q4_K: the default and weight_format=
+@pytest.mark.parametrize("qk0", ["Q4_K", "Q5_K"])
+def test_kquant_model_row_split_qkv_vs_transformers(tmp_path, qk0):
+    """A Q4_K_M-like layer whose V is Q6_K while Q / K are Q4_K (qk0 Q5_K: a Q5_K_M-like one, its
+    int8 rows in channel order, the Q6_K range's words shuffled to it; before session 25 the
+    default re-quantized it to q8): the default and weight_format=
     "exact" keep each tensor's rows in its own format (a row-split Q|K|V; before session 24 the
     default re-quantized it to q8 and exact widened it to f32) and give transformers' fp32 logits
     within 1e-4 of the largest (the same logits bit for bit); q8 (the old default) further off.
@@ -447,18 +457,19 @@ def test_kquant_model_row_split_qkv_vs_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
     import webdrift
-    path = _kquant_gguf(tmp_path / "kq.gguf", v0="Q6_K")
+    path = _kquant_gguf(tmp_path / "kq.gguf", v0="Q6_K", qk0=qk0)
+    split = {"Q4_K": "q4k", "Q5_K": "q5k"}[qk0] + "*384|q6k*128"
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="kq.gguf", dtype=torch.float32).eval()
     ids = np.random.default_rng(2).integers(3, 260, 32).tolist()
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
     exact = webdrift.load(path, max_context=64, weight_format="exact", autotune=False, kv_cache="f32")
-    assert [lw.wqkv.fmt for lw in exact.model.layers] == ["q4k*384|q6k*128", "q4k"]
+    assert [lw.wqkv.fmt for lw in exact.model.layers] == [split, "q4k"]
     got = exact.logits(ids)
     err = np.abs(got - want).max()
     assert err < 1e-4 * np.abs(want).max(), err
     default = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32", int8_activations=False)
-    assert [lw.wqkv.fmt for lw in default.model.layers] == ["q4k*384|q6k*128", "q4k"]
+    assert [lw.wqkv.fmt for lw in default.model.layers] == [split, "q4k"]
     np.testing.assert_array_equal(default.logits(ids), got)
     q8 = webdrift.load(path, max_context=64, autotune=False, kv_cache="f32", weight_format="q8")
     assert q8.model.weight_bytes > default.model.weight_bytes

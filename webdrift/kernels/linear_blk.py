@@ -17,6 +17,10 @@ quantization whose int8 packing matches each weight format's byte order for dot4
   q6k: q4's nibble words plus the high bit pairs laid out so that one shift and mask give the same
       even / odd byte lanes (kernels/weights.py), made int8 (q - 32) -> x packed even / odd; the
       two 16-input halves of a block (x's lo and hi words) have their own scales.
+A row-split weight reads its ranges in one order (quantize.order_format): q4's where all its
+ranges take it, else channel order, where its q6k ranges' even / odd words are shuffled into
+channel order as they load (`{n}_nlo` / `{n}_nhi`; the code below calls such a range Q6K_NAT):
+a Q5_K_M file's Q5_K Q / K with a Q6_K V. q4 / q4_0 / q4k take only q4's order.
 Several columns (cols > 1: NCOL token rows per workgroup): each weight block is loaded once and
 dotted with every column's x block, accumulators a{r}_{c}; a column's sum is the same expression,
 in the same order, as the one-row kernel's (cols == 1 writes exactly the one-row text).
@@ -26,7 +30,7 @@ Must not: import numpy or wgpu.
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from .quantize import FORMATS, NATURAL_ORDER, ceil4, n_partials, row_words
+from .quantize import FORMATS, NATURAL_ORDER, ceil4, n_partials, order_format, row_words
 from .weights import (
     buffer_sizes,
     format_names,
@@ -35,6 +39,7 @@ from .weights import (
     q5k_block_wgsl,
     q6k_block_wgsl,
     q6k_decl,
+    q6k_natural_wgsl,
     q8_scale_decl,
     split_parts,
     split_ranges,
@@ -42,15 +47,27 @@ from .weights import (
 )
 
 Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
+Q6K_NAT = "q6k_nat"   # code generation's name for a q6k range read in channel order
+
+
+def code_parts(fmt: str) -> list[tuple[str, int]] | None:
+    """A row-split weight's (format, rows) ranges as the generated code reads them: q6k ranges
+    Q6K_NAT where the weight's int8 rows are in channel order; None for a plain format."""
+    parts = split_parts(fmt)
+    if parts is None or order_format(fmt) not in NATURAL_ORDER:
+        return parts
+    return [(Q6K_NAT if f == "q6k" else f, rows) for f, rows in parts]
 
 
 def supported(fmt: str, i: int) -> bool:
     """Whether the integer-dot GEMV reads weights of this format and input size; a row-split
-    weight where every range's format is read and all take the input rows in one order (q4k with
-    q6k: yes; q5k with q6k: no, natural against q4's order)."""
-    parts = split_parts(fmt)
+    weight where every range's format is read in the weight's one int8 row order (q4k with q6k:
+    q4's order; q5k, q8 or q8_0 with q6k: channel order, q6k shuffled; q5k with q4k: no)."""
+    parts = code_parts(fmt)
     if parts:
-        return all(supported(f, i) for f, _ in parts) and len({f in NATURAL_ORDER for f, _ in parts}) == 1
+        natural = order_format(fmt) in NATURAL_ORDER
+        return all(supported("q6k" if f == Q6K_NAT else f, i) for f, _ in parts) and all(
+            (f in NATURAL_ORDER or f == Q6K_NAT) if natural else f not in NATURAL_ORDER for f, _ in parts)
     return fmt in FORMATS and i % (256 if fmt in ("q4k", "q5k", "q6k") else 32) == 0
 
 
@@ -60,9 +77,11 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     parts = split_parts(fmt)
     if parts:
         decls = [f"const {n}_O: u32 = {o}u;   // rows split {fmt}\n"]
-        for k, f, _, rows in split_ranges(parts):
-            decls.append(weight_decl(f"{n}_p{k}", binding, f, rows, i))
-            binding += len(buffer_sizes(f, rows, i))
+        for k, f, _, rows in split_ranges(code_parts(fmt)):
+            real = "q6k" if f == Q6K_NAT else f
+            decls.append(weight_decl(f"{n}_p{k}", binding, real, rows, i)
+                         + (q6k_natural_wgsl(f"{n}_p{k}") if f == Q6K_NAT else ""))
+            binding += len(buffer_sizes(real, rows, i))
         return "".join(decls)
     nb = i // 32
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
@@ -83,9 +102,10 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     raise UnsupportedModelError(f"the integer-dot GEMV reads {FORMATS}, not {fmt}")
 
 
-def _q6k_load(n: str, r: int, o: str) -> list[str]:
+def _q6k_load(n: str, r: int, o: str, natural: bool = False) -> list[str]:
     """Block b of row o (rw{r}) of a q6k weight: its 8 int8 words (k, p) in x's even / odd order as
-    {n}v{r}_{2k+p}, and its two half scales d sc as {n}s{r} (vec2)."""
+    {n}v{r}_{2k+p}, and its two half scales d sc as {n}s{r} (vec2); natural (Q6K_NAT): the words
+    shuffled into channel order, {n}v{r}_t inputs 4t..4t+3 (the halves stay words 0-3 and 4-7)."""
     L = [f"    let {n}i{r} = 3u * ({o} * NB + b);",
          f"    let {n}A{r} = {n}_data[{n}i{r}];", f"    let {n}B{r} = {n}_data[{n}i{r} + 1u];",
          f"    let {n}H{r} = {n}_data[{n}i{r} + 2u];",
@@ -94,7 +114,11 @@ def _q6k_load(n: str, r: int, o: str) -> list[str]:
     for k in range(4):
         for p in range(2):
             s = 2 * k + p
-            L.append(f"    let {n}v{r}_{s} = {n}_q6({words[k]}, {4 * p}u, {n}H{r}.{'xy'[s // 4]}, {2 * (s % 4)}u);")
+            L.append(f"    let {n}{'t' if natural else 'v'}{r}_{s} = {n}_q6({words[k]}, {4 * p}u, {n}H{r}.{'xy'[s // 4]}, {2 * (s % 4)}u);")
+    if natural:
+        for k in range(4):
+            e, od = f"{n}t{r}_{2 * k}", f"{n}t{r}_{2 * k + 1}"
+            L += [f"    let {n}v{r}_{2 * k} = {n}_nlo({e}, {od});", f"    let {n}v{r}_{2 * k + 1} = {n}_nhi({e}, {od});"]
     return L
 
 
@@ -141,8 +165,8 @@ def _q4_pair(n: str, o: str, fmt: str) -> str:
 
 def _row(n: str, acc: str, r: int, fmt: str, o: str) -> list[str]:
     """Row o (rw{r}, or its index within a row range) of weight n, block b, into {acc}{r}."""
-    if fmt == "q6k":
-        return _q6k_load(n, r, o) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
+    if fmt in ("q6k", Q6K_NAT):
+        return _q6k_load(n, r, o, fmt == Q6K_NAT) + [f"    {_q6k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt == "q5k":
         return _q5k_load(n, r, o) + [f"    {_q5k_acc(n, f'{acc}{r}', r, 'xk')}"]
     if fmt in Q8_FORMATS:
@@ -170,7 +194,7 @@ def row_body(fmt: str, rows: int, dual: bool, base: str = "o0", rope: bool = Fal
         L = [f"    let rw{r} = rperm(min({base} + {r}u, w_O - 1u));" for r in range(rows)]
     else:
         L = [f"    let rw{r} = min({base} + {r}u, w_O - 1u);" for r in range(rows)]
-    parts = split_parts(fmt)
+    parts = code_parts(fmt)
     if parts is None:
         return "\n".join(L + _rows_body(fmt, rows, dual, cols, "", lambda r: f"rw{r}"))
     for k, f, row0, n in split_ranges(parts):
@@ -213,8 +237,8 @@ def _by_range(parts: list, r: int, emit, n: str) -> list[str]:
 
 def _load(n: str, r: int, fmt: str, o: str) -> list[str]:
     """Weight block b of row o (rw{r}), loaded once for every column (q4: its even / odd nibbles)."""
-    if fmt == "q6k":
-        return _q6k_load(n, r, o)
+    if fmt in ("q6k", Q6K_NAT):
+        return _q6k_load(n, r, o, fmt == Q6K_NAT)
     if fmt == "q5k":
         return _q5k_load(n, r, o)
     if fmt in Q8_FORMATS:
@@ -230,7 +254,7 @@ def _load(n: str, r: int, fmt: str, o: str) -> list[str]:
 def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
     """acc{r}_{c} += column c's block product: _row's expression, term for term."""
     xk = f"xk{c}"
-    if fmt == "q6k":
+    if fmt in ("q6k", Q6K_NAT):
         return f"      {_q6k_acc(n, f'{acc}{r}_{c}', r, xk)}"
     if fmt == "q5k":
         return f"      {_q5k_acc(n, f'{acc}{r}_{c}', r, xk)}"

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..tensor.weight_layout import NAMED_ORDERS
+from . import linear_blk
 from .weights import format_names, split_parts, wgsl_by_range
 
 WG_LIMIT_DEFAULT = 256          # WebGPU's guaranteed invocations per workgroup
@@ -199,6 +200,12 @@ def _i8_block_fn(n: str, fmt: str) -> str:
         body = f"  return q4_block({n}_data[k], {n}_pair(k));\n"
     elif fmt == "q6k":
         body = f"  return q6_block({n}_data[3u * k], {n}_data[3u * k + 1u], {n}_data[3u * k + 2u], {n}_q6s(k));\n"
+    elif fmt == linear_blk.Q6K_NAT:   # q6k in channel order (a row-split weight's: linear_blk.code_parts)
+        h = [(f"p.h{j}.{a}", f"p.h{j}.{b}") for j in (0, 1) for a, b in ("xy", "zw")]
+        words = [f"{n}_{fn}({e}, {o})" for e, o in h for fn in ("nlo", "nhi")]
+        body = (f"  let p = q6_block({n}_data[3u * k], {n}_data[3u * k + 1u], {n}_data[3u * k + 2u], {n}_q6s(k));\n"
+                f"  return Block(vec4<u32>({', '.join(words[:4])}),\n"
+                f"               vec4<u32>({', '.join(words[4:])}), p.sc);\n")
     else:
         body = f"  return Block({n}_data[2u * k], {n}_data[2u * k + 1u], vec2<f32>({n}_scl(k), 0.0));\n"
     return head + body + "}\n"
@@ -209,7 +216,7 @@ def _i8_helpers(fmts_names: list[tuple[str, str]]) -> str:
     weight of that format (`{n}_q5`, `{n}_q6`: the same text for every weight)."""
     out = []
     q5 = next((n for f, n in fmts_names if f == "q5k"), None)
-    q6 = next((n for f, n in fmts_names if f == "q6k"), None)
+    q6 = next((n for f, n in fmts_names if f in ("q6k", linear_blk.Q6K_NAT)), None)
     if q5:   # Q5_K as stored: a 32-block's 8 words of 5-bit codes (natural order) from qs vec4s A, B and qh H, G
         f = f"{q5}_q5"
         out.append("fn q5_block(A: vec4<u32>, B: vec4<u32>, H: vec4<u32>, G: vec4<u32>, j: u32, sc: vec2<f32>) -> Block {\n"
@@ -227,9 +234,10 @@ def i8_block_wgsl(fmt: str, dual: bool) -> str:
     """linear_gemm_i8.wgsl's W_BLOCKS: `w_block(o, b)` (and `w2_block`) -> WBlock. One format:
     WBlock is Block. A row-split weight (kernels/weights.py): WBlock's sc is (scale of inputs
     0..15, of 16..31, min), each row range's Block mapped to it (q6k: its two half scales; the
-    others: their scale twice, and their min or 0), so one product loop serves every range."""
+    others: their scale twice, and their min or 0), so one product loop serves every range; a q6k
+    range of a weight in channel order (linear_blk.code_parts) has its words shuffled into it."""
     names = ("w", "w2") if dual else ("w",)
-    parts = split_parts(fmt)
+    parts = linear_blk.code_parts(fmt)
     if parts is None:
         fns = [_i8_block_fn(n, fmt) for n in names]
         return "alias WBlock = Block;\n" + _i8_helpers([(fmt, "w")]) + "".join(fns)
@@ -237,7 +245,7 @@ def i8_block_wgsl(fmt: str, dual: bool) -> str:
            _i8_helpers([(f, f"w_p{k}") for k, (f, _) in enumerate(parts)])]
 
     def to_wblock(n: str, k: int, f: str, row0: int) -> list[str]:   # range k's Block as a WBlock
-        sc = "vec4<f32>(p.sc, 0.0, 0.0)" if f == "q6k" else "vec4<f32>(p.sc.x, p.sc.x, p.sc.y, 0.0)"
+        sc = "vec4<f32>(p.sc, 0.0, 0.0)" if f in ("q6k", linear_blk.Q6K_NAT) else "vec4<f32>(p.sc.x, p.sc.x, p.sc.y, 0.0)"
         return [f"let p = {n}_p{k}_block(o - {row0}u, b);", f"return WBlock(p.h0, p.h1, {sc});"]
     for n in names:
         out += [_i8_block_fn(f"{n}_p{k}", f) for k, (f, _) in enumerate(parts)]

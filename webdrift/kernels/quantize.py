@@ -50,11 +50,15 @@ def xq_desc(name: str, i: int, rows: int) -> TensorDesc:
 
 
 def order_format(fmt: str) -> str:
-    """The format whose int8 row order a weight of format fmt reads: itself, or a row-split
-    weight's first range's (the integer-dot kernels read a row-split weight only where every
-    range takes one order: linear_blk.supported)."""
+    """The format whose int8 row order a weight of format fmt reads: itself; for a row-split
+    weight its first range in channel order (NATURAL_ORDER) if it has one, else its first range.
+    (Its q6k ranges then read in that order too, their bytes shuffled as they load: a Q5_K_M
+    file's Q5_K Q / K with a Q6_K V; q4 / q4_0 / q4k ranges take only q4's order:
+    linear_blk.supported.)"""
     parts = split_parts(fmt)
-    return parts[0][0] if parts else fmt
+    if not parts:
+        return fmt
+    return next((f for f, _ in parts if f in NATURAL_ORDER), parts[0][0])
 
 
 def block_defines(fmt: str, i: int, wg: int) -> dict:

@@ -370,6 +370,17 @@ def q6k_decl(n: str, binding: int, mode: str, o: int, i: int, word: str = "u32")
             f"16 int8 scales, d\n")
 
 
+def q6k_natural_wgsl(n: str) -> str:
+    """`fn {n}_nlo(e, o)` / `fn {n}_nhi(e, o) -> u32`: from a q6k block's even / odd code words of
+    inputs 8k..8k+7 (q4's order: e = inputs 8k, 8k+2, 8k+4, 8k+6 as bytes, o the odd ones), the
+    words of inputs 8k..8k+3 and 8k+4..8k+7 in channel order: a q6k range of a row-split weight
+    whose int8 rows are in channel order (with q5k / q8 / q8_0 ranges)."""
+    return (f"fn {n}_nlo(e: u32, o: u32) -> u32 {{\n"
+            f"  return (e & 0xFFu) | ((o & 0xFFu) << 8u) | ((e & 0xFF00u) << 8u) | ((o & 0xFF00u) << 16u);\n}}\n"
+            f"fn {n}_nhi(e: u32, o: u32) -> u32 {{\n"
+            f"  return ((e >> 16u) & 0xFFu) | ((o >> 8u) & 0xFF00u) | ((e >> 8u) & 0xFF0000u) | (o & 0xFF000000u);\n}}\n")
+
+
 def q6k_block_wgsl(n: str) -> str:
     """For the integer-dot kernels: `fn {n}_q6(w, ws, h, hs) -> u32`, four codes as int8 bytes
     (q - 32) from the low nibbles (w >> ws) & 0x0F0F0F0F and the high bit pairs (h >> hs) &

@@ -70,7 +70,8 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
     their rows: each tensor's rows in its own exact format, "q4k*5120|q6k*1024"); otherwise the types' common
     default (Gemma's Q5_0 Q/K with a Q8_0 V share q8_0); for mixed quantized types with their rows,
     each tensor's rows in its default format where the integer-dot kernels read that mix (a Q4_K_M
-    file's Q4_K Q/K with a Q6_K V), else q8 (a Q5_K_M file's Q5_K Q/K with a Q6_K V); f32 when
+    file's Q4_K Q/K with a Q6_K V, a Q5_K_M file's Q5_K Q/K with a Q6_K V), else q8 (Q4_K with
+    Q5_K: two int8 row orders); f32 when
     floats are mixed in."""
     if weight_format in MIXED_FORMATS:
         if role not in MIXED_FORMATS[weight_format]:
@@ -93,8 +94,8 @@ def runtime_format(types: list[str], weight_format: str | None = None, role: str
         return "q4"
     if fmts <= {"q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k"}:
         # each tensor's rows in its own format where the integer-dot kernels read the mix (its
-        # ranges take the int8 input rows in one order: a Q4_K_M file's Q4_K Q / K with a Q6_K V);
-        # otherwise (a Q5_K_M file's Q5_K with Q6_K) re-quantized to q8
+        # ranges read the int8 input rows in one order: a Q4_K_M file's Q4_K Q / K with a Q6_K V,
+        # a Q5_K_M file's Q5_K Q / K with a Q6_K V); otherwise (Q4_K with Q5_K) re-quantized to q8
         if rows is not None and len(rows) == len(types):
             split = split_format([(default_format(t), r) for t, r in zip(types, rows)])
             if linear_blk.supported(split, 256):
