@@ -129,11 +129,11 @@ def qlast_bytes(outputs: int, rows: int) -> tuple[int, int]:
 
 def _red_floats(v: str, rows: int, wg: int, dev: Device, ks_slots: int = 0) -> int:
     """Floats of the float GEMVs' workgroup reduction array: the split variant reduces every row
-    (and a pair's second) through it; the others use it for the fused norm's per-subgroup sums
-    (at most WG), and the split-K wide one for its ks_slots sums at a time (ks_red_floats). A size over
-    the adapter's workgroup storage is a GPULimitError (the tuner skips such candidates; a driver
-    handed one can lose the device)."""
-    red = max(2 * rows * wg, wg) if v == "split" else max(wg, ks_red_floats(wg, ks_slots))
+    (and a pair's second) and its fused norm's sums through it, the split-K wide one its ks_slots
+    sums at a time (ks_red_floats); the others do not use it (one float: WGSL has no empty array).
+    A size over the adapter's workgroup storage is a GPULimitError (the tuner skips such candidates;
+    a driver handed one can lose the device)."""
+    red = max(2 * rows * wg, wg) if v == "split" else max(1, ks_red_floats(wg, ks_slots))
     limit = int(dev.info.limits.get("max-compute-workgroup-storage-size", 16384))
     if 4 * red > limit:
         raise GPULimitError(f"the {v} GEMV with {rows} rows x {wg} invocations needs {4 * red} bytes of workgroup "
