@@ -1,8 +1,9 @@
 #include subgroup_directives
 // Decode-stage linear layer (GEMV), variant "subgroup": each subgroup computes one output at a
 // time, its lanes striding the input's 4-channel slices (UNROLL4: four in flight per lane),
-// reduced with subgroupAdd; a workgroup covers ROWS rows whatever the subgroup size. The only
-// barrier is in the fused-norm prologue. Same maths and fusions as linear_split.wgsl.
+// reduced with subgroupAdd; a workgroup covers ROWS rows whatever the subgroup size. No
+// barrier: a fused norm's 1/rms comes from the row's own input loads (load_xs). Same maths and
+// fusions as linear_split.wgsl.
 //   ROPE (the QKV projection): each subgroup computes a pair of rotation partners
 //     (rope_epilogue.wgsl's rperm) and applies RoPE + the Q relayout + the KV append instead of
 //     writing y (the unfused path's rope_qkv dispatch); PAIR: a second row per subgroup (DUAL's
