@@ -63,11 +63,11 @@ def supported(fmt: str, i: int) -> bool:
     """Whether the integer-dot GEMV reads weights of this format and input size; a row-split
     weight where every range's format is read in the weight's one int8 row order (q4k with q6k:
     q4's order; q5k, q8 or q8_0 with q6k: channel order, q6k shuffled; q5k with q4k: no)."""
-    parts = code_parts(fmt)
+    parts = split_parts(fmt)
     if parts:
         natural = order_format(fmt) in NATURAL_ORDER
-        return all(supported("q6k" if f == Q6K_NAT else f, i) for f, _ in parts) and all(
-            (f in NATURAL_ORDER or f == Q6K_NAT) if natural else f not in NATURAL_ORDER for f, _ in parts)
+        return all(supported(f, i) and ((f in NATURAL_ORDER or f == "q6k") if natural else f not in NATURAL_ORDER)
+                   for f, _ in parts)
     return fmt in FORMATS and i % (256 if fmt in ("q4k", "q5k", "q6k") else 32) == 0
 
 
@@ -77,11 +77,10 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     parts = split_parts(fmt)
     if parts:
         decls = [f"const {n}_O: u32 = {o}u;   // rows split {fmt}\n"]
-        for k, f, _, rows in split_ranges(code_parts(fmt)):
-            real = "q6k" if f == Q6K_NAT else f
-            decls.append(weight_decl(f"{n}_p{k}", binding, real, rows, i)
-                         + (q6k_natural_wgsl(f"{n}_p{k}") if f == Q6K_NAT else ""))
-            binding += len(buffer_sizes(real, rows, i))
+        for (k, f, _, rows), (read_as, _) in zip(split_ranges(parts), code_parts(fmt)):
+            decls.append(weight_decl(f"{n}_p{k}", binding, f, rows, i)
+                         + (q6k_natural_wgsl(f"{n}_p{k}") if read_as == Q6K_NAT else ""))
+            binding += len(buffer_sizes(f, rows, i))
         return "".join(decls)
     nb = i // 32
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
