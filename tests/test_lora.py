@@ -512,7 +512,7 @@ def test_bad_adapters_are_refused_and_the_engine_stays_usable(setup, tmp_path, t
 
 
 def _model_gguf(tmp_path):
-    from tiny_model import write_tiny_gguf
+    from tests.tiny_model import write_tiny_gguf
     return write_tiny_gguf(tmp_path / "tiny.gguf")
 
 
@@ -561,8 +561,7 @@ def test_damaged_gguf_lora_bytes_give_webdrift_errors(tmp_path):
     never another exception (no GPU involved: the reader and the model check)."""
     import random
 
-    from tiny_model import write_tiny_gguf, write_tiny_lora
-
+    from tests.tiny_model import write_tiny_gguf, write_tiny_lora
     from webdrift.weights.gguf import GGUFFile
     from webdrift.weights.lora import read_checked
     from webdrift.weights.source import config_from_gguf

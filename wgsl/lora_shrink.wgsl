@@ -3,8 +3,8 @@
 // where x_in is the GEMV's input as the GEMV sees it (PRE_NORM: x / rms(x) * (nw + W_OFFSET)).
 // The GEMV adds u . B^T in its epilogue (linear_common.wgsl, lora_delta).
 //   x    (T_cap, I) activation through its accessor
-//   nw   (I) f32 norm weight (PRE_NORM)
-//   la   (P, NSEG, I) f16 A pool of this layer and GEMV, two halves per u32; rows [off, off + rank)
+//   nw   (I / 4) vec4<f32> norm weight (PRE_NORM)
+//   la   (P, NSEG, I / 4) f16 A pool of this layer and GEMV, four halves per vec2<u32>; rows [off, off + rank)
 //        are the adapter's (rank rows: models/lora.py packs them)
 //   ctl  u32: the adapter table, MAXE entries of (offset, rank, f32 bits of scale, 0), then the
 //        per-row entry index (T_cap u32; >= MAXE: no adapter on that row)
@@ -30,9 +30,10 @@ fn term(t: u32, s: u32, a0: u32) -> vec2<f32> {
   var ss = 0.0;
 #if PRE_NORM
   ss = dot(xv, xv);
-  xv *= vec4<f32>(nw[4u * s], nw[4u * s + 1u], nw[4u * s + 2u], nw[4u * s + 3u]) + {{W_OFFSET}};
+  xv *= nw[s] + {{W_OFFSET}};
 #endif
-  let w = vec4<f32>(unpack2x16float(la[a0 + 2u * s]), unpack2x16float(la[a0 + 2u * s + 1u]));
+  let a = la[a0 + s];
+  let w = vec4<f32>(unpack2x16float(a.x), unpack2x16float(a.y));
   return vec2<f32>(dot(xv, w), ss);
 }
 
@@ -56,7 +57,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     lu[t * UW + 1u] = rank;
   }
   let live = j < rank;
-  let a0 = ((off + j) * NSEG + seg) * (I / 2u);   // first u32 of A row (off + j, seg)
+  let a0 = ((off + j) * NSEG + seg) * (I / 4u);   // first vec2 of A row (off + j, seg)
   // four slices in flight per invocation (one dependent load chain per loop iteration waited a
   // memory latency per slice: ~20 us for the 8192-input down projection)
   var r = vec2<f32>(0.0);

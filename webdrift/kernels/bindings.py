@@ -70,11 +70,12 @@ class Bindings:
         """The per-step uniform (kernels/step.py), WGSL `step`."""
         return self.declare("step", (UNI,), lambda n: STEP_STRUCT + f"@group(0) @binding({n}) var<uniform> step: Step;\n")
 
-    def tensor(self, name: str, t: TensorDesc, var: str | None = None) -> str:
+    def tensor(self, name: str, t: TensorDesc, var: str | None = None, vec4_reads: bool = False) -> str:
         """An activation through its generated accessor (`{var}_read`, `{var}_write`, ...). Bound
         read_write: activations share the arena buffer, and WebGPU forbids read-only and
-        writable views of one buffer in one dispatch."""
-        return self.declare(name, (RW,), lambda n: accessor_wgsl(t, n, var or name))
+        writable views of one buffer in one dispatch. vec4_reads: the kernel only reads it
+        (tensor.accessor_wgsl: 16-byte loads where its rows allow)."""
+        return self.declare(name, (RW,), lambda n: accessor_wgsl(t, n, var or name, vec4_reads=vec4_reads))
 
     def weight(self, name: str, w, emit: Callable[[str, int], str], writable: bool = False) -> str:
         """A GPUWeight (one binding per buffer), declared by emit(name, first): w.wgsl,

@@ -314,17 +314,19 @@ class LinearKernel(Kernel):
             raise ValueError("x_last_row is a decode-kernel option")
         self.stage, self.w, self.variant, self.gemm = stage, w, variant, gemm
         b = Bindings()   # declared in binding order
+        nw_vec4 = x.c % 4 == 0   # the norm weight read a slice at a time (norm_w4's NW_ALIGNED)
 
         def weight(name: str, u: GPUWeight) -> str:
             return b.weight(name, u, lambda n, k: _weight_decl(n, k, u, v, dev))
         d = {"STEP_DECL": b.step(),
              "X_DECL": (b.array("x", "array<vec4<u32>>", f"({x.w}, {x.c // 4}) int8 rows, four words per vec4",
-                                writable=True, var="xq") if i8 else b.tensor("x", x)),
+                                writable=True, var="xq") if i8 else b.tensor("x", x, vec4_reads=True)),
              "Y_DECL": b.tensor("y", y),
              "W_DECL": weight("w", w),
              "W2_DECL": weight("w2", w2) if w2 is not None else "",
              "BIAS_DECL": b.array("bias", "array<f32>", f"({w.o})") if ep.bias else "",
-             "NW_DECL": b.array("nw", "array<f32>", f"({w.i}) norm weight") if pre_norm and not i8 else "",
+             "NW_DECL": (b.array("nw", f"array<{'vec4<f32>' if nw_vec4 else 'f32'}>", f"({w.i}) norm weight")
+                         if pre_norm and not i8 else ""),
              "XB_DECL": wide_input_wgsl(w.fmt) if v == "wide" else ""}
         if rope is not None:   # rope_epilogue.wgsl
             d.update(declare_rope_outputs(b, dev, rope.q, rope.n_kv, rope.head_dim, rope.cap, rope.kv_f16),
@@ -362,7 +364,7 @@ class LinearKernel(Kernel):
                  NCOL=ncol, COLS=ncol > 1, NT=nt, XROW="step.last_row" if x_last_row else "t",
                  PRE_NORM=pre_norm is not None and not i8)
         if pre_norm is not None and not i8:
-            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=x.c % 4 == 0)
+            d.update(EPS=wgsl_float(pre_norm.eps), W_OFFSET=wgsl_float(pre_norm.w_offset), NW_ALIGNED=nw_vec4)
         if blk:   # pre_norm: QuantizeKernel applied the norm weight; 1/rms is applied here
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         x_partials=pre_norm.x_partials if pre_norm else None,

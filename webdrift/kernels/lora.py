@@ -114,8 +114,8 @@ class LoraShrinkKernel(Kernel):
         self.nseg, self.max_rank = nseg, max_rank
         b = Bindings()
         d = {"STEP_DECL": b.step(), "X_DECL": b.tensor("x", x),
-             "NW_DECL": b.array("nw", "array<f32>", f"({n_in}) norm weight") if pre_norm else "",
-             "LA_DECL": b.array("la", "array<u32>", f"(P, {nseg}, {n_in}) f16 A, two halves per u32"),
+             "NW_DECL": b.array("nw", "array<vec4<f32>>", f"({n_in}) norm weight") if pre_norm else "",
+             "LA_DECL": b.array("la", "array<vec2<u32>>", f"(P, {nseg}, {n_in}) f16 A, four halves per vec2"),
              "CTL_DECL": b.array("ctl", "array<u32>", f"({MAX_ENTRIES}, 4) adapter table, then (T_cap) entry index"),
              "LU_DECL": b.array("lu", "array<u32>", f"({u.w}, {u_width(nseg, max_rank)}) shrink rows", writable=True),
              "R": max_rank, "NSEG": nseg, "I": n_in, "MAXE": MAX_ENTRIES, "PRE_NORM": pre_norm is not None,

@@ -70,12 +70,21 @@ class TensorDesc:
         return self.b * self.h * self.w * c * 4
 
 
-def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable: bool = True) -> str:
+def linear_vec4(t: TensorDesc) -> bool:
+    """Whether linear tensor t's rows are whole vec4s (channels, the view's start and its whole row
+    multiples of 4), so a read-only view can load 16 bytes at a time (accessor_wgsl's vec4_reads)."""
+    return t.c % 4 == 0 and t.c0 % 4 == 0 and (t.c_total or t.c) % 4 == 0
+
+
+def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable: bool = True,
+                  vec4_reads: bool = False) -> str:
     """WGSL declaration + accessors for tensor t bound at @binding(binding) (kernels declare it
     through kernels/bindings.Bindings.tensor, which numbers it).
 
     Emits: const {n}_B/_H/_W/_C/_S; fn {n}_read(b, x, y, s) -> vec4<f32>;
-    fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1.
+    fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1. vec4_reads (a
+    kernel that only reads t): where linear_vec4(t), the buffer is declared as vec4s and there are
+    no write accessors (still bound `mode`: activations share the arena buffer).
     """
     n = name or t.name
     mode = "read_write" if writable else "read"
@@ -85,9 +94,20 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
     if t.c_total:   # a column view: rows keep the whole tensor's stride, channels start at c0
         out.append(f"const {n}_C0: u32 = {t.c0}u; const {n}_CT: u32 = {t.c_total}u; const {n}_ST: u32 = "
                    f"{slices(t.c_total)}u;")
-    if t.layout == "linear":
-        idx = (f"((b * {n}_H + y) * {n}_W + x) * {n}_CT + {n}_C0 + c" if t.c_total
-               else f"((b * {n}_H + y) * {n}_W + x) * {n}_C + c")
+    idx = (f"((b * {n}_H + y) * {n}_W + x) * {n}_CT + {n}_C0 + c" if t.c_total
+           else f"((b * {n}_H + y) * {n}_W + x) * {n}_C + c")
+    if t.layout == "linear" and vec4_reads and linear_vec4(t):
+        # a read-only view of rows of whole vec4s: a slice is one 16-byte load, not four scalar
+        # loads (no write accessors: a store to one component of a vec4 may write the whole
+        # vec4, a race with the invocations writing its other components)
+        out += [
+            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<vec4<f32>>;",
+            f"fn {n}_idx(b: u32, x: u32, y: u32, c: u32) -> u32 {{ return {idx}; }}",
+            (f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ let i = {n}_idx(b, x, y, c); "
+             f"return {n}_buf[i >> 2u][i & 3u]; }}"),
+            f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{ return {n}_buf[{n}_idx(b, x, y, 4u * s) >> 2u]; }}",
+        ]
+    elif t.layout == "linear":
         out += [
             f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<f32>;",
             f"fn {n}_idx(b: u32, x: u32, y: u32, c: u32) -> u32 {{ return {idx}; }}",
