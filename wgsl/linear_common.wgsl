@@ -15,7 +15,7 @@ fn norm_w4(s: u32) -> vec4<f32> {
   var wv = vec4<f32>(0.0);
 #if NW_ALIGNED
   // channels a multiple of 4 (the kernels read slices s < C / 4 only): nw holds vec4s, one
-  // 16-byte load (four f32 loads cost an 8B QKV GEMV about 2 of its 23 us on an H200)
+  // 16-byte load (four f32 loads cost an 8B QKV GEMV about 1.5 of its 23 us on an H200)
   wv = nw[s] + W_OFFSET;
 #elif PRE_NORM
   for (var k = 0u; k < 4u; k++) { if (4u * s + k < x_C) { wv[k] = nw[4u * s + k] + W_OFFSET; } }
