@@ -14,7 +14,7 @@
 // Dispatch: (NSPLIT, T * GROUP, KVH).
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{DH4}}>;
-var<workgroup> sc: array<vec4<f32>, {{CHUNK4}}>;
+var<workgroup> ss: array<f32, {{CHUNK}}>;      // exp(s - m) per key (ss4)
 var<workgroup> red: array<f32, {{CHUNK}}>;
 
 @compute @workgroup_size({{CHUNK}})
@@ -52,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   workgroupBarrier();
   var e = 0.0;
   if (vis) { e = exp(s - m); }
-  sc[lid / 4u][lid % 4u] = e;
+  ss[lid] = e;
   red[lid] = e;
   workgroupBarrier();
   for (var st = CHUNK / 2u; st > 0u; st >>= 1u) {
@@ -75,12 +75,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var a1 = 0.0; var a2 = 0.0; var a3 = 0.0;
     var j = j0;
     for (; j + 4u <= j1; j += 4u) {
-      acc += dot(sc[j], v_keys(kvh, d, t, k0 + 4u * j));
-      a1 += dot(sc[j + 1u], v_keys(kvh, d, t, k0 + 4u * j + 4u));
-      a2 += dot(sc[j + 2u], v_keys(kvh, d, t, k0 + 4u * j + 8u));
-      a3 += dot(sc[j + 3u], v_keys(kvh, d, t, k0 + 4u * j + 12u));
+      acc += dot(ss4(j), v_keys(kvh, d, t, k0 + 4u * j));
+      a1 += dot(ss4(j + 1u), v_keys(kvh, d, t, k0 + 4u * j + 4u));
+      a2 += dot(ss4(j + 2u), v_keys(kvh, d, t, k0 + 4u * j + 8u));
+      a3 += dot(ss4(j + 3u), v_keys(kvh, d, t, k0 + 4u * j + 12u));
     }
-    for (; j < j1; j++) { acc += dot(sc[j], v_keys(kvh, d, t, k0 + 4u * j)); }
+    for (; j < j1; j++) { acc += dot(ss4(j), v_keys(kvh, d, t, k0 + 4u * j)); }
     acc += (a1 + a2) + a3;
   }
   red[lid] = acc;

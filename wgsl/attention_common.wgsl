@@ -18,6 +18,14 @@ fn part_at(kvh: u32, row: u32, split: u32) -> u32 {
 
 #include attention_score
 
+// Keys 4i .. 4i + 3 of the kernel's workgroup array `ss` of per-key values (scores or their
+// exponentials), which its invocations write one key each: an array of scalars, as a store to one
+// component of a vec4 in memory may read and write the whole vec4 (WGSL, "Component Reference from
+// Vector Memory View"), a race between invocations writing neighbouring keys.
+fn ss4(i: u32) -> vec4<f32> {
+  return vec4<f32>(ss[4u * i], ss[4u * i + 1u], ss[4u * i + 2u], ss[4u * i + 3u]);
+}
+
 // Partial word i set to v (PART_ATOMIC: the partials are atomics, written and read device-coherent
 // for the workgroup that merges them, attention_merge.wgsl)
 fn part_set(i: u32, v: f32) {

@@ -8,7 +8,7 @@
 // Dispatch: (NSPLIT, T, KVH), CHUNK threads.
 #include attention_common
 var<workgroup> qs: array<vec4<f32>, {{QS}}>;     // (GROUP, DH / 4)
-var<workgroup> sc: array<vec4<f32>, {{SC}}>;     // (GROUP, CHUNK / 4): exp(s - m), four keys per vec4
+var<workgroup> ss: array<f32, {{SS}}>;           // (GROUP, CHUNK): exp(s - m) per key (ss4)
 var<workgroup> red: array<f32, {{RED}}>;         // (GROUP, CHUNK)
 var<workgroup> ml: array<f32, {{ML}}>;           // (2, GROUP): m, l per head
 

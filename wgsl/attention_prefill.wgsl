@@ -61,17 +61,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       let c = i % DH4;
       ks[j * DH4P + c] = select(vec4<f32>(0.0), vec4<f32>(kc[(kvh * CAP + min(k0 + j, CAP - 1u)) * DH4 + c]), k0 + j < k_hi);
     }
-    for (var i = lid; i < DH * (BK / 4u); i += WG) {   // channel d, keys 4 g .. 4 g + 3
-      let d = i / (BK / 4u);
+    // channels 4 c .. 4 c + 3 of keys 4 g .. 4 g + 3: four runs of V loaded, transposed in
+    // registers and stored as whole vec4s (a store to one component of a vec4 in workgroup memory
+    // may write the whole vec4: WGSL, "Component Reference from Vector Memory View")
+    for (var i = lid; i < DH4 * (BK / 4u); i += WG) {
+      let c = i / (BK / 4u);
       let g = i % (BK / 4u);
       let kg = k0 + 4u * g;
-      let v = select(vec4<f32>(0.0), vec4<f32>(vc[((kvh * DH + d) * CAP + min(kg, CAP - 4u)) / 4u]),
-                     vec4<bool>(kg < k_hi, kg + 1u < k_hi, kg + 2u < k_hi, kg + 3u < k_hi));
-      let o = 4u * g * DH4P + d / 4u;
-      vs[o][d % 4u] = v.x;
-      vs[o + DH4P][d % 4u] = v.y;
-      vs[o + 2u * DH4P][d % 4u] = v.z;
-      vs[o + 3u * DH4P][d % 4u] = v.w;
+      let live = vec4<bool>(kg < k_hi, kg + 1u < k_hi, kg + 2u < k_hi, kg + 3u < k_hi);
+      let r = ((kvh * DH + 4u * c) * CAP + min(kg, CAP - 4u)) / 4u;
+      let v0 = select(vec4<f32>(0.0), vec4<f32>(vc[r]), live);
+      let v1 = select(vec4<f32>(0.0), vec4<f32>(vc[r + CAP / 4u]), live);
+      let v2 = select(vec4<f32>(0.0), vec4<f32>(vc[r + CAP / 2u]), live);
+      let v3 = select(vec4<f32>(0.0), vec4<f32>(vc[r + 3u * CAP / 4u]), live);
+      let o = 4u * g * DH4P + c;
+      vs[o] = vec4<f32>(v0.x, v1.x, v2.x, v3.x);
+      vs[o + DH4P] = vec4<f32>(v0.y, v1.y, v2.y, v3.y);
+      vs[o + 2u * DH4P] = vec4<f32>(v0.z, v1.z, v2.z, v3.z);
+      vs[o + 3u * DH4P] = vec4<f32>(v0.w, v1.w, v2.w, v3.w);
     }
     workgroupBarrier();
     for (var kk = 0u; kk < BK; kk += KB) {

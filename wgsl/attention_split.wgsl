@@ -17,7 +17,8 @@
 const WG: u32 = {{WG}}u;
 const LK: u32 = {{LK}}u;                          // lanes per key row (a power of two <= DH4)
 var<workgroup> qs: array<vec4<f32>, {{QS}}>;      // (GROUP, DH4)
-var<workgroup> sc: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK / 4): scores, then exp(s - m)
+var<workgroup> ss: array<f32, {{SS}}>;            // (GROUP, CHUNK): the scores (ss4)
+var<workgroup> sc: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK / 4): exp(s - m), four keys per vec4
 var<workgroup> red: array<f32, {{RED}}>;          // (GROUP, NJ * DH): the key groups' V sums
 
 // whether row t (position p, window start lo) sees a key of chunk c (of the cache's NSPLIT)

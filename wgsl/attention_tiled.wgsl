@@ -26,7 +26,7 @@ const LK: u32 = {{LK}}u;                          // lanes per key row (a power 
 const KPR: u32 = WG / LK;                         // key rows of a round
 const NW: u32 = {{NW}}u;                          // the most subgroups a workgroup can have
 var<workgroup> qs: array<vec4<f32>, {{QS}}>;      // (GROUP, DH4)
-var<workgroup> sc: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK4): the tile's scores
+var<workgroup> ss: array<f32, {{SS}}>;            // (GROUP, CHUNK): the tile's scores (ss4)
 var<workgroup> ex: array<vec4<f32>, {{SC}}>;      // (GROUP, CHUNK4): exp(score - running max)
 var<workgroup> wm: array<f32, {{WM}}>;            // (GROUP, NW): each subgroup's maximum score
 const VL: u32 = {{VL}}u;                          // lanes per channel run of V (a power of two)
@@ -112,7 +112,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = lid; i < GROUP * CHUNK4; i += WG) {
       let h = i / CHUNK4;
 {{M_PICK}}
-      let s = sc[i];
+      let s = ss4(i);
       ex[i] = select(vec4<f32>(0.0), exp(s - mh), s > vec4<f32>(-1.0e38));
     }
     workgroupBarrier();

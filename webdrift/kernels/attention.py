@@ -235,7 +235,7 @@ class AttentionKernel(Kernel):
                   "CHUNK": self.TILE, "CHUNK4": self.TILE // 4, "NSPLIT": adapt, "NJ": 1, "JL": self.TILE,
                   "ROWS_CAP": rows_cap, "TREE": tree, "TREE_DECL": declare_tree(b, rows_cap // group) if tree else "",
                   "KT": kv_type(dev, kv_f16), "WG": wg, "LK": lk, "VL": vl, "NW": wg // 4, "QS": group * dh4,
-                  "SC": group * self.TILE // 4, "WM": group * (wg // 4)})
+                  "SC": group * self.TILE // 4, "SS": group * self.TILE, "WM": group * (wg // 4)})
         keys = [(i, f"kg + {i * kpr}u") for i in range(nr)]
         outs = [(h, i) for h in hs for i in range(cpl)]
         load = [f"      nk{i}_{r} = k_at(kvh, t, k0, {kk}, sub + {r * lk}u);" for i, kk in keys for r in range(rv)]
@@ -251,7 +251,7 @@ class AttentionKernel(Kernel):
         km += self._xor_sum([f"a{i}_{h}" for i, _ in keys for h in hs], lk, "    ")
         km += [f"    let s{i}_{h} = select(-3.0e38, score(a{i}_{h}), vis{i});" for i, _ in keys for h in hs]
         km.append("    if (sub == 0u) {")
-        km += [f"      if (kk{i} < CHUNK) {{ sc[({h}u * CHUNK + kk{i}) / 4u][kk{i} % 4u] = s{i}_{h}; }}"
+        km += [f"      if (kk{i} < CHUNK) {{ ss[{h}u * CHUNK + kk{i}] = s{i}_{h}; }}"
                for i, _ in keys for h in hs]
         km.append("    }")
         km += [f"    let w{h} = subgroupMax(" + "max(" * (nr - 1) + "s0_" + str(h)
@@ -345,7 +345,7 @@ class AttentionKernel(Kernel):
         """attention_gqa.wgsl's per-head statements, unrolled over the group's heads."""
         hs = range(group)
         j = "\n".join
-        return {"QS": group * head_dim // 4, "SC": group * self.CHUNK // 4,
+        return {"QS": group * head_dim // 4, "SS": group * self.CHUNK,
                 "RED": group * self.CHUNK, "ML": 2 * group,
                 "S_DECL": j(f"  var s{h} = -3.0e38;" for h in hs),
                 "A_DECL": j(f"    var a{h} = 0.0;" for h in hs),
@@ -353,10 +353,10 @@ class AttentionKernel(Kernel):
                 "S_SET": j(f"    s{h} = score(a{h});" for h in hs),
                 "RED_S": j(f"  red[{h}u * CHUNK + lid] = s{h};" for h in hs),
                 "E_SET": j(f"  let e{h} = select(0.0, exp(s{h} - ml[{h}u]), vis);\n"
-                           f"  sc[({h}u * CHUNK + lid) / 4u][lid % 4u] = e{h};\n"
+                           f"  ss[{h}u * CHUNK + lid] = e{h};\n"
                            f"  red[{h}u * CHUNK + lid] = e{h};" for h in hs),
                 "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
-                "O_ACC": j(f"      o{h} += dot(sc[{h}u * CHUNK4 + j], v);" for h in hs),
+                "O_ACC": j(f"      o{h} += dot(ss4({h}u * CHUNK4 + j), v);" for h in hs),
                 "RED_O": "  workgroupBarrier();\n" + j(f"  red[{h}u * CHUNK + lid] = o{h};" for h in hs)}
 
     def _split_code(self, group: int, head_dim: int, wg: int, nj: int, jl: int, lanes: int | None,
@@ -386,8 +386,8 @@ class AttentionKernel(Kernel):
             km += [f"    a{i}_{h} += subgroupShuffleXor(a{i}_{h}, {m}u);" for i in range(kpl) for h in hs]
             m //= 2
         km.append("    if (sub == 0u) {")
-        km += [f"      if (kk{i} < CHUNK) {{ sc[({h}u * CHUNK + kk{i}) / 4u][kk{i} % 4u] = "
-               f"select(-3.0e38, score(a{i}_{h}), vis{i}); }}" for i in range(kpl) for h in hs]
+        km += [f"      if (kk{i} < CHUNK) {{ ss[{h}u * CHUNK + kk{i}] = select(-3.0e38, score(a{i}_{h}), vis{i}); }}"
+               for i in range(kpl) for h in hs]
         km.append("    }")
         n4 = jl // 4
         vl = [f"  let v{i} = select(vec4<f32>(0.0), v_keys(kvh, d, t, k0 + 4u * (j0 + {i}u)), j0 + {i}u < j1);"
@@ -396,16 +396,16 @@ class AttentionKernel(Kernel):
         pick = "".join(f" if (h == {h}u) {{ mh = m{h}; }}" for h in hs if h)
         return {"WG": wg, "LK": lk, "MULTI_J": nj > 1, "PREFETCH_V": prefetch_v,
                 "K_DECL": j(kd), "K_LOAD": j(kl), "K_MATH": j(km), "V_LOAD": j(vl), "V_MATH": j(vm),
-                "QS": group * dh4, "SC": group * self.CHUNK // 4, "RED": group * nj * head_dim if nj > 1 else 4,
+                "QS": group * dh4, "SC": group * self.CHUNK // 4, "SS": group * self.CHUNK, "RED": group * nj * head_dim if nj > 1 else 4,
                 "A_DECL": j(f"      var a{h} = 0.0;" for h in hs),
                 "A_ACC": j(f"          a{h} += dot(qs[{h}u * DH4 + c], kv);" for h in hs),
                 "A_RED": j(f"      a{h} = subgroupAdd(a{h});" for h in hs),
-                "S_SET": j(f"        sc[({h}u * CHUNK + kk) / 4u][kk % 4u] = select(-3.0e38, score(a{h}), vis);"
+                "S_SET": j(f"        ss[{h}u * CHUNK + kk] = select(-3.0e38, score(a{h}), vis);"
                            for h in hs),
                 "M_DECL": j(f"  var m{h} = -3.0e38;" for h in hs),
-                "M_ACC": j(f"    let x{h} = sc[{h}u * CHUNK4 + j];\n"
+                "M_ACC": j(f"    let x{h} = ss4({h}u * CHUNK4 + j);\n"
                            f"    m{h} = max(m{h}, max(max(x{h}.x, x{h}.y), max(x{h}.z, x{h}.w)));" for h in hs),
-                "E_SET": (f"    let h = i / CHUNK4;\n    var mh = m0;{pick}\n    let s = sc[i];\n"
+                "E_SET": (f"    let h = i / CHUNK4;\n    var mh = m0;{pick}\n    let s = ss4(i);\n"
                           "    sc[i] = select(vec4<f32>(0.0), exp(s - mh), s > vec4<f32>(-1.0e38));"),
                 "O_DECL": j(f"  var o{h} = 0.0;" for h in hs),
                 "RED_O": j(f"    red[{h}u * NJ * DH + g * DH + d] = o{h};" for h in hs),

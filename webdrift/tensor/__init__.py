@@ -82,9 +82,13 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
     through kernels/bindings.Bindings.tensor, which numbers it).
 
     Emits: const {n}_B/_H/_W/_C/_S; fn {n}_read(b, x, y, s) -> vec4<f32>;
-    fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1. vec4_reads (a
-    kernel that only reads t): where linear_vec4(t), the buffer is declared as vec4s and there are
-    no write accessors (still bound `mode`: activations share the arena buffer).
+    fn {n}_read1(b, x, y, c) -> f32; and, when writable, {n}_write / {n}_write1. The buffer is
+    declared as f32 words, so each store is one word: a store to one component of a vec4 in memory
+    may write the whole vec4 (WGSL, "Component Reference from Vector Memory View"), a race between
+    invocations writing neighbouring channels. vec4_reads (a kernel that only reads t): where its
+    slices are whole vec4s in memory (sliced storage; linear where linear_vec4(t)) the buffer is
+    declared as vec4s, one 16-byte load a slice, and there are no write accessors (still bound
+    `mode`: activations share the arena buffer).
     """
     n = name or t.name
     mode = "read_write" if writable else "read"
@@ -133,21 +137,33 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
     else:  # sliced HSWBC4
         idx = (f"((y * {n}_ST + {n}_C0 / 4u + s) * {n}_W + x) * {n}_B + b" if t.c_total
                else f"((y * {n}_S + s) * {n}_W + x) * {n}_B + b")
-        out += [
-            f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<vec4<f32>>;",
-            f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return {idx}; }}",
-            f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{ return {n}_buf[{n}_idx(b, x, y, s)]; }}",
-            f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c / 4u)][c % 4u]; }}",
-        ]
-        if writable:
+        out.append(f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return {idx}; }}")
+        if vec4_reads:   # read-only: one 16-byte load a slice (as linear's vec4 view)
             out += [
-                f"fn {n}_write(b: u32, x: u32, y: u32, s: u32, v: vec4<f32>) {{",
-                "  var m = v;",  # keep padding channels zero
-                f"  for (var k = 0u; k < 4u; k++) {{ if (4u * s + k >= {n}_C) {{ m[k] = 0.0; }} }}",
-                f"  {n}_buf[{n}_idx(b, x, y, s)] = m;",
-                "}",
-                f"fn {n}_write1(b: u32, x: u32, y: u32, c: u32, v: f32) {{ {n}_buf[{n}_idx(b, x, y, c / 4u)][c % 4u] = v; }}",
+                f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<vec4<f32>>;",
+                f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{ return {n}_buf[{n}_idx(b, x, y, s)]; }}",
+                (f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[{n}_idx(b, x, y, c / 4u)]"
+                 f"[c % 4u]; }}"),
             ]
+        else:   # f32 words (a store to one component of a vec4 may write the whole vec4)
+            out += [
+                f"@group(0) @binding({binding}) var<storage, {mode}> {n}_buf: array<f32>;",
+                f"fn {n}_read(b: u32, x: u32, y: u32, s: u32) -> vec4<f32> {{",
+                f"  let i = 4u * {n}_idx(b, x, y, s);",
+                f"  return vec4<f32>({n}_buf[i], {n}_buf[i + 1u], {n}_buf[i + 2u], {n}_buf[i + 3u]);",
+                "}",
+                (f"fn {n}_read1(b: u32, x: u32, y: u32, c: u32) -> f32 {{ return {n}_buf[4u * {n}_idx(b, x, y, c / 4u)"
+                 f" + c % 4u]; }}"),
+            ]
+            if writable:
+                out += [
+                    f"fn {n}_write(b: u32, x: u32, y: u32, s: u32, v: vec4<f32>) {{",
+                    f"  let i = 4u * {n}_idx(b, x, y, s);",   # padding channels written as zero
+                    *(f"  {n}_buf[i + {k}u] = select(0.0, v.{'xyzw'[k]}, 4u * s + {k}u < {n}_C);" for k in range(4)),
+                    "}",
+                    (f"fn {n}_write1(b: u32, x: u32, y: u32, c: u32, v: f32) {{ {n}_buf[4u * {n}_idx(b, x, y, c / 4u)"
+                     f" + c % 4u] = v; }}"),
+                ]
     return "\n".join(out) + "\n"
 
 
