@@ -141,7 +141,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var j = 0u; j < CHUNK4; j++) { l += dot(sc[lid * CHUNK4 + j], vec4<f32>(1.0)); }
       lsum = lsum * alh + l;
     }
-    workgroupBarrier();                              // sc: the next chunk's scores
+    workgroupBarrier();                              // sc read: the next chunk rewrites it
 #endif
   }
 #if MULTI_J
