@@ -12,6 +12,13 @@ from webdrift.kernels.bindings import Bindings
 from webdrift.tensor import TensorDesc, host_index, linear_vec4
 
 
+def _run(b: Bindings, wgsl: str, buffers: dict, workgroups: tuple[int, int, int]) -> None:
+    """Compile `wgsl` (the declarations of `b` and an entry point) and dispatch it once."""
+    dev = device()
+    pipe = dev.create_pipeline(wgsl, b.kinds, label="accessor_test")
+    dev.submit([Dispatch(pipe, dev.create_bind_group(pipe, b.buffers(buffers)), workgroups, "accessor_test")])
+
+
 def _read_all(desc: TensorDesc, arr: np.ndarray, vec4_reads: bool) -> tuple[np.ndarray, np.ndarray, str]:
     """(x_read of every row's slices as (W, 4 S), x_read1 of every channel as (W, C), the WGSL)."""
     dev = device()
@@ -28,13 +35,10 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
   if (g.x < {c}u) {{ o1[r * {c}u + g.x] = x_read1(0u, r, 0u, g.x); }}
 }}
 """
-    pipe = dev.create_pipeline(wgsl, b.kinds, label="accessor_test")
-    full = TensorDesc("x", desc.c_total or desc.c, w, layout=desc.layout)
-    xb = upload(full, arr)
+    xb = upload(TensorDesc("x", desc.c_total or desc.c, w, layout=desc.layout), arr)
     o4 = dev.create_buffer(16 * w * s, label="o4")
     o1 = dev.create_buffer(4 * w * c, label="o1")
-    bg = dev.create_bind_group(pipe, b.buffers({"x": xb, "o4": o4, "o1": o1}))
-    dev.submit([Dispatch(pipe, bg, (-(-max(s, c) // 64), w, 1), "accessor_test")])
+    _run(b, wgsl, {"x": xb, "o4": o4, "o1": o1}, (-(-max(s, c) // 64), w, 1))
     got4 = np.frombuffer(dev.read_buffer_sync(o4), np.float32)[:w * 4 * s].reshape(w, 4 * s)
     got1 = np.frombuffer(dev.read_buffer_sync(o1), np.float32)[:w * c].reshape(w, c)
     return got4, got1, wgsl
@@ -87,12 +91,10 @@ fn main(@builtin(global_invocation_id) g: vec3<u32>) {{
 }}
 """
     assert "y_buf: array<f32>" in wgsl
-    pipe = dev.create_pipeline(wgsl, b.kinds, label="accessor_write_test")
     words = desc.nbytes // 4
     yb = dev.create_buffer(desc.nbytes, label="y")
     dev.write_buffer(yb, np.full(words, -7.0, np.float32))    # padding words too
-    bg = dev.create_bind_group(pipe, b.buffers({"y": yb}))
-    dev.submit([Dispatch(pipe, bg, (1, rows, 1), "accessor_write_test")])
+    _run(b, wgsl, {"y": yb}, (1, rows, 1))
     got = np.frombuffer(dev.read_buffer_sync(yb), np.float32)[:words]
     want = np.full(words, -7.0, np.float32)
     idx = physical_index(desc)[0, 0]                 # (W, C) word of each logical element

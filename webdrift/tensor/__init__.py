@@ -98,8 +98,12 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
     if t.c_total:   # a column view: rows keep the whole tensor's stride, channels start at c0
         out.append(f"const {n}_C0: u32 = {t.c0}u; const {n}_CT: u32 = {t.c_total}u; const {n}_ST: u32 = "
                    f"{slices(t.c_total)}u;")
-    idx = (f"((b * {n}_H + y) * {n}_W + x) * {n}_CT + {n}_C0 + c" if t.c_total
-           else f"((b * {n}_H + y) * {n}_W + x) * {n}_C + c")
+    if t.layout == "linear":   # {n}_idx: the f32 word of channel c
+        idx = (f"((b * {n}_H + y) * {n}_W + x) * {n}_CT + {n}_C0 + c" if t.c_total
+               else f"((b * {n}_H + y) * {n}_W + x) * {n}_C + c")
+    else:                      # sliced HSWBC4, {n}_idx: the vec4 of slice s
+        idx = (f"((y * {n}_ST + {n}_C0 / 4u + s) * {n}_W + x) * {n}_B + b" if t.c_total
+               else f"((y * {n}_S + s) * {n}_W + x) * {n}_B + b")
     if t.layout == "linear" and vec4_reads and linear_vec4(t):
         # a read-only view of rows of whole vec4s: a slice is one 16-byte load, not four scalar
         # loads (no write accessors: a store to one component of a vec4 may write the whole
@@ -135,8 +139,6 @@ def accessor_wgsl(t: TensorDesc, binding: int, name: str | None = None, writable
                 "}",
             ]
     else:  # sliced HSWBC4
-        idx = (f"((y * {n}_ST + {n}_C0 / 4u + s) * {n}_W + x) * {n}_B + b" if t.c_total
-               else f"((y * {n}_S + s) * {n}_W + x) * {n}_B + b")
         out.append(f"fn {n}_idx(b: u32, x: u32, y: u32, s: u32) -> u32 {{ return {idx}; }}")
         if vec4_reads:   # read-only: one 16-byte load a slice (as linear's vec4 view)
             out += [
