@@ -129,3 +129,41 @@ def test_int8_speculative_verification(tmp_path, fmt):
     spec = eng.generate(ids, max_new_tokens=24, speculative=OracleDrafter(ids + plain.token_ids, eng.config.vocab_size, 4))
     assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
     assert set(blk_cols(eng._verifier.program).values()) == {8}
+
+
+@pytest.mark.parametrize("fmt", ["q4", "f16"])
+def test_verification_buckets(tmp_path, monkeypatch, fmt):
+    """A verification pass runs the smallest program that holds its rows (speculative.TREE_BUCKETS),
+    whose K-column GEMVs are chosen for that many rows (the static rule: at most 4 columns in the
+    4-row program, up to 8 in MAX_TREE's); with passes of both sizes in one generation the tokens are still
+    plain greedy's (the columns sum each row as the one-row kernels do, whatever the program)."""
+    from tests.spec_util import OracleDrafter
+    from webdrift.kernels import autotune
+    from webdrift.kernels.linear import GemvVariant
+    from webdrift.runtime import speculative
+    if fmt == "f16":   # the GPU's float GEMV (lavapipe's static choice is the one-row "row" kernel)
+        real_static = autotune.static_choice
+        monkeypatch.setattr(autotune, "static_choice", lambda dev, int8=False: real_static(dev, int8) if int8
+                            else GemvVariant("subgroup", rows=8, wg=128, unroll=4))
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", eos=False)
+    eng = webdrift.load(path, max_context=512, autotune=False, weight_format=fmt, int8_activations=fmt == "q4")
+    used = []
+    real = speculative.TreeVerifier.argmax_rows
+
+    async def spy(self, tree, *args, **kwargs):
+        out = await real(self, tree, *args, **kwargs)
+        used.append((len(tree.tokens), self.last.capacity))
+        return out
+
+    monkeypatch.setattr(speculative.TreeVerifier, "argmax_rows", spy)
+    ids = prompt_of(30, 8)
+    plain = eng.generate(ids, max_new_tokens=40)
+    spec = eng.generate(ids, max_new_tokens=40, speculative=OracleDrafter(ids + plain.token_ids, eng.config.vocab_size, 3))
+    assert spec.token_ids == plain.token_ids and spec.stats.accepted_tokens > 0
+    assert {cap for _, cap in used} == set(speculative.TREE_BUCKETS), used
+    assert all(speculative.tree_bucket(n) == cap for n, cap in used)
+    programs = eng._verifier.programs
+    for cap, want in ((4, 4), (speculative.MAX_TREE, 8)):
+        cols = [op.variant.cols for op in programs[cap].graph.ops if isinstance(op, Linear) and not op.head
+                and op.variant.variant in ("blk", "subgroup")]
+        assert cols and max(cols) == want, (cap, cols)

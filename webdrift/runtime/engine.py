@@ -46,6 +46,7 @@ from . import streams
 from .options import EngineOptions
 from .speculative import (
     MAX_TREE,
+    TREE_BUCKETS,
     BackOff,
     DraftTree,
     ForecastDrafter,
@@ -371,7 +372,7 @@ class Engine:
         if program.arena_bytes > self.arena.size:
             self.dev.release_buffer(self.arena)
             self.arena = self.dev.create_buffer(program.arena_bytes, STORAGE, "arena")
-            for other in (*self._load_programs(), self._score, self._verifier and self._verifier.program,
+            for other in (*self._load_programs(), self._score, *(self._verifier.programs.values() if self._verifier else ()),
                           *(self._streams.programs.values() if self._streams else ())):
                 if other is not None:
                     other.bind(self.arena)
@@ -859,8 +860,8 @@ class Engine:
             raise InvalidArgumentError(f"the drafter proposed token {shown(bad[0])}; ids must be in [0, {v})")
 
     def _tree_verifier(self) -> TreeVerifier:
-        """The tree-verification program (every row's logits, tree masks) and its buffers, built on
-        first use (the arena grows to fit it)."""
+        """The tree-verification programs (every row's logits, tree masks; one per TREE_BUCKETS
+        capacity) and their buffers, built on first use (the arena grows to fit them)."""
         if self._verifier is None:
             self.tree_buf = self.dev.create_buffer(4 * MAX_TREE * row_words(MAX_TREE), STORAGE, "tree")
             forecast_buf = self.dev.create_buffer(4 * MAX_FORECAST * 4 * ceil_div(self.config.dim, 4), STORAGE,
@@ -869,12 +870,17 @@ class Engine:
             # float GEMVs, the K-column integer-dot GEMVs, the int8 LM head on every row) and its
             # attention reads keys in path order (kernels/tree.py), so a node's logits are bit for
             # bit a decode step's: the prefill GEMMs round differently, and near-ties then resolve
-            # differently (tokens != plain decoding)
-            program = Program(self.model, "decode", MAX_TREE, True, self._layout, self.step_buf,
-                              self.ids_buf, self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
-                              lora=self.lora_pool, forecast_buf=forecast_buf)
-            self._fit_arena(program)
-            self._verifier = TreeVerifier(self, program, forecast_buf)
+            # differently (tokens != plain decoding). The largest first: the arena grows once.
+            programs = {}
+            for cap in sorted(TREE_BUCKETS, reverse=True):
+                programs[cap] = Program(self.model, "decode", cap, True, self._layout, self.step_buf, self.ids_buf,
+                                        self.out_tokens, fuse=self._fuse, tree_buf=self.tree_buf,
+                                        lora=self.lora_pool, forecast_buf=forecast_buf)
+                self._fit_arena(programs[cap])
+            for p in programs.values():   # bound to the arena the last one left; compiled now, not at a
+                p.bind(self.arena)        # bucket's first pass in the middle of a generation
+                p.kernels()
+            self._verifier = TreeVerifier(self, programs, forecast_buf)
         return self._verifier
 
     def _bad_token(self, tok: int, step: int, prompt_tokens: int) -> Exception:

@@ -36,6 +36,11 @@ from ..models.forward import TREE_TOPK
 from ..weights.forecast import ForecastFile, read_forecast
 
 MAX_TREE = 64          # rows of one verification pass: the root + up to 63 draft nodes
+# the verification programs' capacities: a pass runs the smallest that holds its rows, whose
+# K-column GEMVs are chosen for that many rows (autotune.choose_cols). With MAX_TREE's alone a
+# pass of 2-4 rows cost as much as 2.2 decode steps on the 1B q4 (H200, 2026-11-28,
+# docs/BENCHMARKS.md session 27): its int8 gate/up of 8 columns took 2.9x the one-row kernel's time
+TREE_BUCKETS = (4, MAX_TREE)
 PASS_PART = 48         # dispatches per submit of a verification pass (TreeVerifier.argmax_rows)
 MODES = ("lookup", "forecast:PATH")    # speculative= values (a Drafter instance is accepted too)
 
@@ -362,20 +367,24 @@ class BackOff:
             self.wait = min(self.cap, 1 << (self.misses - 1))
 
 
-class TreeVerifier:
-    """The GPU side of one engine's speculative decoding: the tree-verification program (built
-    by the engine: runtime/engine.py `_tree_program`), a readback buffer for every row's top
-    TREE_TOPK logits per span, the forecast vectors' buffer (DS2D rows), the move list and one
-    KV-compaction kernel per layer."""
+def tree_bucket(rows: int) -> int:
+    """The capacity of the verification program a pass of `rows` rows runs (TREE_BUCKETS)."""
+    return next(c for c in TREE_BUCKETS if rows <= c)
 
-    def __init__(self, engine, program, forecast_buf):
+
+class TreeVerifier:
+    """The GPU side of one engine's speculative decoding: the tree-verification programs, one per
+    TREE_BUCKETS capacity (built by the engine: runtime/engine.py `_tree_verifier`), a readback
+    buffer for every row's top TREE_TOPK logits per span, the forecast vectors' buffer (DS2D
+    rows), the move list and one KV-compaction kernel per layer."""
+
+    def __init__(self, engine, programs: dict, forecast_buf):
+        """programs: {capacity: Program} for every TREE_BUCKETS capacity."""
         e, m = engine, engine.model
-        self.engine, self.program, self.dev, self.forecast_buf = e, program, e.dev, forecast_buf
+        self.engine, self.programs, self.dev, self.forecast_buf = e, programs, e.dev, forecast_buf
+        self.last = self.program          # the program of the last pass (row_probs reads its logits)
         self.n_parts = ceil_div(e.config.vocab_size, 4096)
         self.span_words = 2 * TREE_TOPK                                  # (value bits, id) x k per span
-        amax = program.graph.tensors["amax"]
-        self.amax_offset = amax.offset
-        self.logits_offset = program.graph.tensors["logits"].offset    # (MAX_TREE, V) f32, linear
         self.readback = self.dev.create_buffer(MAX_TREE * self.n_parts * self.span_words * 4, READBACK,
                                                "tree_argmax")
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
@@ -384,6 +393,11 @@ class TreeVerifier:
         k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE, m.kv_f16)
         self.compact = [k.dispatch({"moves": self.moves, "kc": lw.k_cache, "vc": lw.v_cache}, k.workgroups(),
                                    f"L{i}.kv_compact") for i, lw in enumerate(m.layers)]
+
+    @property
+    def program(self):
+        """The program of MAX_TREE rows (the largest)."""
+        return self.programs[MAX_TREE]
 
     def load_forecast(self, ff: ForecastFile) -> None:
         """Put a forecast file's vectors where the embedding reads the forecast rows (each row
@@ -398,19 +412,22 @@ class TreeVerifier:
         its first `nodes` rows (all: None), the model's next token after each node's path; the
         pass's spans stay for topk()."""
         e, dev, n = self.engine, self.dev, len(tree.tokens)
+        cap = tree_bucket(n)
+        program = self.last = self.programs[cap]
         dev.write_buffer(e.ids_buf, struct.pack(f"<{n}I", *tree.tokens))
-        dev.write_buffer(e.tree_buf, pack_tree(tree.parents, pos0, MAX_TREE))
+        dev.write_buffer(e.tree_buf, pack_tree(tree.parents, pos0, cap))   # the records as its kernels read them
         dev.write_buffer(e.step_buf, pack_step(n, pos0, step, sp.seed, sp.temperature, sp.top_k, sp.top_p))
         size = n * self.n_parts * self.span_words * 4
         # in parts, so the GPU starts on the first layers while the host encodes the rest (the
         # pass is read at once: one submit would leave the GPU idle through its whole encode,
         # ~1.5 ms of a SmolLM2 pass on an H100 host)
-        disp = self.program.dispatches(n)
+        disp = program.dispatches(n)
+        amax_offset = program.graph.tensors["amax"].offset
         ticket = None
         for i in range(0, len(disp), PASS_PART):
             last = i + PASS_PART >= len(disp)
             ticket = dev.submit(disp[i:i + PASS_PART],
-                                [(e.arena, self.amax_offset, self.readback, 0, size)] if last else None)
+                                [(e.arena, amax_offset, self.readback, 0, size)] if last else None)
         raw = await dev.map_read(self.readback, size, ticket)
         self.words = struct.unpack(f"<{size // 4}I", raw)
         out = []
@@ -452,7 +469,8 @@ class TreeVerifier:
     async def row_probs(self, row: int, sp, pos0: int) -> dict[int, float]:
         """The sampling distribution (target_probs) of row `row`'s logits in the last pass."""
         v = self.engine.config.vocab_size
-        raw = await self.dev.read_buffer(self.engine.arena, self.logits_offset + 4 * v * row, 4 * v)
+        offset = self.last.graph.tensors["logits"].offset    # (capacity, V) f32, linear
+        raw = await self.dev.read_buffer(self.engine.arena, offset + 4 * v * row, 4 * v)
         logits = struct.unpack(f"<{v}f", raw)
         if not all(math.isfinite(x) for x in logits):
             raise NumericalError(f"tree verification at cache position {pos0}: the model's logits hold NaN or "
