@@ -190,3 +190,40 @@ def test_the_sync_api_keeps_one_loop_per_thread(monkeypatch):
     other.clear()
     gc.collect()
     assert not [u for u in unraisable if "loop" in repr(u.object).lower()], unraisable
+
+
+def test_encoded_submit_after_its_buffer_was_renewed():
+    """A submit encoded ahead (Device.encode) whose read-back buffer was renewed since (a read of
+    it interrupted: the buffer is replaced before its next use) is encoded again at
+    submit_encoded, so the copy lands in the live buffer; an encoded submit runs once; a
+    discarded one is released without running."""
+    import struct
+
+    from webdrift.errors import GPUError
+    from webdrift.gpu.base import READBACK
+    from webdrift.gpu.native import get_device
+    from webdrift.runtime.engine import _run
+    dev = get_device()
+    src = dev.create_buffer(16, label="src")
+    dst = dev.create_buffer(16, READBACK, "dst")
+    try:
+        dev.write_buffer(src, struct.pack("<4I", 1, 2, 3, 4))
+        enc = dev.encode([], [(src, 0, dst, 0, 16)])
+        dev.write_buffer(src, struct.pack("<4I", 5, 6, 7, 8))      # written after the encoding: seen
+        dev._unsettled[id(dst)] = dst                              # as an interrupted read leaves it
+        old = dst.handle
+        ticket = dev.submit_encoded(enc)
+        assert dst.handle is not old and not dev._unsettled
+        assert struct.unpack("<4I", _run(dev.map_read(dst, 16, ticket))) == (5, 6, 7, 8)
+        with pytest.raises(GPUError, match="already"):
+            dev.submit_encoded(enc)
+        dropped = dev.encode([], [(src, 0, dst, 0, 16)])
+        dev.discard(dropped)
+        with pytest.raises(GPUError, match="already"):
+            dev.submit_encoded(dropped)
+        dev.write_buffer(src, struct.pack("<4I", 9, 9, 9, 9))
+        ticket = dev.submit_encoded(dev.encode([], [(src, 0, dst, 0, 16)]))
+        assert struct.unpack("<4I", _run(dev.map_read(dst, 16, ticket))) == (9, 9, 9, 9)
+    finally:
+        dev.release_buffer(src)
+        dev.release_buffer(dst)

@@ -155,19 +155,44 @@ def test_float_cols_verification_identical(tiny_path, monkeypatch, fmt, variant)
 
 
 def test_pass_submitted_in_parts(eng, monkeypatch):
-    """A verification pass goes to the GPU in submits of PASS_PART dispatches (the GPU starts on
-    the first while the host encodes the rest): in parts of 3 and of 1 (every kernel its own
-    submit) the tokens are still plain greedy's."""
+    """A verification pass not encoded ahead goes to the GPU in submits of PASS_PART dispatches
+    (the GPU starts on the first while the host encodes the rest): in parts of 3 and of 1 (every
+    kernel its own submit) the tokens are still plain greedy's."""
+    from webdrift.gpu.base import Encoded
     from webdrift.runtime import speculative
     subs = []
     real = eng.dev.submit
     monkeypatch.setattr(eng.dev, "submit", lambda d, *a, **k: subs.append(len(d)) or real(d, *a, **k))
+    monkeypatch.setattr(eng.dev, "encode", lambda d, c=None: Encoded([], [], []))   # never the next pass's
     for part in (3, 1):
         monkeypatch.setattr(speculative, "PASS_PART", part)
         for k, ids in enumerate(prompts(3, seed=9)):
             subs.clear()
             _, spec = check_same(eng, ids, seed=k, max_new_tokens=24, stop_at_eos=False)
             assert spec.stats.spec_passes > 0 and subs.count(part) > spec.stats.spec_passes
+
+
+@pytest.mark.parametrize("grain", [8, MAX_TREE])
+def test_pass_encoded_ahead(eng, monkeypatch, grain):
+    """While the GPU runs a pass the host encodes the next one for as many rows
+    (speculative.encoded_rows: the small program's capacity, else the rows rounded up to
+    ENCODE_GRAIN), and a next pass whose rows round the same way runs that command buffer, its
+    tree, ids and step written after it was encoded: the tokens are still plain greedy's. A pass
+    is encoded for more rows than it has (the kernels stop at the step's row count): with a
+    grain of MAX_TREE every pass of the large program is encoded for all 64 rows."""
+    from webdrift.runtime import speculative
+    monkeypatch.setattr(speculative, "ENCODE_GRAIN", grain)
+    ahead, fresh = [], []
+    real_sub, real_enc = eng.dev.submit_encoded, eng.dev.encode
+    monkeypatch.setattr(eng.dev, "submit_encoded", lambda e: ahead.append(len(e.dispatches)) or real_sub(e))
+    monkeypatch.setattr(eng.dev, "encode", lambda d, c=None: fresh.append(len(d)) or real_enc(d, c))
+    passes = 0
+    for k, ids in enumerate(prompts(6, seed=21)):
+        _, spec = check_same(eng, ids, seed=k, max_new_tokens=32, stop_at_eos=False)
+        passes += spec.stats.spec_passes
+    assert len(fresh) == passes and 0 < len(ahead) < passes, (len(ahead), passes)
+    assert [speculative.encoded_rows(n) for n in (1, 4, 5, 8, 9, 63, 64)] == \
+        [4, 4, *(min(MAX_TREE, -(-n // grain) * grain) for n in (5, 8, 9, 63, 64))]
 
 
 def test_top_k_orders_logit_bits_as_floats():

@@ -13,7 +13,8 @@ hasattr / getattr:
                 can_time_sync (= timestamps read back synchronously: the tuner's timings)
   operations    read_timestamps (async, both backends), read_timestamps_sync and
                 read_buffer_sync (only where has_sync_reads), check_errors (async, no-op by
-                default), check_dispatch
+                default), check_dispatch, encode / submit_encoded / discard (a submit encoded
+                ahead of its time; by default the lists are kept and encoded at submit)
   descriptions  adapter_info (the adapter's description dict), architecture, allocations,
                 bytes_allocated / peak_bytes (0 where the backend does not count them; the
                 browser counts buffers it created until they are released)
@@ -79,6 +80,19 @@ class Dispatch:
     workgroups: tuple[int, int, int]
     label: str = ""
     raw: tuple | None = None      # backend's cached raw handles (filled on first submit)
+
+
+@dataclass(eq=False)
+class Encoded:
+    """A submit encoded ahead of time (Device.encode): its dispatches and copies, and the backend's
+    finished command buffer where it keeps one (None: encoded when submitted); `dispatches` is
+    the caller's list itself (a caller can tell whether it is still current). `sources` holds
+    each copy's (source, destination) GPU handles as encoded, so a buffer replaced since (an
+    arena grown, a read-back buffer renewed after an interrupted read) is noticed."""
+    dispatches: list
+    copies: list
+    sources: list
+    handle: Any = None
 
 
 @dataclass
@@ -197,6 +211,26 @@ class Device:
         [(src, src_off, dst, dst_off, size)]) and submit. Returns an opaque ticket for map_read.
         timestamps: a recorder to time the dispatches with (ignored without has_timestamps)."""
         raise NotImplementedError
+
+    def encode(self, dispatches: list[Dispatch], copies: list | None = None) -> Encoded:
+        """A submit of these dispatches and copies encoded now and submitted later with
+        submit_encoded (or dropped with discard): the host's encoding can overlap the GPU's work
+        on an earlier submit. What buffers hold is read when it runs, so writes between the two
+        are seen. This default keeps the lists and encodes them at submit_encoded."""
+        copies = list(copies or ())
+        return Encoded(dispatches, copies, [(s.handle, d.handle) for s, _, d, _, _ in copies])
+
+    def submit_encoded(self, enc: Encoded):
+        """Submit what encode() prepared; returns submit()'s ticket. Once only."""
+        if enc.dispatches is None:
+            raise GPUError("an encoded submit was submitted or discarded already")
+        dispatches, copies = enc.dispatches, enc.copies
+        enc.dispatches = None
+        return self.submit(dispatches, copies)
+
+    def discard(self, enc: Encoded) -> None:
+        """Drop an encoded submit that will not run (its command buffer released)."""
+        enc.dispatches = None
 
     async def read_timestamps(self, rec: TimestampRecorder) -> None:
         """Fill rec.labels / rec.ticks_ns from the timed submit that took rec (awaits the GPU);

@@ -39,6 +39,7 @@ from .base import (
     Device,
     DeviceInfo,
     Dispatch,
+    Encoded,
     Pipeline,
     TimestampRecorder,
 )
@@ -322,8 +323,17 @@ class NativeDevice(Device):
         step (faster, and an interrupt cannot leave one half-built: wgpu-py's __del__ then
         fails noisily); every handle is released in `finally`, so an interrupted submit leaves
         nothing behind (an unfinished encoder is dropped, never submitted)."""
+        cb = self._encode_cb(dispatches, copies)
+        try:
+            return self._submit_cb(cb)
+        finally:
+            _lib.wgpuCommandBufferRelease(cb)
+
+    def _encode_cb(self, dispatches: list[Dispatch], copies: list | None):
+        """The finished raw command buffer of one compute pass of the dispatches, then the copies
+        (the caller releases it); the encoder and pass are released here whatever happens."""
         lib, null = _lib, _ffi.NULL
-        enc = cp = cb = None
+        enc = cp = None
         try:
             enc = lib.wgpuDeviceCreateCommandEncoder(self._dev._internal, null)
             cp = lib.wgpuCommandEncoderBeginComputePass(enc, null)
@@ -333,16 +343,46 @@ class NativeDevice(Device):
                 if self._unsettled:        # a read-back buffer whose last read was interrupted
                     self._settle(dst)
                 lib.wgpuCommandEncoderCopyBufferToBuffer(enc, src.handle._internal, so, dst.handle._internal, do, n)
-            cb = lib.wgpuCommandEncoderFinish(enc, null)
-            arr = _ffi.new("WGPUCommandBuffer[]", [cb])
-            return lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
+            return lib.wgpuCommandEncoderFinish(enc, null)
         finally:
-            if cb is not None:
-                lib.wgpuCommandBufferRelease(cb)
             if cp is not None:
                 lib.wgpuComputePassEncoderRelease(cp)
             if enc is not None:
                 lib.wgpuCommandEncoderRelease(enc)
+
+    def _submit_cb(self, cb):
+        arr = _ffi.new("WGPUCommandBuffer[]", [cb])
+        return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
+
+    def encode(self, dispatches: list[Dispatch], copies: list | None = None) -> Encoded:
+        """A finished command buffer kept until submit_encoded / discard (released with the
+        Encoded object if neither comes)."""
+        enc = super().encode(dispatches, copies)
+        if _lib is not None:
+            cb = self._encode_cb(enc.dispatches, enc.copies)
+            enc.sources = [(s.handle, d.handle) for s, _, d, _, _ in enc.copies]   # (after any _settle)
+            enc.handle = weakref.finalize(enc, _lib.wgpuCommandBufferRelease, cb), cb
+        return enc
+
+    def submit_encoded(self, enc: Encoded):
+        if enc.handle is None:
+            return super().submit_encoded(enc)
+        if enc.dispatches is None:
+            raise GPUError("an encoded submit was submitted or discarded already")
+        release, cb = enc.handle
+        stale = any(id(d) in self._unsettled or (s.handle, d.handle) != h
+                    for (s, _, d, _, _), h in zip(enc.copies, enc.sources))
+        try:
+            # a buffer it copies was replaced since (or must be): encoded again, as submit() does
+            return self._submit_raw(enc.dispatches, enc.copies) if stale else self._submit_cb(cb)
+        finally:
+            enc.dispatches = None
+            release()
+
+    def discard(self, enc: Encoded) -> None:
+        enc.dispatches = None
+        if enc.handle is not None:
+            enc.handle[0]()
 
     @staticmethod
     def _encode_raw(h, dispatches: list[Dispatch]) -> None:

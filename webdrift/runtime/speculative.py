@@ -41,7 +41,8 @@ MAX_TREE = 64          # rows of one verification pass: the root + up to 63 draf
 # pass of 2-4 rows cost as much as 2.2 decode steps on the 1B q4 (H200, 2026-11-28,
 # docs/BENCHMARKS.md session 27): its int8 gate/up of 8 columns took 2.9x the one-row kernel's time
 TREE_BUCKETS = (4, MAX_TREE)
-PASS_PART = 48         # dispatches per submit of a verification pass (TreeVerifier.argmax_rows)
+PASS_PART = 48         # dispatches per submit of a verification pass not encoded ahead
+ENCODE_GRAIN = 8       # a pass of MAX_TREE's program is encoded for its rows rounded up to this
 MODES = ("lookup", "forecast:PATH")    # speculative= values (a Drafter instance is accepted too)
 
 
@@ -372,6 +373,16 @@ def tree_bucket(rows: int) -> int:
     return next(c for c in TREE_BUCKETS if rows <= c)
 
 
+def encoded_rows(rows: int) -> int:
+    """The rows a pass of `rows` rows is encoded for (its dispatches' workgroup counts): the
+    capacity of a program up to ENCODE_GRAIN rows, else `rows` rounded up to ENCODE_GRAIN. Every
+    kernel reads the pass's true row count from the step uniform and leaves the rows past it
+    alone, so passes of different sizes share one encoding, and the next pass can be encoded
+    while the GPU runs this one (TreeVerifier.argmax_rows)."""
+    cap = tree_bucket(rows)
+    return cap if cap <= ENCODE_GRAIN else min(cap, ceil_div(rows, ENCODE_GRAIN) * ENCODE_GRAIN)
+
+
 class TreeVerifier:
     """The GPU side of one engine's speculative decoding: the tree-verification programs, one per
     TREE_BUCKETS capacity (built by the engine: runtime/engine.py `_tree_verifier`), a readback
@@ -389,6 +400,7 @@ class TreeVerifier:
                                                "tree_argmax")
         self.moves = self.dev.create_buffer(moves_bytes(MAX_TREE), STORAGE, "kv_moves")
         self.words: tuple = ()       # the last pass's spans, row-major
+        self.ahead = None            # the next pass, encoded while the GPU ran the last (Encoded)
         cfg = e.config
         k = KVCompactKernel(self.dev, cfg.n_kv_heads, cfg.head_dim, m.cap_stride, MAX_TREE, m.kv_f16)
         self.compact = [k.dispatch({"moves": self.moves, "kc": lw.k_cache, "vc": lw.v_cache}, k.workgroups(),
@@ -418,16 +430,25 @@ class TreeVerifier:
         dev.write_buffer(e.tree_buf, pack_tree(tree.parents, pos0, cap))   # the records as its kernels read them
         dev.write_buffer(e.step_buf, pack_step(n, pos0, step, sp.seed, sp.temperature, sp.top_k, sp.top_p))
         size = n * self.n_parts * self.span_words * 4
-        # in parts, so the GPU starts on the first layers while the host encodes the rest (the
-        # pass is read at once: one submit would leave the GPU idle through its whole encode,
-        # ~1.5 ms of a SmolLM2 pass on an H100 host)
-        disp = program.dispatches(n)
-        amax_offset = program.graph.tensors["amax"].offset
-        ticket = None
-        for i in range(0, len(disp), PASS_PART):
-            last = i + PASS_PART >= len(disp)
-            ticket = dev.submit(disp[i:i + PASS_PART],
-                                [(e.arena, amax_offset, self.readback, 0, size)] if last else None)
+        rows = encoded_rows(n)
+        disp = program.dispatches(rows)
+        copy = (e.arena, program.graph.tensors["amax"].offset, self.readback, 0, rows * self.n_parts * self.span_words * 4)
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.dispatches is disp and ahead.copies == [copy]:
+            ticket = dev.submit_encoded(ahead)
+        else:
+            if ahead is not None:
+                dev.discard(ahead)
+            # in parts, so the GPU starts on the first layers while the host encodes the rest
+            # (one submit would leave the GPU idle through its whole encode, ~1.5 ms of a SmolLM2
+            # pass on an H100 host)
+            for i in range(0, len(disp), PASS_PART):
+                last = i + PASS_PART >= len(disp)
+                ticket = dev.submit(disp[i:i + PASS_PART], [copy] if last else None)
+        # while the GPU runs this pass, the host encodes the next one for as many rows (the next
+        # tree is not known yet, but its encoding depends on its row count only): used if the
+        # next pass's rows round the same way and nothing was rebound meanwhile
+        self.ahead = dev.encode(disp, [copy])
         raw = await dev.map_read(self.readback, size, ticket)
         self.words = struct.unpack(f"<{size // 4}I", raw)
         out = []
