@@ -205,3 +205,39 @@ def test_bad_forecast_files(tiny, tmp_path):
     (tmp_path / "cut.safetensors").write_bytes(bytes(raw[:-16]))
     with pytest.raises(ModelFileError, match="truncated"):
         eng.generate([5, 6], speculative=f"forecast:{tmp_path / 'cut.safetensors'}")
+
+
+def test_root_pass_judged_with_the_tree_pass_after_it(tiny, monkeypatch):
+    """A pass of the root alone (after plain steps: it only fetches a forecast) is not judged by
+    itself; its token and time count with the next drafting pass's when the back-off decides
+    whether drafting pays (counted apart, each pass after one looked paying on an H200 and DS2D
+    on SmolLM2 fell to 0.6x of plain decoding)."""
+    from webdrift.runtime import speculative
+    d, eng, _ = tiny
+    events = []
+    real_rows, real_verified = speculative.TreeVerifier.argmax_rows, speculative.BackOff.verified
+
+    async def rows(self, tree, pos0, step, sp, nodes=None):
+        events.append(("pass", nodes))
+        return await real_rows(self, tree, pos0, step, sp, nodes)
+
+    def verified(self, accepted, tokens=0, seconds=0.0):
+        events.append(("judged", accepted, tokens, seconds))
+        return real_verified(self, accepted, tokens, seconds)
+
+    monkeypatch.setattr(speculative.TreeVerifier, "argmax_rows", rows)
+    monkeypatch.setattr(speculative.BackOff, "verified", verified)
+    plain = eng.generate(PROMPTS[2], max_new_tokens=64, stop_at_eos=False)
+    spec = eng.generate(PROMPTS[2], max_new_tokens=64, stop_at_eos=False,
+                        speculative=f"forecast:{forecast_file(d, eng.config)}")
+    assert spec.token_ids == plain.token_ids
+    roots, after_root = 0, 0
+    for e in events:
+        if e[0] == "pass":
+            roots += e[1] == 1
+        else:
+            _, accepted, tokens, seconds = e
+            assert tokens == accepted + 1 + roots and seconds > 0, (e, roots)
+            after_root += roots > 0
+            roots = 0
+    assert after_root >= 2, events

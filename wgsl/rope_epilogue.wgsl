@@ -3,12 +3,13 @@
 // output index i as weight row rperm(i), so rotation partners are adjacent indices (2k, 2k+1)
 // whichever pairing the model uses (ROPE_HALF: rows (k, k + DH/2); otherwise (2k, 2k+1)), and
 // calls rope_out for each with its partner's value. Bindings (rope.declare_rope_outputs): q_rel,
-// the K and V caches and inv_freq.
+// the K and V caches and inv_freq; ROPE_TREE (tree verification) also the tree records.
 {{Q_DECL}}
 {{KC_DECL}}
 {{VC_DECL}}
 alias kv_t = {{KV_T}};   // the caches' value type (f32, or f16: kernels/rope.py kv_type)
 {{INV_FREQ_DECL}}
+{{TREE_DECL}}
 const RH: u32 = {{RH}}u;
 const RKVH: u32 = {{RKVH}}u;
 const RDH: u32 = {{RDH}}u;
@@ -29,7 +30,11 @@ fn rperm(idx: u32) -> u32 {
 
 // output index idx of token t with its value vs and its rotation partner's vp
 fn rope_out(t: u32, idx: u32, vs: f32, vp: f32) {
+#if ROPE_TREE
+  let p = tree[t * TREE_ROW];  // a tree row: its node's position (kernels/tree.py), at slot pos0 + t
+#else
   let p = row_pos(t);
+#endif
   let cr = row_cache(t);       // its cache row
   let slot = idx / RDH;        // [0, H) q heads, [H, H + KVH) k heads, then v heads
   let m = idx % RDH;

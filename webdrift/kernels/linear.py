@@ -30,6 +30,7 @@ from .lora import LoraOut, LoraPartials
 from .norm import PreNorm
 from .quantize import block_defines, declare_rows, row_words
 from .rope import declare_rope_outputs
+from .tree import declare_tree
 from .weights import GPUWeight, wide_accessor_wgsl, wide_input_wgsl, wide_supported
 
 MAX_COLS = 16   # token rows per workgroup of the decode GEMVs that take several (GemvVariant.cols)
@@ -91,6 +92,7 @@ class RopeOut:
     cap: int
     rope_half: bool
     kv_f16: bool = False         # the caches hold f16 (rope.kv_type)
+    tree: bool = False           # each row rotated by its tree record's position ("tree": tree.py)
 
 
 @dataclass(frozen=True)
@@ -331,7 +333,8 @@ class LinearKernel(Kernel):
         if rope is not None:   # rope_epilogue.wgsl
             d.update(declare_rope_outputs(b, dev, rope.q, rope.n_kv, rope.head_dim, rope.cap, rope.kv_f16),
                      RH=rope.n_heads, RKVH=rope.n_kv, RDH=rope.head_dim, RGROUP=rope.n_heads // rope.n_kv,
-                     RCAP=rope.cap, ROPE_HALF=rope.rope_half)
+                     RCAP=rope.cap, ROPE_HALF=rope.rope_half, ROPE_TREE=rope.tree,
+                     TREE_DECL=declare_tree(b, rope.q.w // (rope.n_heads // rope.n_kv)) if rope.tree else "")
         fused = ep.lora is not None and ep.lora.fused
         if fused and (not blk or variant.cols != 1):
             raise ValueError(f"the fused LoRA shrink is read by the integer-dot GEMV of one token row; {w.name} is "

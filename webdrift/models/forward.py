@@ -126,11 +126,13 @@ class QuantOutput:
 
 @dataclass(frozen=True, eq=False, kw_only=True)
 class RopeEpilogue:
-    """The QKV GEMV applies RoPE, the Q relayout and the KV append itself (no qkv tensor)."""
+    """The QKV GEMV applies RoPE, the Q relayout and the KV append itself (no qkv tensor); tree:
+    each row rotated by its tree record's position (tree verification)."""
     q: str
     k_cache: Buffer
     v_cache: Buffer
     inv_freq: Buffer
+    tree: bool = False
 
 
 @dataclass(frozen=True, eq=False, kw_only=True)
@@ -228,6 +230,9 @@ class Sample(Op):
     per_row: bool = False        # one token per logits row (the streams); else draws from the one row
 
 
+# a tree verification program's float QKV GEMV takes the RoPE epilogue (one token row per
+# workgroup: the weight read once per row) while capacity x its bytes is at most this
+TREE_ROPE_BYTES = 32 << 20
 PREFILL_ATTENTION = "grouped"   # the prefill programs' attention kernel for grouped-query models
 
 # -- the builder ---------------------------------------------------------------------------------
@@ -267,7 +272,7 @@ class ForwardBuilder:
         self.chain = stage == "decode" and m.int8_chain and all(self.int8[r] for r in ("qkv", "o", "gateup", "down"))
         # the QKV GEMV applies RoPE, the Q relayout and the KV append (decode): the integer-dot
         # one, or the float one where its variant computes rows in subgroups
-        self.rope_epilogue = not cfg.qk_norm and not tree and stage == "decode" and (
+        self.rope_epilogue = not cfg.qk_norm and stage == "decode" and (
             self.int8["qkv"] or (fuse and self._float_rope_epilogue()))
         # the O projection's int8 row written by the attention combine (with LoRA also the f32
         # rows its shrink reads)
@@ -356,7 +361,7 @@ class ForwardBuilder:
             label = f"L{i}.qkv+rope_kv" if int8 else f"L{i}.norm+qkv+rope_kv"
             g.add(Linear(label=label, writes=(f"q{i}",), y=f"qkv{i}", variant=variant, norm=None if int8 else lw.attn_norm,
                          pre_norm=True, rope=RopeEpilogue(q=f"q{i}", k_cache=lw.k_cache, v_cache=lw.v_cache,
-                                                          inv_freq=freq), **common))
+                                                          inv_freq=freq, tree=self.tree), **common))
             return f"q{i}"
         label = f"L{i}.norm+qkv" if norm is not None else f"L{i}.qkv"
         g.add(Linear(label=label, writes=(f"qkv{i}",), y=f"qkv{i}", variant=self._variant(lw.wqkv, int8=int8), norm=norm,
@@ -613,9 +618,15 @@ class ForwardBuilder:
 
     def _float_rope_epilogue(self) -> bool:
         """Whether the float decode QKV GEMV can take the RoPE epilogue: its chosen variant computes
-        rows in subgroups (rotation partners as a pair per subgroup, so an even row count)."""
-        c = self._variant(self.m.layers[0].wqkv)
-        return c.variant in ("subgroup", "wide") and c.rows % 2 == 0
+        rows in subgroups (rotation partners as a pair per subgroup, so an even row count). The
+        epilogue takes one token row per workgroup, so a program of several rows reads the weight
+        once per row: a tree verification program takes it only while that is at most
+        TREE_ROPE_BYTES (SmolLM2's QKV, not the 1B's: a dispatch fewer a layer against the weight
+        read again; the streams' programs take it whatever the size)."""
+        w = self.m.layers[0].wqkv
+        c = self._variant(w)
+        return (c.variant in ("subgroup", "wide") and c.rows % 2 == 0
+                and (not self.tree or self.capacity * w.nbytes <= TREE_ROPE_BYTES))
 
     def _variant(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> GemvVariant | GemmVariant:
         """The decode GEMV variant or the prefill GEMM configuration measured fastest on this

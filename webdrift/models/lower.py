@@ -87,7 +87,7 @@ def _linear(op: F.Linear, c: LowerContext):
     rope = qout = None
     if op.rope is not None:
         rope = RopeOut(c.desc(op.rope.q), cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, c.cap_stride,
-                       rope_half=cfg.rope_style == "half", kv_f16=c.kv_f16)
+                       rope_half=cfg.rope_style == "half", kv_f16=c.kv_f16, tree=op.rope.tree)
     if op.qout is not None:
         q = op.qout
         qout = QuantOut(c.desc(q.row), q.fmt, cfg.norm_weight_offset if q.norm is not None else None, q.write_y)
@@ -111,7 +111,7 @@ def _linear(op: F.Linear, c: LowerContext):
         binds["nw"] = op.norm
     if op.rope is not None:
         binds |= {"q": c.arena_range(op.rope.q), "kc": op.rope.k_cache, "vc": op.rope.v_cache,
-                  "inv_freq": op.rope.inv_freq}
+                  "inv_freq": op.rope.inv_freq} | ({"tree": c.tree} if op.rope.tree else {})
     if op.qout is not None:
         binds["qout"] = c.arena_range(op.qout.row)
         if op.qout.norm is not None:

@@ -740,6 +740,7 @@ class Engine:
                 copies = [(self.out_tokens, 0, self.ring[0], 0, 4)] if pos + len(part) == len(ids) else None
                 ticket = dev.submit(disp, copies)
         prefill, last, emitted, pos = ticket, None, 0, len(ids)
+        root = (0, 0.0)           # tokens and seconds of DS2D root passes not yet judged
         drafter.reset(list(ids))
         # (the first token is read even after a stop request, as plain decoding reads it)
         while prefill is not None or (emitted < budget and not self._stop_requested):
@@ -785,8 +786,13 @@ class Engine:
             st.spec_passes += 1
             st.drafted_tokens += nodes - 1
             st.accepted_tokens += len(path) - 1
-            if nodes > 1:    # (a DS2D pass of the root alone drafts for the next one: no miss)
-                backoff.verified(len(path) - 1, len(toks), time.perf_counter() - t0)
+            if nodes > 1:
+                backoff.verified(len(path) - 1, len(toks) + root[0], time.perf_counter() - t0 + root[1])
+                root = (0, 0.0)
+            else:   # a DS2D pass of the root alone (after plain steps) drafts for the next one: its
+                # time and token count with that pass's (H200, SmolLM2: counted apart, each pass
+                # after it looked paying and DS2D fell from 0.8x to 0.6x once passes got cheaper)
+                root = (root[0] + len(toks), root[1] + time.perf_counter() - t0)
             pos += len(path)
             for tok in toks[:budget - emitted]:
                 emitted, last = emitted + 1, tok
