@@ -3,16 +3,18 @@ draft rows verified at cache slot DEPTH + 76 after a DEPTH-token prompt of a syn
 (the tokens do not matter for the time), host wall time of TreeVerifier.argmax_rows (upload,
 dispatches in parts, read back: what the speculative loop pays), the median of 20 after 5 warm
 passes, best of two rounds (each after 64 plain steps: the GPU is slow for a while after the
-programs' build leaves it idle). --profile: also each kernel family's GPU time (every dispatch in
+programs' build leaves it idle). Repeated passes of one size run the command buffer encoded
+during the one before (TreeVerifier.argmax_rows); --no-ahead: each encoded when it runs, in parts
+(the code before session 28). --profile: also each kernel family's GPU time (every dispatch in
 its own timed pass, best of 3, us summed over layers) for the decode step and each row count.
-    PYTHONPATH=. python scripts/verify_pass.py llama-3.2-1b q4 1 2 4 8 16 64 [--depth 1024] [--profile]
+    PYTHONPATH=. python scripts/verify_pass.py llama-3.2-1b q4 1 2 4 8 16 64 [--depth 1024] [--no-ahead] [--profile]
 docs/BENCHMARKS.md session 27 has what it measured on an H200."""
 import argparse
 import statistics
 import time
 from collections import defaultdict
 
-from webdrift.gpu.base import TimestampRecorder
+from webdrift.gpu.base import Encoded, TimestampRecorder
 from webdrift.gpu.native import get_device
 from webdrift.kernels.step import pack_step
 from webdrift.profile.benchmark import agenerate_ids, build_engine, prompt_ids
@@ -26,9 +28,12 @@ p.add_argument("quant")
 p.add_argument("rows", nargs="*", type=int, default=[1, 2, 4, 8, 16, 64])
 p.add_argument("--depth", type=int, default=1024)
 p.add_argument("--profile", action="store_true")
+p.add_argument("--no-ahead", action="store_true")
 p.add_argument("--reps", type=int, default=25)
 args = p.parse_args()
 dev = get_device()
+if args.no_ahead:   # an encoding that never matches the next pass
+    dev.encode = lambda d, c=None: Encoded([], [], [])
 
 
 def families(disp) -> dict:

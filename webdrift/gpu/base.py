@@ -10,7 +10,8 @@ Every optional capability and operation is declared on `Device` with a default, 
 (`dev.has_timestamps`, `dev.can_time_sync`, `await dev.check_errors()`) and never probes with
 hasattr / getattr:
   capabilities  has_f16, has_subgroups, has_dp4a, has_timestamps, has_sync_reads,
-                can_time_sync (= timestamps read back synchronously: the tuner's timings)
+                can_time_sync (= timestamps read back synchronously: the tuner's timings),
+                encodes_ahead (encode() does the encoding's work then)
   operations    read_timestamps (async, both backends), read_timestamps_sync and
                 read_buffer_sync (only where has_sync_reads), check_errors (async, no-op by
                 default), check_dispatch, encode / submit_encoded / discard (a submit encoded
@@ -117,6 +118,7 @@ class Device:
     wgsl_subgroup_enable = False   # whether WGSL must say `enable subgroups;` (Tint yes, naga no)
     has_sync_reads = False         # read_buffer_sync / read_timestamps_sync work (native: yes)
     decode_steps_per_submit = 1    # decode steps an engine puts in one submit by default
+    encodes_ahead = False          # encode() makes the command buffer then (else at submit_encoded)
     adapter_info: Mapping[str, Any] = MappingProxyType({})   # the adapter's own description
     architecture = ""              # GPU architecture as the adapter names it ("" if unknown)
     wgpu_version = ""              # the wgpu package's version (native backend; "" elsewhere)

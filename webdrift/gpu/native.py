@@ -62,6 +62,7 @@ _WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-quer
 class NativeDevice(Device):
     has_sync_reads = True
     decode_steps_per_submit = 4    # measured: docs/BENCHMARKS.md, "Session 12"
+    encodes_ahead = _lib is not None
 
     def __init__(self, power_preference: str = "high-performance"):
         os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")

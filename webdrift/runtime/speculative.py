@@ -452,11 +452,12 @@ class TreeVerifier:
         # pass after plain steps, then trees of its node budget). The first time, nothing: a
         # wrong guess makes the host encode while the GPU ends a pass submitted in parts, and the
         # read waits for that (DS2D on SmolLM2 / H200 with "the same rows again": 0.1x slower)
+        # (A backend that would only keep the lists, the browser's, submits in parts instead.)
         if self.prev_rows is not None:
             self.after[self.prev_rows] = rows
         self.prev_rows = rows
         guess = self.after.get(rows)
-        if guess is not None:
+        if guess is not None and dev.encodes_ahead:
             d, c = self._encoding(guess)
             self.ahead = dev.encode(d, [c])
         raw = await dev.map_read(self.readback, size, ticket)
