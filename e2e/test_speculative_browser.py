@@ -2,7 +2,7 @@
 in the Pyodide worker on the page's WebGPU device, greedy tokens with tree verification (trees
 that hide the desktop's continuation among distractors, so paths are accepted and compacted;
 and generate()'s JS option {speculative: "lookup"}) equal the desktop engine's plain greedy
-tokens for the same file."""
+tokens for the same file; passes run command buffers encoded during the pass before."""
 
 from __future__ import annotations
 
@@ -42,7 +42,12 @@ class Oracle(Drafter):   # the desktop's continuation, under a distractor branch
         return DraftTree(tokens[:max_nodes], parents[:max_nodes])
 
 eng = await load_browser(base64.b64decode(args["model"]), EngineOptions(max_context=128, autotune=False))
-out = {"plain": [], "oracle": [], "lookup": [], "passes": 0}
+out = {"plain": [], "oracle": [], "lookup": [], "passes": 0, "ahead": 0}
+real_submit_encoded = eng.dev.submit_encoded
+def counted(enc):   # passes that run the command buffer encoded during the pass before
+    out["ahead"] += 1
+    return real_submit_encoded(enc)
+eng.dev.submit_encoded = counted
 for ids, want in zip(args["prompts"], args["desktop"]):
     sp = sampling_from_options({"maxNewTokens": args["n"], "temperature": 0, "stopAtEos": False})
     out["plain"].append((await eng.agenerate(ids, sp)).token_ids)
@@ -84,5 +89,5 @@ def test_speculative_greedy_matches_desktop(chromium, server, tmp_path):
     finally:
         pg.close()
     assert out["plain"] == desktop
-    assert out["oracle"] == desktop and out["passes"] > 0
+    assert out["oracle"] == desktop and out["passes"] > 0 and 0 < out["ahead"] < out["passes"]
     assert out["lookup"] == desktop

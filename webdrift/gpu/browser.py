@@ -42,6 +42,7 @@ from .base import (
     Device,
     DeviceInfo,
     Dispatch,
+    Encoded,
     Pipeline,
     TimestampRecorder,
 )
@@ -63,6 +64,10 @@ _JS_HELPERS = r"""
 ({
   // one compute pass with every dispatch, then the copies, in one command buffer
   submit(device, list, copies) {
+    device.queue.submit([this.encode(device, list, copies)]);
+  },
+  // the same command buffer, finished now and submitted later (submitEncoded)
+  encode(device, list, copies) {
     const enc = device.createCommandEncoder();
     if (list.length) {
       const cp = enc.beginComputePass();
@@ -75,7 +80,10 @@ _JS_HELPERS = r"""
       cp.end();
     }
     for (const c of copies) enc.copyBufferToBuffer(c[0], c[1], c[2], c[3], c[4]);
-    device.queue.submit([enc.finish()]);
+    return enc.finish();
+  },
+  submitEncoded(device, cb) {
+    device.queue.submit([cb]);
   },
   // each dispatch in its own pass with timestamps (begin, end) at query 2i, 2i+1; whole: one
   // pass with every dispatch, timestamps at 0 and 1
@@ -162,6 +170,7 @@ class BrowserDevice(Device):
 
     wgsl_subgroup_enable = True    # Tint wants `enable subgroups;` before subgroup built-ins
     decode_steps_per_submit = 8    # Dawn encodes in the page's thread: measured, docs/BENCHMARKS.md "Session 12"
+    encodes_ahead = True           # a finished GPUCommandBuffer is submitted later
 
     def __init__(self, adapter, device, info: DeviceInfo):
         self._adapter, self._dev, self.info = adapter, device, info
@@ -322,11 +331,35 @@ class BrowserDevice(Device):
             self._lists[id(dispatches)] = (dispatches, arr, list(dispatches))
         return arr
 
+    def encode(self, dispatches: list[Dispatch], copies: list | None = None) -> Encoded:
+        """The finished GPUCommandBuffer, kept until submit_encoded (dropped with the Encoded
+        object otherwise: an unsubmitted command buffer is only garbage)."""
+        enc = super().encode(dispatches, copies)
+        enc.handle = _js().encode(self._dev, self._js_list(dispatches), self._js_copies(enc.copies))
+        return enc
+
+    def submit_encoded(self, enc: Encoded) -> int:
+        if enc.handle is None:
+            return super().submit_encoded(enc)
+        if enc.dispatches is None:
+            raise GPUError("an encoded submit was submitted or discarded already")
+        cb, enc.handle, enc.dispatches = enc.handle, None, None
+        self._submissions += 1
+        _js().submitEncoded(self._dev, cb)
+        return self._submissions
+
+    def discard(self, enc: Encoded) -> None:
+        enc.dispatches = enc.handle = None
+
+    @staticmethod
+    def _js_copies(copies):
+        return to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
+
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
                timestamps: TimestampRecorder | None = None) -> int:
         """Returns a ticket (a submission counter) for map_read, as the interface asks."""
         self._submissions += 1
-        cps = to_js([[s.handle, so, d.handle, do, n] for s, so, d, do, n in copies or ()])
+        cps = self._js_copies(copies)
         if timestamps is None or not self.has_timestamps or not dispatches:
             if timestamps is not None:
                 timestamps.pending = None

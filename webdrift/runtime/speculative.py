@@ -451,8 +451,8 @@ class TreeVerifier:
         # pass's rows last time: drafters repeat their sizes (lookup: whole trees; DS2D: a root
         # pass after plain steps, then trees of its node budget). The first time, nothing: a
         # wrong guess makes the host encode while the GPU ends a pass submitted in parts, and the
-        # read waits for that. A backend that would only keep the lists (the browser's) submits
-        # every pass in parts instead.
+        # read waits for that. A backend that would only keep the lists (Device's default)
+        # submits every pass in parts instead.
         if self.prev_rows is not None:
             self.after[self.prev_rows] = rows
         self.prev_rows = rows
