@@ -4,7 +4,8 @@ OracleDrafter knows the plain greedy continuation (computed by the caller withou
 and proposes random trees that hide a prefix of it (sometimes with a wrong token at the end) among
 random distractor nodes, so acceptance depths, tree shapes, sizes up to the limit and KV
 compaction of paths far from the tree's first rows are all exercised. WrongDrafter proposes
-only tokens the model does not pick (nothing is ever accepted).
+only tokens the model does not pick (nothing is ever accepted). AlternatingDrafter proposes
+chains of the truth of two sizes in turn (passes alternating between verification programs).
 """
 
 from __future__ import annotations
@@ -69,3 +70,22 @@ class WrongDrafter(OracleDrafter):
             parents.append(r.randrange(len(tokens) - 1))
         self.trees += 1
         return DraftTree(tokens, parents)
+
+
+class AlternatingDrafter(Drafter):
+    """Chains of the true continuation, alternately of `sizes[0]` and `sizes[1]` nodes."""
+
+    def __init__(self, truth, sizes):
+        self.truth, self.sizes, self.ctx, self.k = truth, sizes, [], 0
+
+    def reset(self, context):
+        self.ctx = list(context)
+
+    def append(self, token):
+        self.ctx.append(token)
+
+    def propose(self, max_nodes, max_depth):
+        n = min(self.sizes[self.k % 2], max_nodes, max_depth + 1)
+        self.k += 1
+        tokens = [self.ctx[-1], *self.truth[len(self.ctx):len(self.ctx) + n - 1]]
+        return DraftTree(tokens, list(range(-1, len(tokens) - 1))) if len(tokens) > 1 else None

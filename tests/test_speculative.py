@@ -12,7 +12,7 @@ import random
 import pytest
 
 import webdrift
-from tests.spec_util import OracleDrafter, WrongDrafter
+from tests.spec_util import AlternatingDrafter, OracleDrafter, WrongDrafter
 from tests.tiny_model import write_tiny_gguf
 from webdrift.errors import InvalidArgumentError
 from webdrift.runtime.speculative import (
@@ -203,25 +203,6 @@ def test_pass_encoded_ahead(eng, monkeypatch, grain):
     assert len(ahead) <= len(fresh) <= passes and 0 < len(ahead) < passes, (len(ahead), len(fresh), passes)
     assert [speculative.encoded_rows(n) for n in (1, 4, 5, 8, 9, 63, 64)] == \
         [4, 4, *(min(MAX_TREE, -(-n // grain) * grain) for n in (5, 8, 9, 63, 64))]
-
-
-class AlternatingDrafter(Drafter):
-    """Chains of the true continuation, alternately of `sizes[0]` and `sizes[1]` nodes."""
-
-    def __init__(self, truth, sizes):
-        self.truth, self.sizes, self.ctx, self.k = truth, sizes, [], 0
-
-    def reset(self, context):
-        self.ctx = list(context)
-
-    def append(self, token):
-        self.ctx.append(token)
-
-    def propose(self, max_nodes, max_depth):
-        n = min(self.sizes[self.k % 2], max_nodes, max_depth + 1)
-        self.k += 1
-        tokens = [self.ctx[-1], *self.truth[len(self.ctx):len(self.ctx) + n - 1]]
-        return DraftTree(tokens, list(range(-1, len(tokens) - 1))) if len(tokens) > 1 else None
 
 
 def test_pass_encoded_ahead_follows_alternating_sizes(eng, monkeypatch):

@@ -358,11 +358,11 @@ class NativeDevice(Device):
     def encode(self, dispatches: list[Dispatch], copies: list | None = None) -> Encoded:
         """A finished command buffer kept until submit_encoded / discard (released with the
         Encoded object if neither comes)."""
-        enc = super().encode(dispatches, copies)
-        if _lib is not None:
-            cb = self._encode_cb(enc.dispatches, enc.copies)
-            enc.sources = [(s.handle, d.handle) for s, _, d, _, _ in enc.copies]   # (after any _settle)
-            enc.handle = weakref.finalize(enc, _lib.wgpuCommandBufferRelease, cb), cb
+        if _lib is None:
+            return super().encode(dispatches, copies)
+        cb = self._encode_cb(dispatches, copies)         # (first: it may renew a read-back buffer)
+        enc = super().encode(dispatches, copies)         # the copies' handles as encoded
+        enc.handle = weakref.finalize(enc, _lib.wgpuCommandBufferRelease, cb), cb
         return enc
 
     def submit_encoded(self, enc: Encoded):
