@@ -25,13 +25,13 @@ def sums(r) -> np.ndarray:
 @pytest.mark.parametrize("kind", ["f32", "f16"])
 def test_float_probe_sums_its_chains(kind):
     """a <- a * 0.5 + 0.25 from a0 = x + j: every lane reaches 0.5 (x = (g mod 64) / 128), so a
-    thread's sum of 8 chains x 4 lanes is 16 exactly; with 3 steps it is the closed form."""
+    thread's sum of CHAINS chains x 4 lanes is 2 CHAINS exactly; with 3 steps it is the closed form."""
     dev = device()
     if kind == "f16" and not dev.has_f16:
         pytest.fail("this adapter has no shader-f16: run on one that has it (lavapipe does)")
     r = run(compute.ameasure_compute(dev, kind, reps=1, workgroups=2, iters=64))
     assert r["tflops"] > 0 and r["threads"] == 512
-    np.testing.assert_array_equal(sums(r), np.full(512, 16.0, np.float32))
+    np.testing.assert_array_equal(sums(r), np.full(512, 2.0 * compute.CHAINS, np.float32))
     r3 = run(compute.ameasure_compute(dev, kind, reps=1, workgroups=1, iters=3))
     x = (np.arange(256) % 64) / 128.0
     want = sum(4 * ((x + j) * 0.125 + 0.25 * (1 + 0.5 + 0.25)) for j in range(compute.CHAINS))

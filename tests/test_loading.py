@@ -88,6 +88,33 @@ def test_assemble_and_engine_take_the_options_object():
         assemble(src, EngineOptions(max_context=1 << 20), dev, tokenizer=NullTokenizer())
 
 
+def test_prefill_chunk_chosen_where_not_given():
+    """EngineOptions(prefill_chunk=None): SOFTWARE_PREFILL_CHUNK on software adapters (this one);
+    on GPUs the largest of 1024 / 512 / 256 rows whose activations (bounded from above by 4 bytes
+    x rows x (2 dim + 2 ffn + q + 2 kv)) fit the adapter's largest binding; never over max_context."""
+    from types import SimpleNamespace as NS
+
+    from webdrift.gpu.native import get_device
+    from webdrift.runtime.engine import auto_prefill_chunk
+    from webdrift.weights.synthetic import NullTokenizer, synthetic_source
+    cfg = NS(dim=4096, ffn_dim=14336, q_dim=4096, kv_dim=1024)     # Llama-3.1-8B: 172032 bytes a row
+
+    def gpu(limit):
+        return NS(info=NS(is_cpu=False), max_binding_size=limit)
+    assert auto_prefill_chunk(gpu(2 << 30), cfg) == 1024
+    assert auto_prefill_chunk(gpu(1024 * 172032), cfg) == 1024
+    assert auto_prefill_chunk(gpu(1024 * 172032 - 1), cfg) == 512       # e.g. a browser's 128 MiB
+    assert auto_prefill_chunk(gpu(128 << 20), cfg) == 512
+    assert auto_prefill_chunk(gpu(16 << 20), cfg) == 256                # none fits: the smallest
+    assert auto_prefill_chunk(NS(info=NS(is_cpu=True), max_binding_size=2 << 30), cfg) == 256
+    dev, src = get_device(), synthetic_source("tiny", "q4")
+    assert EngineOptions().prefill_chunk is None
+    eng = assemble(src, EngineOptions(max_context=512, autotune=False), dev, tokenizer=NullTokenizer())
+    assert dev.info.is_cpu and eng.prefill_chunk == 256
+    eng = assemble(src, EngineOptions(max_context=100, autotune=False), dev, tokenizer=NullTokenizer())
+    assert eng.prefill_chunk == 100
+
+
 def test_browser_option_table_covers_every_engine_option():
     from webdrift.browser_api import ENGINE_OPTION_NAMES, engine_options
     assert sorted(ENGINE_OPTION_NAMES.values()) == sorted(f.name for f in fields(EngineOptions))

@@ -312,7 +312,7 @@ export async function createRuntime(options = {}) {
  * options: model (URL of a .gguf: a real model; sha256 as for createEngine), synthetic (shape
  * names, e.g. ["smollm2-135m"] or "tiny,smollm2-135m": random weights made in the page), quant
  * (["f16", "q8", "q4"]; default q4, quick: all), protocol ("1024/256,128/128"; quick: "32/16,16/8"),
- * repeats (1), prefillChunk (256), rooflineMiB (1024; quick 16), int8Activations ("auto"|"on"|"off"),
+ * repeats (1), prefillChunk (the engine's choice), rooflineMiB (1024; quick 16), int8Activations ("auto"|"on"|"off"),
  * autotune (true | false | "force": measure kernel choices on software adapters too), quick,
  * profileTokens (N > 1: each model's last row gets kernel_profile, GPU us per decode step by kernel family),
  * stepsPerSubmit (decode steps per GPU submit, 1-32; default the device's),

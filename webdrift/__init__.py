@@ -46,7 +46,7 @@ __all__ = [
 
 
 def load(model: str | None = None, *, max_context: int | None = None, weight_format: str | None = None,
-         device=None, prefill_chunk: int = 256, layout: str = "linear", auto_pull: bool = True,
+         device=None, prefill_chunk: int | None = None, layout: str = "linear", auto_pull: bool = True,
          progress=None, fuse: bool = True, autotune: bool | str = True, prefill_kernels: str = "auto",
          int8_activations: bool | dict | None = None, max_binding_bytes: int | None = None,
          loras: dict | None = None, enable_lora: bool = False, max_lora_rank: int = 64,
@@ -62,6 +62,9 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     the file (Q8_0/Q5_0 -> q8_0, Q4_0 -> q4_0, Q4_K -> q4k, Q5_K -> q5k, Q6_K -> q6k, all kept
     as stored; Q5_1 -> q8, Q4_1/Q2_K/Q3_K -> q4, F16 -> f16, F32/BF16 -> f32;
     models/manifest.runtime_format).
+    prefill_chunk: prompt tokens per prefill dispatch list (default: 1024 on GPUs, fewer where
+    the activations of that many rows would not fit one binding; 256 on software adapters;
+    runtime/engine.py auto_prefill_chunk).
     layout: physical layout of activations ("linear" or "sliced").
     fuse: fold RMSNorms into the linear layers that consume them (False: separate norm kernels).
     autotune: time the decode GEMV variants on this adapter at first use (cached) and keep the fastest;

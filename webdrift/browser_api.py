@@ -282,11 +282,12 @@ async def api_bench(opts_json, progress=None) -> dict:
         synthetic = ["smollm2-135m"]
     quants = quants or (["f16", "q8", "q4"] if quick else ["q4"])
     protocols = bm.parse_protocol(o["protocol"]) if o.get("protocol") else (bm.QUICK_PROTOCOL if quick else bm.PROTOCOL)
-    repeats, chunk = int(o.get("repeats") or 1), int(o.get("prefillChunk") or 256)
+    repeats = int(o.get("repeats") or 1)
+    chunk = int(o["prefillChunk"]) if o.get("prefillChunk") is not None else None   # None: the engine's choice
     profile_tokens = int(o.get("profileTokens") or 0)
     # the engine option (checked by EngineOptions), a whole number again if JS sent 4.0
     sps = _from_js(o, {"stepsPerSubmit": "steps_per_submit"}).get("steps_per_submit")
-    if repeats < 1 or chunk < 1 or profile_tokens < 0:
+    if repeats < 1 or (chunk is not None and chunk < 1) or profile_tokens < 0:
         raise InvalidArgumentError("repeats and prefillChunk must be >= 1, profileTokens >= 0")
     i8 = {"auto": None, "on": True, "off": False, None: None, True: True, False: False}.get(o.get("int8Activations"))
     tune = o.get("autotune", True)

@@ -1058,16 +1058,19 @@ def static_gemm(dev: Device, w, w2=None, int8: bool = False) -> GemmVariant:
     return cands[0]
 
 
-def _gemm_key(dev: Device, w, w2, int8: bool) -> str:
+def _gemm_key(dev: Device, w, w2, int8: bool, rows: int = GEMM_TUNE_ROWS) -> str:
     return (f"{key_prefix(dev)}gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
+            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}"
+            f"{'' if rows == GEMM_TUNE_ROWS else f'|r{rows}'}")
 
 
-def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemmVariant:
-    """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on
-    GEMM_TUNE_ROWS tokens with the real weights like choose_gemv; int8: the integer-dot GEMM."""
+def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False, rows: int = GEMM_TUNE_ROWS) -> GemmVariant:
+    """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on `rows`
+    tokens (the prefill chunk: the fastest tile of 256 rows is not always that of 1024, H200,
+    2026-11-29) with the real weights like choose_gemv; int8: the integer-dot GEMM."""
     static = asdict(static_gemm(dev, w, w2, int8))
-    got = _decide(dev, _gemm_key(dev, w, w2, int8), enabled, lambda: _search_gemm(dev, w, w2, int8), static)
+    got = _decide(dev, _gemm_key(dev, w, w2, int8, rows), enabled, lambda: _search_gemm(dev, w, w2, int8, rows),
+                  static)
     try:
         return GemmVariant(**{k: v for k, v in got.items() if not k.endswith("_ns")})
     except TypeError:      # a cache entry of another version
@@ -1077,21 +1080,23 @@ def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> Ge
 def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, rows: int = GEMM_TUNE_ROWS,
                    normed: bool = False) -> dict:
     """Time one layer's prefill GEMM both ways over `rows` tokens (the prefill chunk): the best
-    float tile against QuantizeKernel + the best int8 tile (the tiles chosen at GEMM_TUNE_ROWS,
-    choose_gemm); normed (QKV, gate/up: the norm is fused in the int8 side's quantize): where the
+    float tile against QuantizeKernel + the best int8 tile (each tile as choose_gemm picks it for
+    `rows`), the two sides timed in turn twice and each side's faster run kept (a side timed once
+    while the GPU ran slow for a moment chose the float GEMM for an 8B q4 Q|K|V that the int8 one
+    runs in 0.56x the time, H200, 2026-11-29); normed (QKV, gate/up: the norm is fused in the int8 side's quantize): where the
     float winner is the matrix-unit GEMM, which reads a normed input (forward.py's Norm op before
     it), that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"};
     cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
     FORCE): models/choices.py calls it only where the adapter is tuned."""
-    key = (f"{key_prefix(dev)}gemm_int8_pays2|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
+    key = (f"{key_prefix(dev)}gemm_int8_pays3|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
                    {"float_ns": None, "int8_ns": None, "int8": static})
 
 
 def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
-    f = yield from _sub(_gemm_key(dev, w, w2, False), lambda: _search_gemm(dev, w, w2, False))
-    q = yield from _sub(_gemm_key(dev, w, w2, True), lambda: _search_gemm(dev, w, w2, True))
+    f = yield from _sub(_gemm_key(dev, w, w2, False, rows), lambda: _search_gemm(dev, w, w2, False, rows))
+    q = yield from _sub(_gemm_key(dev, w, w2, True, rows), lambda: _search_gemm(dev, w, w2, True, rows))
     if not f.get("best_ns") or not q.get("best_ns"):
         return {"float_ns": f.get("best_ns"), "int8_ns": q.get("best_ns"), "int8": bool(q.get("best_ns"))}
     fv, qv = (GemmVariant(**{k: v for k, v in c.items() if not k.endswith("_ns")}) for c in (f, q))
@@ -1108,19 +1113,31 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
             qk = QuantizeKernel(dev, x, xq, w.fmt)
             ik = LinearKernel(dev, "prefill", xq, y, w, w2, variant=qv)
             yield CHECK
-            t_i = yield from _time(dev, qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)))
-            t_i += yield from _time(dev, ik.dispatch({"step": sb, "x": qb, "y": yb, **ws}, ik.workgroups(rows)))
+            int8_side = [qk.dispatch({"step": sb, "x": xb, "xq": qb}, qk.workgroups(rows)),
+                         ik.dispatch({"step": sb, "x": qb, "y": yb, **ws}, ik.workgroups(rows))]
         except errors:
             return {"float_ns": None, "int8_ns": None, "int8": False}
         try:     # the float side, with the Norm pass a matrix-unit GEMM of a normed role reads
             fk = LinearKernel(dev, "prefill", x, y, w, w2, variant=fv)
             nk = RMSNormKernel(dev, x, x, 1e-5) if normed and fv.mma else None
             yield CHECK
-            t_f = yield from _time(dev, fk.dispatch({"step": sb, "x": xb, "y": yb, **ws}, fk.workgroups(rows)))
+            float_side = [fk.dispatch({"step": sb, "x": xb, "y": yb, **ws}, fk.workgroups(rows))]
             if nk is not None:
-                t_f += yield from _time(dev, nk.dispatch({"step": sb, "x": xb, "out": nb, "w": wb}, nk.workgroups(rows)))
-                t_f += HOST_NS_PER_DISPATCH
+                float_side.append(nk.dispatch({"step": sb, "x": xb, "out": nb, "w": wb}, nk.workgroups(rows)))
         except errors:
+            float_side = None
+        t_i = t_f = None
+        for _ in range(2):
+            t = 0
+            for d in int8_side:
+                t += yield from _time(dev, d)
+            t_i = t if t_i is None else min(t_i, t)
+            if float_side is not None:
+                t = HOST_NS_PER_DISPATCH * (len(float_side) - 1)
+                for d in float_side:
+                    t += yield from _time(dev, d)
+                t_f = t if t_f is None else min(t_f, t)
+        if t_f is None:
             return {"float_ns": None, "int8_ns": t_i, "int8": True}
     finally:
         for b in bufs + [sb]:
@@ -1128,9 +1145,9 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
     return {"float_ns": t_f, "int8_ns": t_i, "int8": t_i + HOST_NS_PER_DISPATCH < t_f}
 
 
-def _search_gemm(dev: Device, w, w2, int8: bool):
-    """The fastest GEMM candidate's fields, with its GPU ns as "best_ns" (None: none ran)."""
-    rows = GEMM_TUNE_ROWS
+def _search_gemm(dev: Device, w, w2, int8: bool, rows: int = GEMM_TUNE_ROWS):
+    """The fastest GEMM candidate over `rows` tokens' fields, with its GPU ns as "best_ns" (None:
+    none ran)."""
     x = xq_desc("x", w.i, rows) if int8 else TensorDesc("x", w.i, rows)
     y = TensorDesc("y", w.o, rows)
     if y.nbytes > dev.max_binding_size:     # e.g. a large vocabulary's LM head: not timed

@@ -81,7 +81,7 @@ def model_label(src) -> tuple[str, str]:
     return name, "+".join(fmts)
 
 
-def build_engine(dev, src, max_context: int, prefill_chunk: int = 256, int8_activations: bool | None = None,
+def build_engine(dev, src, max_context: int, prefill_chunk: int | None = None, int8_activations: bool | None = None,
                  autotune=True, prefill_kernels: str = "auto", weight_format: str | None = None,
                  steps_per_submit: int | None = None, kv_cache: str | None = None):
     """An Engine for token ids only (no tokenizer: the protocol feeds ids), through the one
@@ -271,7 +271,7 @@ def empty_row(base: dict, p: int, m: int, **kw) -> dict:
     return r
 
 
-async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
+async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int | None = None,
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
                        streams: list[int] | None = None, peak_tflops: float | None = None,
                        prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
@@ -331,6 +331,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
         if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
             peak_tflops = int8_peak_tflops
+        base["prefill_chunk"] = eng.prefill_chunk
         base["int8_activations"] = eng.model.int8
         base["steps_per_submit"] = eng.steps_per_submit
         base["kv_cache"] = eng.model.kv_cache
@@ -395,7 +396,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     return rows
 
 
-def make_report(*, version: str, date: str, command: str, machine: dict, protocols, prefill_chunk: int,
+def make_report(*, version: str, date: str, command: str, machine: dict, protocols, prefill_chunk: int | None,
                 repeats: int, roofline: dict, peers_note: str, results: list[dict]) -> dict:
     """The report: REPORT_FIELDS plus prefill_chunk and repeats (the same for every route)."""
     return {"webdrift_version": version, "date": date, "command": command, "machine": machine,

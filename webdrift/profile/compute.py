@@ -25,8 +25,12 @@ from ..kernels.bindings import Bindings
 from .roofline import atime_dispatch
 
 WG = 256
-CHAINS = 8
-ITERS = 1024
+# independent chains per thread: on an H200 (2026-11-29, docs/BENCHMARKS.md session 29) 8 chains
+# read f32 44.3 / f16 56.0 / int8 69.7 TFLOP/s, 32 chains 54.3 / 62.4 / 83.5 (64: f16 spills);
+# a register-blocked 4 x 8 multiply-add kernel (the GEMMs' shape) reached 64.4 f32 / 79.0 f16,
+# so even these peaks read low by up to a sixth
+CHAINS = 32
+ITERS = 256
 
 FLOAT_PROBE = """
 {ENABLE}
@@ -75,7 +79,7 @@ def probe_source(kind: str, n_threads: int, iters: int = ITERS) -> tuple[str, Bi
         src = (FLOAT_PROBE.replace("{ENABLE}", "enable f16;" if kind == "f16" else "")
                .replace("{INIT}", "\n".join(f"  var a{j} = vec4<{{T}}>(x + {{T}}({j}.0));" for j in chains))
                .replace("{STEP}", "\n".join(f"    a{j} = fma(a{j}, m, c);" for j in chains))
-               .replace("{SUM}", " + ".join(f"a{j}" for j in chains)).replace("{T}", t))
+               .replace("{SUM}", " + ".join(f"vec4<f32>(a{j})" for j in chains)).replace("{T}", t))
     src = src.replace("{OUT_DECL}", decl).replace("{WG}", str(WG)).replace("{ITERS}", str(iters))
     return src, b
 

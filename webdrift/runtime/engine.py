@@ -59,6 +59,25 @@ from .speculative import (
 )
 from .streams import FIRST_TOKENS, MAX_STREAMS
 
+# the prefill chunk where EngineOptions.prefill_chunk is None: on GPUs the largest of these whose
+# activations fit one binding (H200, 2026-11-29, docs/BENCHMARKS.md session 29: 1024 rows against
+# 256 prefilled a 1024-token prompt 3-60% faster, the GEMMs' tiles fill the GPU); software
+# adapters run the GEMV kernels over exactly the prompt's rows, where a longer chunk gains nothing
+PREFILL_CHUNKS = (1024, 512, 256)
+SOFTWARE_PREFILL_CHUNK = 256
+
+
+def auto_prefill_chunk(dev: Device, cfg) -> int:
+    """The prefill chunk chosen for throughput: SOFTWARE_PREFILL_CHUNK on software adapters,
+    else the largest of PREFILL_CHUNKS whose prefill activations fit the adapter's largest
+    binding (the arena is one buffer), estimated from above as 4 bytes x rows x (2 dim + 2 ffn +
+    q + 2 kv): measured arenas take 40% of that (SmolLM2's shapes)."""
+    if dev.info.is_cpu:
+        return SOFTWARE_PREFILL_CHUNK
+    row_bytes = 4 * (2 * cfg.dim + 2 * cfg.ffn_dim + cfg.q_dim + 2 * cfg.kv_dim)
+    return next((c for c in PREFILL_CHUNKS if c * row_bytes <= dev.max_binding_size), PREFILL_CHUNKS[-1])
+
+
 RING = 4          # staging buffers for token read-back
 IN_FLIGHT = 2     # submits queued ahead of the one being read (<= RING - 1)
 
@@ -244,7 +263,7 @@ class Engine:
         gemv = pk == "gemv" or (pk == "auto" and dev.info.is_cpu)
         self._prefill_stage = "decode" if gemv else "prefill"
         self.max_context = max_context
-        self.prefill_chunk = min(options.prefill_chunk, max_context)
+        self.prefill_chunk = min(options.prefill_chunk or auto_prefill_chunk(dev, cfg), max_context)
         t0 = time.perf_counter()
         self.model = GPUModel(dev, source, max_context, options.weight_format, progress, autotune=options.autotune,
                               int8_activations=options.int8_activations,

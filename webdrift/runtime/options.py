@@ -28,7 +28,8 @@ class EngineOptions:
 
     max_context: int | None = None        # KV-cache length, allocated once (None: min(model's, 2048))
     weight_format: str | None = None      # every matrix as one of WEIGHT_FORMATS, or "8/4/4" (None: follows the file)
-    prefill_chunk: int = 256              # prompt tokens per prefill dispatch list
+    prefill_chunk: int | None = None      # prompt tokens per prefill dispatch list (None: chosen,
+                                          # runtime/engine.py auto_prefill_chunk)
     layout: str = "linear"                # physical layout of activations: linear | sliced
     fuse: bool = True                     # fold RMSNorms into the linear layers that consume them
     autotune: bool | str = True           # time kernel variants on this adapter at first use (cached);
@@ -51,8 +52,8 @@ class EngineOptions:
             bad("max_context", "must be a positive integer")
         if self.weight_format is not None and self.weight_format not in WEIGHT_FORMATS:
             bad("weight_format", f"choose one of {', '.join(WEIGHT_FORMATS)}")
-        if not _is_int(self.prefill_chunk) or self.prefill_chunk < 1:
-            bad("prefill_chunk", "must be a positive integer")
+        if self.prefill_chunk is not None and (not _is_int(self.prefill_chunk) or self.prefill_chunk < 1):
+            bad("prefill_chunk", "must be None or a positive integer")
         if self.layout not in LAYOUTS:
             bad("layout", f"choose {' or '.join(LAYOUTS)}")
         if not isinstance(self.fuse, bool):

@@ -159,7 +159,7 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activati
             eng.add_lora(f"s{i}", random_lora(src.config, rank, 10 + i))
         names = ("a", "b") + tuple(f"s{i}" for i in range(2, max(ks, default=0)))
         ids = prompt_ids(src.config.vocab_size, max(p for p, _ in protocols))
-        generate_ids(eng, ids[:min(len(ids), prefill_chunk + 1)], 4, lora="a")     # compile + warm
+        generate_ids(eng, ids[:min(len(ids), eng.prefill_chunk + 1)], 4, lora="a")     # compile + warm
         out = {}
         for p, m in protocols:
             on = max(generate_ids(eng, ids[:p], m, lora="a").stats.decode_tokens_per_s for _ in range(repeats))
@@ -193,7 +193,7 @@ def machine_info(dev) -> dict:
 
 # -- one model -----------------------------------------------------------------------------------
 
-def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int = 256,
+def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int | None = None,
                 peers: bool = False, log=None, peer_cache: dict | None = None,
                 int8_activations: bool | None = None, llama_bench: str | None = None,
                 streams: list[int] | None = None, peak_tflops: float | None = None,
@@ -433,7 +433,7 @@ def write_markdown(path: str, report: dict) -> None:
             f"wgpu {m['wgpu']}, Python {m['python']}, host {m['host']}; max binding "
             f"{_gib(m['max_binding_bytes'])}. Peers: {report['peers_note']}."), "",
            (f"Protocol: prompt/new tokens {proto}, batch {report['batch']}, {report['sampling']}, prefill chunk "
-            f"{report['prefill_chunk']}, best of {report['repeats']}. Streaming read (the roofline): "
+            f"{report['prefill_chunk'] or 'chosen by the engine (each row: prefill_chunk)'}, best of {report['repeats']}. Streaming read (the roofline): "
             f"**{roof['best_GBps']} GB/s** ({roof['bytes'] >> 20} MiB, {roof['method']}). "
             "% roofline = decode tok/s / (bandwidth / bytes read per token: weights + f32 KV cache at the "
             "mean position). Peer cells: decode / prefill tok/s with the ratio webdrift / peer in brackets; "
@@ -524,7 +524,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--protocol", default=None,
                    help="PROMPT/NEW pairs (default 1024/256,128/128; --quick: 32/16,16/8)")
     p.add_argument("--repeats", type=int, default=1, help="runs per protocol, the best is reported (default 1)")
-    p.add_argument("--prefill-chunk", type=int, default=256, help="engine prefill chunk (default 256)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="engine prefill chunk (default: the engine's choice, 1024 on GPUs where it fits)")
     p.add_argument("--roofline-mib", type=int, default=None,
                    help="streaming-read buffer (default 1024, --quick 16; capped by the binding limit)")
     p.add_argument("--no-peers", action="store_true", help="skip the PyTorch peers")

@@ -80,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="q4", help="storage format of --synthetic: f16, q8 (Q8_0), q4 (Q4_1), q4_0 (Q4_0) (default q4)")
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt length in tokens (default %(default)s)")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens to generate (default %(default)s)")
-    p.add_argument("--prefill-chunk", type=int, default=256, help="engine prefill chunk (default %(default)s)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="engine prefill chunk (default: the engine's choice, 1024 on GPUs where it fits)")
     p.add_argument("--int8-activations", choices=("auto", "off", "on"), default="auto",
                    help="decode q4/q8 layers from int8 activations (default auto)")
     p.add_argument("--no-kernels", action="store_true", help="host phases only (no GPU timestamps)")
