@@ -133,7 +133,7 @@ GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=1, double=True),
     GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=2),
 )
-GEMM_TUNE_ROWS = 256          # tokens of the timed GEMMs (EngineOptions' default prefill chunk)
+GEMM_TUNE_ROWS = 256          # tokens of the timed GEMMs where no prefill chunk is given (the models pass theirs)
 _memory: dict[str, dict] = {}
 _DEFAULTS = asdict(GemvVariant())
 
