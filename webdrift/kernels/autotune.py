@@ -1081,11 +1081,12 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
                    normed: bool = False) -> dict:
     """Time one layer's prefill GEMM both ways over `rows` tokens (the prefill chunk): the best
     float tile against QuantizeKernel + the best int8 tile (each tile as choose_gemm picks it for
-    `rows`), the two sides timed in turn twice and each side's faster run kept (a side timed once
-    while the GPU ran slow for a moment chose the float GEMM for an 8B q4 Q|K|V that the int8 one
-    runs in 0.56x the time, H200, 2026-11-29); normed (QKV, gate/up: the norm is fused in the int8 side's quantize): where the
-    float winner is the matrix-unit GEMM, which reads a normed input (forward.py's Norm op before
-    it), that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"};
+    `rows`), the two sides timed in turn twice and each side's faster run kept (timed once each,
+    the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x the int8
+    one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV, gate/up:
+    the norm is fused in the int8 side's quantize): where the float winner is the matrix-unit
+    GEMM, which reads a normed input (forward.py's Norm op before it), that RMSNorm pass counts
+    on the float side. Returns {"float_ns", "int8_ns", "int8"};
     cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
     FORCE): models/choices.py calls it only where the adapter is tuned."""
     key = (f"{key_prefix(dev)}gemm_int8_pays3|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
