@@ -634,7 +634,7 @@ class ForwardBuilder:
         m = self.m
         if self.stage == "decode":
             return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
-        return choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8, rows=m.prefill_rows)
+        return choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8)
 
     def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
         """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""

@@ -124,7 +124,6 @@ class GPUModel:
         # decode attention kernels chosen on whole decode steps, by window (runtime/engine.py)
         self.attn_steps: dict = {}
         # the layers' prefill GEMMs on int8 rows, by role (choices.choose_prefill_int8)
-        self.prefill_rows = prefill_rows    # the prefill chunk: the rows the GEMM tiles are timed over
         self.prefill_int8_roles: dict = choose_prefill_int8(self, prefill_int8, prefill_rows)
 
     @property
