@@ -493,6 +493,7 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
     # normed input would need one)
     f, q = (autotune.choose_gemm(dev, w, w2, enabled="force", int8=i) for i in (False, True))   # (cached)
     assert [lbl.split("_")[0] for lbl, _ in timed] == ["quantize", "linear", "linear"] * 2
+    assert not any(lbl.startswith("rms_norm") for lbl, _ in timed)
     for k in (0, 3):
         assert timed[k + 1][1] == (-(-64 // q.bn), -(-96 // q.bm), 1)
         assert timed[k + 2][1] == (-(-64 // f.bn), -(-96 // f.bm), 1)

@@ -476,6 +476,14 @@ def _time(dev: Device, d):
     return best
 
 
+def _time_each(dev: Device, ds: list):
+    """The sum of each dispatch's _time (a generator, like _time): each timed alone."""
+    total = 0
+    for d in ds:
+        total += yield from _time(dev, d)
+    return total
+
+
 def _time_seq(dev: Device, ds: list):
     """GPU ns of the dependent dispatches ds run back to back in one pass, as a decode step runs
     them (a generator, like _time): the gaps between them count, which timing each alone misses
@@ -486,10 +494,7 @@ def _time_seq(dev: Device, ds: list):
     pass, the median of 5, rounds as _time's. Without synchronous timestamps (browsers: no
     whole-pass timestamps there), the sum of each dispatch's _time."""
     if not dev.can_time_sync:
-        total = 0
-        for d in ds:
-            total += yield from _time(dev, d)
-        return total
+        return (yield from _time_each(dev, ds))
     yield from _warm(dev, ds)
     dev.submit(ds * 4)
     flush = _flush_dispatch(dev, ds[0])
@@ -1082,14 +1087,14 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
                    normed: bool = False) -> dict:
     """Time one layer's prefill GEMM both ways over `rows` tokens (the prefill chunk): the best
     float tile against QuantizeKernel + the best int8 tile (the tiles chosen at GEMM_TUNE_ROWS,
-    choose_gemm), the two sides timed in turn twice and each side's faster run kept (timed once each,
-    the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x the int8
-    one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV, gate/up:
+    choose_gemm), the two sides timed in turn twice and each side's faster run kept (timed once
+    each, the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x
+    the int8 one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV, gate/up:
     the norm is fused in the int8 side's quantize): where the float winner is the matrix-unit
     GEMM, which reads a normed input (forward.py's Norm op before it), that RMSNorm pass counts
-    on the float side. Returns {"float_ns", "int8_ns", "int8"};
-    cached; `static` while unmeasured (asynchronous timing). Measured whenever called (enabled
-    FORCE): models/choices.py calls it only where the adapter is tuned."""
+    on the float side. Returns {"float_ns", "int8_ns", "int8"}; cached; `static` while
+    unmeasured (asynchronous timing). Measured whenever called (enabled FORCE):
+    models/choices.py calls it only where the adapter is tuned."""
     key = (f"{key_prefix(dev)}gemm_int8_pays3|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
@@ -1130,14 +1135,10 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
             float_side = None
         t_i = t_f = None
         for _ in range(2):
-            t = 0
-            for d in int8_side:
-                t += yield from _time(dev, d)
+            t = yield from _time_each(dev, int8_side)
             t_i = t if t_i is None else min(t_i, t)
             if float_side is not None:
-                t = HOST_NS_PER_DISPATCH * (len(float_side) - 1)
-                for d in float_side:
-                    t += yield from _time(dev, d)
+                t = HOST_NS_PER_DISPATCH * (len(float_side) - 1) + (yield from _time_each(dev, float_side))
                 t_f = t if t_f is None else min(t_f, t)
         if t_f is None:
             return {"float_ns": None, "int8_ns": t_i, "int8": True}

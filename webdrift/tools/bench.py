@@ -133,7 +133,7 @@ def random_lora(cfg, rank: int, seed: int):
     return ad
 
 
-def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int, int8_activations, log,
+def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int | None, int8_activations, log,
                streams: list[int] | None = None, repeats: int = 1, fused_shrink: bool = False) -> dict:
     """Decode tok/s per protocol with a random rank-`rank` adapter on all seven targets, and on
     the same engine with no adapter (field slots_no_adapter_decode_tps: the engine with LoRA
