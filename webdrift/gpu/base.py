@@ -224,11 +224,16 @@ class Device:
 
     def submit_encoded(self, enc: Encoded):
         """Submit what encode() prepared; returns submit()'s ticket. Once only."""
+        return self.submit(self._claim(enc), enc.copies)
+
+    @staticmethod
+    def _claim(enc: Encoded) -> list:
+        """enc's dispatches, enc marked as submitted (a GPUError the second time, or after
+        discard): every backend's submit_encoded takes them through here."""
         if enc.dispatches is None:
             raise GPUError("an encoded submit was submitted or discarded already")
-        dispatches, copies = enc.dispatches, enc.copies
-        enc.dispatches = None
-        return self.submit(dispatches, copies)
+        dispatches, enc.dispatches = enc.dispatches, None
+        return dispatches
 
     def discard(self, enc: Encoded) -> None:
         """Drop an encoded submit that will not run (its command buffer released)."""

@@ -341,9 +341,8 @@ class BrowserDevice(Device):
     def submit_encoded(self, enc: Encoded) -> int:
         if enc.handle is None:
             return super().submit_encoded(enc)
-        if enc.dispatches is None:
-            raise GPUError("an encoded submit was submitted or discarded already")
-        cb, enc.handle, enc.dispatches = enc.handle, None, None
+        self._claim(enc)
+        cb, enc.handle = enc.handle, None
         self._submissions += 1
         _js().submitEncoded(self._dev, cb)
         return self._submissions

@@ -368,16 +368,14 @@ class NativeDevice(Device):
     def submit_encoded(self, enc: Encoded):
         if enc.handle is None:
             return super().submit_encoded(enc)
-        if enc.dispatches is None:
-            raise GPUError("an encoded submit was submitted or discarded already")
+        dispatches = self._claim(enc)
         release, cb = enc.handle
         stale = any(id(d) in self._unsettled or (s.handle, d.handle) != h
                     for (s, _, d, _, _), h in zip(enc.copies, enc.sources))
         try:
             # a buffer it copies was replaced since (or must be): encoded again, as submit() does
-            return self._submit_raw(enc.dispatches, enc.copies) if stale else self._submit_cb(cb)
+            return self._submit_raw(dispatches, enc.copies) if stale else self._submit_cb(cb)
         finally:
-            enc.dispatches = None
             release()
 
     def discard(self, enc: Encoded) -> None:
