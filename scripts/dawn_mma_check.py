@@ -1,6 +1,6 @@
 """The matrix-unit prefill GEMM (GemmVariant(mma=True), wgsl/linear_gemm_mma.wgsl) against the SIMT
 GEMMs on layer 0 of synthetic models (MODELS: shapes x formats), T random token rows, the QKV, O,
-gate/up and down layers (QKV and gate/up with their fused RMSNorm): for every matrix-unit tile the
+gate/up and down layers (the float GEMMs read a normed input, as in a model): for every matrix-unit tile the
 largest difference relative to the largest output of the float SIMT GEMM (the static tile), and
 GPU us per dispatch and TFLOP/s (20 dispatches in one pass, timestamps around the pass, the best
 of 3 passes after 0.3 s of the same dispatches to raise the clocks), beside
@@ -26,7 +26,6 @@ from webdrift.gpu.base import TimestampRecorder
 from webdrift.gpu.browser import create_browser_device
 from webdrift.kernels.autotune import _step_buffer, gemm_candidates, static_gemm
 from webdrift.kernels.linear import LinearKernel
-from webdrift.kernels.norm import PreNorm
 from webdrift.kernels.quantize import xq_desc
 from webdrift.models.loader import GPUModel
 from webdrift.tensor import TensorDesc
@@ -80,15 +79,10 @@ async def layer(dev, rng, name, w, w2):
     xb, yb, sb = dev.create_buffer(x.nbytes), dev.create_buffer(y.nbytes), _step_buffer(dev, tokens=T)
     dev.write_buffer(xb, struct.pack(f"<{x.nbytes // 4}f", *(rng.uniform(-1, 1) for _ in range(x.nbytes // 4))))
     binds = {"step": sb, "x": xb, "y": yb, "w": w.buffers} | ({"w2": w2.buffers} if w2 is not None else {})
-    pn = None
-    if name in ("qkv", "gateup"):    # the fused RMSNorm, as the model's QKV and gate/up layers have it
-        pn = PreNorm(1e-5)
-        binds["nw"] = dev.create_buffer(4 * w.i)
-        dev.write_buffer(binds["nw"], struct.pack(f"<{w.i}f", *(rng.uniform(0.5, 1.5) for _ in range(w.i))))
     n = T * w.o
     flop = 2 * T * w.i * w.o * (2 if w2 is not None else 1)
     simt = static_gemm(dev, w, w2)
-    ref, ref_ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=simt, pre_norm=pn), binds, yb, n)
+    ref, ref_ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=simt), binds, yb, n)
     scale = max(abs(v) for v in ref) or 1.0
     row = {"fmt": w.fmt, "layer": name, "T": T, "o": w.o, "i": w.i, "dual": w2 is not None,
            "simt": {"tile": tile(simt), "us": round(ref_ns / 1e3, 1), "tflops": round(flop / ref_ns / 1e3, 1)}, "mma": []}
@@ -96,7 +90,7 @@ async def layer(dev, rng, name, w, w2):
         xq = xq_desc("x", w.i, T)
         qb = dev.create_buffer(xq.nbytes)
         i8 = static_gemm(dev, w, w2, int8=True)
-        _, ns = await run(dev, LinearKernel(dev, "prefill", xq, y, w, w2, variant=i8), {k: v for k, v in binds.items() if k != "nw"} | {"x": qb}, yb, 0)
+        _, ns = await run(dev, LinearKernel(dev, "prefill", xq, y, w, w2, variant=i8), binds | {"x": qb}, yb, 0)
         row["int8"] = {"tile": tile(i8), "us": round(ns / 1e3, 1), "tflops": round(flop / ns / 1e3, 1)}
         dev.release_buffer(qb)
     cands = [c for c in gemm_candidates(dev, w, w2) if c.mma] if CANDIDATES is None else [
@@ -104,7 +98,7 @@ async def layer(dev, rng, name, w, w2):
     for c in cands:
         print("trying", name, tile(c), flush=True)
         try:
-            got, ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=c, pre_norm=pn), binds, yb, n)
+            got, ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=c), binds, yb, n)
         except (GPUError, UnsupportedModelError, ValueError) as e:   # cannot build or compile: say why
             row["mma"].append({"tile": tile(c), "error": str(e)[:300]})
             continue
@@ -115,9 +109,8 @@ async def layer(dev, rng, name, w, w2):
         err = max(abs(a - b) for a, b in zip(got, ref)) / scale
         row["mma"].append({"tile": tile(c), "us": round(ns / 1e3, 1), "tflops": round(flop / ns / 1e3, 1),
                            "max_err_rel": err})
-    for b in (xb, yb, sb, binds.get("nw")):
-        if b is not None:
-            dev.release_buffer(b)
+    for b in (xb, yb, sb):
+        dev.release_buffer(b)
     return row
 
 

@@ -233,27 +233,17 @@ def test_gemm_and_gemv_prefill_agree(tmp_path, hf_tokenizer_dir):
         webdrift.load(str(d), prefill_kernels="fast")
 
 
-def test_matrix_unit_gemm_reads_a_normed_input(tmp_path, hf_tokenizer_dir, monkeypatch):
-    """Where the prefill QKV / gate-up GEMM is the matrix-unit one (kernels/linear_gemm.py, Dawn
-    only), the graph puts a Norm op before it instead of fusing the norm into the GEMM's tiles:
-    the decision (ForwardBuilder._mma) and the unfused graph's logits (here with the SIMT GEMM,
-    no local adapter has matrix units) against transformers."""
-    from webdrift.kernels.linear_gemm import GemmVariant
-    from webdrift.models import forward
+def test_float_prefill_gemm_reads_a_normed_input(tmp_path, hf_tokenizer_dir):
+    """The float prefill GEMMs of QKV and gate/up read the rows a Norm op wrote (fused, each tile
+    re-read its rows whole for their 1/rms); the decode GEMVs keep the norm fused. The graph, and
+    its logits against transformers."""
     d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
     ids = list(range(11, 141))
-    plain = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm_float")
-    fb = plain.prefill.forward
-    assert not fb._mma(0, "qkv") and not plain.decode.forward._mma(0, "qkv")
-    mma = GemmVariant(mma=True, bm=64, bn=64, tm=2, tn=2, kstep=8, sgm=2, sgn=2)
-    with monkeypatch.context() as mp:
-        mp.setattr(forward, "choose_gemm", lambda *a, **k: mma)
-        assert fb._mma(0, "qkv") and fb._mma(0, "gateup") and not plain.decode.forward._mma(0, "qkv")
-    monkeypatch.setattr(forward.ForwardBuilder, "_mma", lambda self, i, role: self.stage == "prefill")
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemm_float")
-    labels = [x.label for x in eng.prefill.dispatches(64)]
-    assert "L0.attn_norm" in labels and "L0.ffn_norm" in labels
-    assert not any(x.label.endswith("norm") for x in plain.prefill.dispatches(64) if x.label.startswith("L0."))
+    labels = [x.label for x in eng.prefill.dispatches(64) if x.label.startswith("L0.")]
+    assert labels[:2] == ["L0.attn_norm", "L0.qkv"] and "L0.ffn_norm" in labels and "L0.gate_up+act" in labels
+    decode = [x.label for x in eng.decode.dispatches(1) if x.label.startswith("L0.")]
+    assert not any(lbl.endswith("norm") for lbl in decode) and any(lbl.startswith("L0.norm+") for lbl in decode)
     with torch.no_grad():
         want = ref(torch.tensor([ids])).logits[0].numpy()
     assert np.abs(eng.logits(ids) - want).max() < 1e-3 * np.abs(want).max()

@@ -247,10 +247,11 @@ def test_linear_pre_norm_decode_variants(tuning, fmt, I):
     assert_close(y[:T], rms_norm_ref(x, nw) @ wref.T.astype(np.float64), rtol=5e-5)
 
 
-@pytest.mark.parametrize("stage,T", [("prefill", 1), ("prefill", 65), ("prefill", 130), ("decode", 1)])
+@pytest.mark.parametrize("stage,T", [("decode", 1), ("decode", 3)])
 @pytest.mark.parametrize("act_layout", ["linear", "sliced"])
 def test_linear_pre_norm_dual_bias(stage, T, act_layout):
-    """norm + gate/up + SiLU (and norm + bias) against numpy RMSNorm then the unfused maths."""
+    """norm + gate/up + SiLU (and norm + bias) against numpy RMSNorm then the unfused maths (the
+    GEMVs; the float prefill GEMMs read a normed input: test_kernels_gemm_i8.py)."""
     I = 67
     nw = np.random.default_rng(12).standard_normal(I).astype(np.float32)
     Wg, Wu = _weights(45, I, seed=7) * 3, _weights(45, I, seed=8)

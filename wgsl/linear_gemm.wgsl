@@ -10,8 +10,6 @@
 // registers before this step's products and stored after them: one barrier per step, the loads'
 // latency behind the FMAs. WT, the tile type: f16 vectors with GemmVariant.f16_tiles (shader-f16;
 // half the bytes; f16 weights only, held exactly).
-// PRE_NORM: the tile multiplies x * (nw + W_OFFSET); 1/rms of each row (a prologue over the
-// tile's rows, RP invocations per row) scales the sums in the epilogue.
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
 {{STEP_DECL}}
 {{X_DECL}}
@@ -31,9 +29,6 @@ var<workgroup> ws: array<{{WT}}, {{WS_N}}>;
 #if DUAL
 var<workgroup> ws2: array<{{WT}}, {{WS_N}}>;
 #endif
-#if PRE_NORM
-#include linear_gemm_rms
-#endif
 
 // x slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads)
 fn fetch_x(idx: u32, t0: u32, k0: u32, T: u32) -> vec4<f32> {
@@ -42,9 +37,6 @@ fn fetch_x(idx: u32, t0: u32, k0: u32, T: u32) -> vec4<f32> {
   var v = vec4<f32>(0.0);
   if (idx < BM * KS && t < T && s < w_SI) {
     v = x_read(0u, t, 0u, s);
-#if PRE_NORM
-    v = v * norm_w4(s);
-#endif
   }
   return v;
 }
@@ -86,9 +78,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   if (t0 >= T) { return; }
   let ty = lid / NTX;
   let tx = lid % NTX;
-#if PRE_NORM
-  tile_inv_rms(lid, t0, T);
-#endif
 {{ACC_DECL}}
 #include linear_gemm_loop
 }

@@ -52,21 +52,15 @@ const WS_N: u32 = {{WS_N}}u;
 var<workgroup> ws: array<f16, {{WS_ALL}}>;     // W's tile, then (DUAL) W2's
 #endif
 var<workgroup> ys: array<f32, {{YS_N}}>;
-#if PRE_NORM
-#include linear_gemm_rms
-#endif
 
-// x's slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads),
-// normalised; zero past the rows and the inputs
+// x's slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads); zero
+// past the rows and the inputs
 fn fetch_x(idx: u32, t0: u32, k0: u32, T: u32) -> vec4<f32> {
   let t = idx / KS;
   let s = idx % KS;
   var v = vec4<f32>(0.0);
   if (idx < BM * KS && t0 + t < T && k0 + s < w_SI) {
     v = x_read(0u, t0 + t, 0u, k0 + s);
-#if PRE_NORM
-    v = v * norm_w4(k0 + s) * xinv[t];
-#endif
   }
   return v;
 }
@@ -106,9 +100,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let t0 = wid.y * BM;
   let o0 = wid.x * BN;
   if (t0 >= T) { return; }
-#if PRE_NORM
-  tile_inv_rms(lid, t0, T);
-#endif
   // this subgroup's results: tokens tm0 .., outputs om0 .. of the tile
   let sg = lid / 32u;
   let lane = lid % 32u;

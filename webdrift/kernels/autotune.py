@@ -1090,12 +1090,11 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
     choose_gemm), the two sides timed in turn twice and each side's faster run kept (timed once
     each, the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x
     the int8 one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV, gate/up:
-    the norm is fused in the int8 side's quantize): where the float winner is the matrix-unit
-    GEMM, which reads a normed input (forward.py's Norm op before it), that RMSNorm pass counts
-    on the float side. Returns {"float_ns", "int8_ns", "int8"}; cached; `static` while
+    the norm is fused in the int8 side's quantize): the float GEMM reads a normed input
+    (forward.py's Norm op before it), so that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"}; cached; `static` while
     unmeasured (asynchronous timing). Measured whenever called (enabled FORCE):
     models/choices.py calls it only where the adapter is tuned."""
-    key = (f"{key_prefix(dev)}gemm_int8_pays3|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
+    key = (f"{key_prefix(dev)}gemm_int8_pays4|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
                    {"float_ns": None, "int8_ns": None, "int8": static})
@@ -1124,9 +1123,9 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
                          ik.dispatch({"step": sb, "x": qb, "y": yb, **ws}, ik.workgroups(rows))]
         except errors:
             return {"float_ns": None, "int8_ns": None, "int8": False}
-        try:     # the float side, with the Norm pass a matrix-unit GEMM of a normed role reads
+        try:     # the float side, with the Norm pass of a normed role
             fk = LinearKernel(dev, "prefill", x, y, w, w2, variant=fv)
-            nk = RMSNormKernel(dev, x, x, 1e-5) if normed and fv.mma else None
+            nk = RMSNormKernel(dev, x, x, 1e-5) if normed else None
             yield CHECK
             float_side = [fk.dispatch({"step": sb, "x": xb, "y": yb, **ws}, fk.workgroups(rows))]
             if nk is not None:

@@ -247,6 +247,9 @@ class LinearKernel(Kernel):
             v = "gemm_i8" if gemm.int8 else "gemm_mma" if gemm.mma else "gemm"
             if qout is not None:
                 raise ValueError("the prefill GEMM has no quantizing epilogue")
+            if pre_norm is not None and not gemm.int8:
+                raise ValueError("the float prefill GEMMs read a normed input (a Norm pass before them); pre_norm "
+                                 "is the int8 GEMM's 1/rms")
             if gemm.mma and not dev.has_mma_f16:
                 raise UnsupportedModelError("the matrix-unit GEMM needs chromium-experimental-subgroup-matrix with f16 "
                                             "16 x 16 x 16 (f32 results), shader-f16 and subgroups of 32")
@@ -384,12 +387,12 @@ class LinearKernel(Kernel):
             d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
             d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")
         elif gemm is not None and gemm.mma:
-            d.update(mma_defines(gemm, w2 is not None, pre_norm is not None),
+            d.update(mma_defines(gemm, w2 is not None),
                      WH_DECL=b.array("wh", "array<f16>", f"({w.o}, {w.i}) f16: w's buffer") if gemm.direct else "",
                      WH2_DECL=(b.array("wh2", "array<f16>", f"({w.o}, {w.i}) f16: w2's buffer")
                                if gemm.direct and w2 is not None else ""))
         elif gemm is not None:
-            d.update(float_defines(gemm, w2 is not None, pre_norm is not None))
+            d.update(float_defines(gemm, w2 is not None))
         super().__init__(dev, d, b, f"{self.template}_{w.fmt}{'_dual' if w2 else ''}"
                                     f"{f'_x{variant.cols}' if gemm is None and variant.cols > 1 else ''}")
 

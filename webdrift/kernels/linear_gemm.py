@@ -82,18 +82,19 @@ class GemmVariant:
                                       and u.i % (4 * self.kstep) == 0 for u in (w, w2) if u is not None)
 
     def workgroup_bytes(self, dual: bool, pre_norm: bool = True) -> int:
-        """Bytes of workgroup memory the kernel declares (pre_norm: with the fused norm's scratch)."""
+        """Bytes of workgroup memory the kernel declares (pre_norm: with the int8 GEMM's 1/rms of
+        its rows; the float GEMMs read a normed input)."""
         nbuf = 2 if self.double else 1
         nw = 2 if dual else 1
         if self.mma:   # f16 tiles of 4 kstep (+8 padding) inputs a row (W's unless direct), a subgroup's
             # f32 16 x 16 result (each of w, w2)
             per = 2 * (4 * self.kstep + 8) * (self.bm + (0 if self.direct else nw * self.bn))
-            return per + 4 * nw * 256 * self.sgm * self.sgn + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
+            return per + 4 * nw * 256 * self.sgm * self.sgn
         if self.int8:   # per 32-block: 2 vec4<u32> + a vec2<f32> of scales, for x rows and weight rows
             per = self.bm * self.kstep * 40 + nw * self.bn * self.kstep * 40
             return nbuf * per + (4 * self.bm if pre_norm else 0)
         per = self.bm * self.kstep * 16 + nw * self.bn * self.kstep * (8 if self.f16_tiles else 16)
-        return nbuf * per + ((4 * self.bm + 4 * self.wg) if pre_norm else 0)
+        return nbuf * per
 
     def fits(self, dev, dual: bool, pre_norm: bool = True) -> bool:
         """Whether the adapter runs this configuration (invocations, workgroup memory, f16); the
@@ -171,7 +172,7 @@ def _madd4(acc: str, a: str, b: str) -> str:
     return f"      {acc} = {chain};"
 
 
-def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
+def float_defines(v: GemmVariant, dual: bool) -> dict:
     """Defines of wgsl/linear_gemm.wgsl."""
     v.check()
     body = []
@@ -182,13 +183,10 @@ def float_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
             body += [f"      let {name}{j} = vec4<f32>({arr}[wb + {s}u * BN + tx + {j}u * NTX]);" for j in range(v.tn)]
             body += [_madd4(f"{acc}{i}_{j}", f"a{i}", f"{name}{j}") for i in range(v.tm) for j in range(v.tn)]
         body.append("    }")
-    wg = v.wg
-    rp = max(1, wg // v.bm)                # invocations per row in the 1/rms prologue
     return {**_common(v, v.bm * v.kstep, v.bn * v.kstep), "ACC_DECL": _acc_decl(v.tm, v.tn, dual),
             "COMPUTE": "\n".join(body), "WT": "vec4<f16>" if v.f16_tiles else "vec4<f32>",
             **_bases(("xb", "wb"), ("KS * BM", "KS * BN")),
-            "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if pre_norm else (lambda i: "")),
-            "RP": rp, "RS": wg // rp}
+            "STORE": _store(v.tm, v.tn, dual, lambda i: "")}
 
 
 Q4_KIND = ("q4", "q4_0", "q4k", "q5k")   # int8-GEMM formats with a min term (m_w s_x) per block
@@ -313,13 +311,12 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
 
 
-def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
+def mma_defines(v: GemmVariant, dual: bool) -> dict:
     """Defines of wgsl/linear_gemm_mma.wgsl: each of the workgroup's sgm x sgn subgroups computes
     v.tm x v.tn 16 x 16 results (accumulators acc{i}_{j}, and acd{i}_{j} for w2), each 16-input
     slice of the step a left load per row block, a right load per column block and a
     multiply-accumulate per pair; the next step's slices are fetched into registers fx{n} / fw{n} /
-    fv{n} (invocation lid's n-th: slice lid + n WG) while this step's are multiplied. 1/rms is
-    applied to x before its tile, so the store applies nothing."""
+    fv{n} (invocation lid's n-th: slice lid + n WG) while this step's are multiplied."""
     v.check()
     pairs = [(i, j) for i in range(v.tm) for j in range(v.tn)]
     decl = [f"  var acc{i}_{j} = Acc();" for i, j in pairs] + ([f"  var acd{i}_{j} = Acc();" for i, j in pairs]
@@ -361,11 +358,9 @@ def mma_defines(v: GemmVariant, dual: bool, pre_norm: bool) -> dict:
                   f"    if (t < T && o < w_O) {{ epilogue(t, o, ys[sg * {ysg}u + e], {up}); }}",
                   "  }",
                   "  workgroupBarrier();"]
-    rp = 32        # the fused norm's 1/rms: a subgroup's worth of invocations a row (coalesced reads)
     st = 4 * v.kstep + 8
     return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "SGN": v.sgn, "SUB_M": 16 * v.tm,
             "SUB_N": 16 * v.tn, "DIRECT_W": v.direct,
             "XS_N": st * v.bm, "WS_N": st * v.bn, "WS_ALL": st * v.bn * (2 if dual else 1), "YS_N": ysg * v.sgm * v.sgn,
             "ACC_DECL": "\n".join(decl), "FETCH_DECL": "\n".join(fetch0), "PUT": "\n".join(put),
-            "FETCH_NEXT": "\n".join(fetch), "COMPUTE": "\n".join(body), "STORE": "\n".join(store),
-            "RP": rp, "RS": v.wg // rp}
+            "FETCH_NEXT": "\n".join(fetch), "COMPUTE": "\n".join(body), "STORE": "\n".join(store)}

@@ -65,7 +65,6 @@ from ..kernels.lora import partial_words, u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
-from .choices import layer_role_weights
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -492,7 +491,9 @@ class ForwardBuilder:
             g.add(Quantize(label="norm+quant_head", reads=("x",), writes=("xql",), fmt=m.output.fmt,
                            norm=m.output_norm, whole=True, **head))
             x, norm, label = "xql", None, "lm_head"
-        elif self.fuse and self.stage != "decode":   # decode: a separate norm (the LM head has many workgroups)
+        elif self.fuse and self.stage != "decode" and last:   # the prefill's last row: the GEMV takes the norm
+            # (decode: a separate norm, the LM head has many workgroups; every row's logits: a
+            # separate norm, as before every prefill GEMM)
             x, norm, label = "x", m.output_norm, "norm+lm_head"
         else:
             g.add(Norm(label="output_norm", reads=("x",), writes=("xl",), weight=m.output_norm, **head))
@@ -535,19 +536,14 @@ class ForwardBuilder:
                 g.add(Quantize(label=f"L{i}.{quant_label}", reads=(x,), writes=(xq,), fmt=self._weight(i, role).fmt,
                                norm=norm))
             return xq, None, True
-        if self.fuse and not self._mma(i, role):
+        if self.fuse and self.stage == "decode":
             return x, norm, True
+        # a float prefill GEMM reads a normed input: fused, every tile would read its BM rows whole
+        # for their 1/rms before its first product (H200, 8B f16 at 1024 rows: the fused norm took
+        # the Q|K|V GEMM 1.24-2.2x and gate/up 1.1-1.55x its time without it, per tile; the Norm pass
+        # 32 us against 0.7 / 2.0 ms saved)
         g.add(Norm(label=f"L{i}.{norm_label}", reads=(x,), writes=(h,), weight=norm))
         return h, None, False
-
-    def _mma(self, i: int, role: str) -> bool:
-        """Whether the role's prefill GEMM is the matrix-unit one: it reads a normed input (a Norm
-        op before it) instead of fusing the norm, whose 1/rms would make every tile read its
-        rows twice (H100: the fused norm cost the 8B QKV GEMM a third of its speed)."""
-        if self.stage != "prefill":
-            return False
-        v = self._variant(*layer_role_weights(self.m.layers[i])[role])
-        return isinstance(v, GemmVariant) and v.mma
 
     def _weight(self, i: int, role: str) -> GPUWeight:
         lw = self.m.layers[i]
