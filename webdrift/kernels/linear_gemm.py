@@ -68,8 +68,6 @@ class GemmVariant:
                          or self.bn != 16 * self.tn * self.sgn):
             raise ValueError(f"a matrix-unit GEMM tile is float, fetched ahead through registers (not double), "
                              f"sgm x sgn subgroups of tm x tn results of 16 x 16; not {self}")
-        if self.mma and self.bm % (self.sgm * self.sgn):   # the fused norm: a subgroup a row, whole passes
-            raise ValueError(f"a matrix-unit GEMM tile's rows are a multiple of its subgroups; not {self}")
 
     def check_weight(self, fmt: str) -> None:
         if self.f16_tiles and fmt != "f16":   # f16 tiles hold f16 weights exactly, nothing else
