@@ -79,7 +79,7 @@ def test_tile_shapes_are_checked():
     assert v.workgroup_bytes(dual=True) == 2 * 40 * (64 + 2 * 32) + 2 * 4 * 256
     v = GemmVariant(mma=True, bm=128, bn=128, tm=4, tn=2, kstep=8, sgm=2, sgn=4)
     assert v.wg == 256 and v.workgroup_bytes(dual=False) == 2 * 40 * 256 + 8 * 4 * 256
-    # every candidate the tuner times fits 48 KiB (the H100's Dawn limit) with the norm's scratch;
+    # every candidate the tuner times fits 48 KiB (the H100's Dawn limit);
     # gate/up (two weights) gets those whose doubled tiles and results fit too
     dev = SourceDevice()
     assert all(c.fits(dev, dual=False) for c in GEMM_MMA_CANDIDATES)

@@ -1089,11 +1089,12 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
     float tile against QuantizeKernel + the best int8 tile (the tiles chosen at GEMM_TUNE_ROWS,
     choose_gemm), the two sides timed in turn twice and each side's faster run kept (timed once
     each, the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x
-    the int8 one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV, gate/up:
-    the norm is fused in the int8 side's quantize): the float GEMM reads a normed input
-    (forward.py's Norm op before it), so that RMSNorm pass counts on the float side. Returns {"float_ns", "int8_ns", "int8"}; cached; `static` while
-    unmeasured (asynchronous timing). Measured whenever called (enabled FORCE):
-    models/choices.py calls it only where the adapter is tuned."""
+    the int8 one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV,
+    gate/up: the norm is fused in the int8 side's quantize): the float GEMM reads a normed input
+    (forward.py's Norm op before it), so that RMSNorm pass counts on the float side. Returns
+    {"float_ns", "int8_ns", "int8"}; cached; `static` while unmeasured (asynchronous timing).
+    Measured whenever called (enabled FORCE): models/choices.py calls it only where the adapter is
+    tuned."""
     key = (f"{key_prefix(dev)}gemm_int8_pays4|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),

@@ -96,7 +96,7 @@ class GemmVariant:
 
     def fits(self, dev, dual: bool, pre_norm: bool = True) -> bool:
         """Whether the adapter runs this configuration (invocations, workgroup memory, f16); the
-        choice counts the fused norm's scratch always, so it holds for every fusion."""
+        choice counts the int8 GEMM's 1/rms scratch always, so it holds with or without a norm."""
         lim = dev.info.limits
         return (self.wg <= int(lim.get("max-compute-invocations-per-workgroup", WG_LIMIT_DEFAULT))
                 and self.workgroup_bytes(dual, pre_norm) <= int(lim.get("max-compute-workgroup-storage-size",
