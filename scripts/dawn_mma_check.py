@@ -12,9 +12,11 @@ offers (no local adapter has them):
         --dawn enable-dawn-features=allow_unsafe_apis,vulkan_enable_f16_on_nvidia \\
         --dawn disable-dawn-features=timestamp_quantization
 
-(node_bench.mjs runs this file, then `await main()`, and prints the JSON string it returns.)
-Edit MODELS / T / LAYERS for other cases. Results: docs/BENCHMARKS.md, sessions 12 and 13.
+(node_bench.mjs runs this file, then `await main()`, and prints the JSON string it returns.) On the
+desktop, through Dawn (`--gpu-api dawn`, gpu/dawn.py): `python scripts/dawn_mma_check.py`.
+Edit MODELS / T / LAYERS for other cases. Results: docs/BENCHMARKS.md, sessions 12, 13 and 31.
 """
+import asyncio
 import dataclasses
 import json
 import random
@@ -23,7 +25,6 @@ import time
 
 from webdrift.errors import GPUError, UnsupportedModelError
 from webdrift.gpu.base import TimestampRecorder
-from webdrift.gpu.browser import create_browser_device
 from webdrift.kernels.autotune import _step_buffer, gemm_candidates, static_gemm
 from webdrift.kernels.linear import LinearKernel
 from webdrift.kernels.quantize import xq_desc
@@ -33,7 +34,8 @@ from webdrift.weights.source import expected_tensor_shapes
 from webdrift.weights.synthetic import synthetic_source
 
 T = 1024
-MODELS = (("llama-3.2-1b", "f16"), ("llama-3.2-1b", "q4"), ("llama-3.1-8b", "q4"), ("llama-3.1-8b", "q8"))
+MODELS = (("llama-3.2-1b", "f16"), ("llama-3.1-8b", "f16"), ("llama-3.2-1b", "q4"), ("llama-3.1-8b", "q4"),
+          ("llama-3.1-8b", "q8"))
 LAYERS = ("qkv", "o", "gateup", "down")
 REPEAT = 20
 CANDIDATES = None    # the matrix-unit tiles timed: None for the tuner's (autotune.gemm_candidates)
@@ -114,8 +116,10 @@ async def layer(dev, rng, name, w, w2):
     return row
 
 
-async def main():
-    dev = await create_browser_device()
+async def main(dev=None):
+    if dev is None:   # in the browser build
+        from webdrift.gpu.browser import create_browser_device
+        dev = await create_browser_device()
     out = {"adapter": dev.info.adapter, "has_mma": dev.has_mma_f16, "configs": [list(c) for c in dev.info.matrix_configs],
            "subgroup_sizes": list(dev.info.subgroup_sizes), "limits": {k: v for k, v in dev.info.limits.items()
                                                                        if "workgroup" in k}, "rows": []}
@@ -129,3 +133,8 @@ async def main():
             print("ROW", json.dumps(out["rows"][-1]), flush=True)   # partial results survive a failure
         del m, lw, mats
     return json.dumps(out)
+
+
+if __name__ == "__main__":   # the desktop, on Dawn
+    from webdrift.gpu.native import get_device
+    print(asyncio.run(main(get_device("dawn"))))

@@ -67,8 +67,7 @@ def main(mode: str, n: int) -> None:
             return r
 
     if mode == "map":
-        from webdrift.gpu import native
-        native._lib = ArmedLib(native._lib)
+        dev._lib = ArmedLib(dev._lib)      # the device's C entry points (NativeDevice._lib)
     package = os.path.dirname(os.path.abspath(sys.modules["webdrift"].__file__))
     for k in range(n):
         timer = None

@@ -3,7 +3,7 @@ imports resolved, imports inside functions included):
 
   (a) tools above the core: no module outside webdrift/tools/ imports webdrift.tools (the one
       exception, `python -m webdrift`, is listed below with its reason);
-  (b) one GPU boundary: nothing under webdrift/ but webdrift/gpu/ imports wgpu, js or pyodide;
+  (b) one GPU boundary: nothing under webdrift/ but webdrift/gpu/ imports wgpu, wgpudawn, js or pyodide;
   (c) no numpy where the browser runs: the browser installs every module but tools/ (see
       build_wasm's DESKTOP_ONLY) and has no numpy. A module "needs numpy" when it imports numpy
       at module level, or at module level imports a module that needs it. Outside tools/ only the
@@ -30,7 +30,7 @@ TOOLS_IMPORTERS = {
 }
 # (b) the only package whose modules may import the GPU APIs
 GPU_PACKAGE = "webdrift.gpu"
-GPU_APIS = ("wgpu", "js", "pyodide")
+GPU_APIS = ("wgpu", "wgpudawn", "js", "pyodide")
 # (c) modules outside tools/ that may need numpy at import time
 NUMPY_MODULES = {
     "webdrift.weights.quant": "GGML block formats in numpy (conversion, reference checks, tests); the "

@@ -44,6 +44,9 @@ STEP_UNIFORM = "step_uniform"   # a uniform that kernels may also write as stora
                                 # uniform, advanced on the GPU between decode steps of one submit)
 READBACK = "readback"    # host-mappable staging for reads (MAP_READ | COPY_DST)
 
+# The desktop's WebGPU implementations (gpu.native.get_device): wgpu-native, Dawn (gpu/dawn.py)
+DESKTOP_APIS = ("wgpu", "dawn")
+
 # Binding kinds a pipeline declares, in @binding order of @group(0)
 READ = "read"            # var<storage, read>
 RW = "rw"                # var<storage, read_write>

@@ -25,8 +25,9 @@ try:  # wgpu-native's C entry points: the hot encode loop calls them directly (s
 except ImportError:  # pragma: no cover - another wgpu build: fall back to the Python API
     _ffi = _lib = None
 
-from ..errors import GPUError, GPULimitError
+from ..errors import GPUError, GPULimitError, InvalidArgumentError
 from .base import (
+    DESKTOP_APIS,
     READ,
     READBACK,
     RW,
@@ -57,31 +58,30 @@ _BIND = {
     UNI: wgpu.BufferBindingType.uniform,
 }
 _WANTED_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes")
+_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+           "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+           "max-storage-buffers-per-shader-stage", "max-compute-workgroups-per-dimension")
 
 
 class NativeDevice(Device):
     has_sync_reads = True
     decode_steps_per_submit = 4    # measured: docs/BENCHMARKS.md, "Session 12"
+    # the WebGPU implementation: wgpu-py's API module and its C entry points (cffi), which the hot
+    # encode loop calls directly (see submit); DawnDevice (gpu/dawn.py) puts Dawn's here
+    _wgpu = wgpu
+    _lib = _lib
+    _ffi = _ffi
     encodes_ahead = _lib is not None
+    raw_maps = _lib is not None    # maps through the C API, waiting for one submission (map_read)
 
     def __init__(self, power_preference: str = "high-performance"):
         os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
-        try:
-            adapter = wgpu.gpu.request_adapter_sync(power_preference=power_preference)
-        except Exception as e:  # no Vulkan/Metal/D3D12 driver at all
-            raise GPUError(f"no WebGPU adapter found ({e}); on Linux without a GPU install "
-                           "mesa-vulkan-drivers (lavapipe)") from e
-        if adapter is None:
-            raise GPUError("no WebGPU adapter found; on Linux without a GPU install mesa-vulkan-drivers")
-        feats = [f for f in _WANTED_FEATURES if f in adapter.features]
+        adapter = self._adapter(power_preference)
+        feats = [f for f in self._wanted_features() if f in adapter.features]
         # Ask for the adapter's real limits: WebGPU's defaults (128 MiB bindings) are too small.
-        limits = {k: v for k, v in adapter.limits.items()
-                  if k in ("max-storage-buffer-binding-size", "max-buffer-size",
-                           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
-                           "max-compute-workgroup-size-x", "max-storage-buffers-per-shader-stage",
-                           "max-compute-workgroups-per-dimension")}
+        limits = {k: v for k, v in adapter.limits.items() if k in _LIMITS}
         try:
-            self._dev = adapter.request_device_sync(required_features=feats, required_limits=limits)
+            self._dev = self._request_device(adapter, feats, limits)
         except Exception as e:
             raise GPUError(f"could not create a WebGPU device on {adapter.info.get('device')}: {e}") from e
         info = adapter.info
@@ -90,6 +90,7 @@ class NativeDevice(Device):
                                limits=dict(self._dev.limits),
                                is_cpu=info.get("adapter_type") == "CPU" or "llvmpipe" in info.get("device", ""),
                                wgsl_features={"packed_4x8_integer_dot_product"})   # naga in wgpu-native 0.32
+        self._describe(adapter)
         self._queue = self._dev.queue
         self._pipelines: dict[str, Pipeline] = {}
         self._staging: dict[int, object] = {}
@@ -100,17 +101,42 @@ class NativeDevice(Device):
         self._map_tokens = itertools.count(1)
         self._caught: list[BaseException] = []     # raised by a signal handler inside a callback
         self._unsettled: dict[int, Buffer] = {}     # id(buf) -> buf whose map may be pending or mapped
-        if _lib is not None:
+        if self._lib is not None:
             self._on_mapped = _map_callback(self._map_results, self._caught)   # kept alive with the device
         self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
         self.architecture = info.get("architecture", "")
         self.bytes_allocated = 0         # bytes of live buffers made by create_buffer
         self.peak_bytes = 0              # high-water mark of bytes_allocated (reset it freely)
 
+    # -- what differs between WebGPU implementations (DawnDevice overrides these) ----------
+    def _adapter(self, power_preference: str):
+        try:
+            adapter = self._wgpu.gpu.request_adapter_sync(power_preference=power_preference)
+        except Exception as e:  # no Vulkan/Metal/D3D12 driver at all
+            raise GPUError(f"no WebGPU adapter found ({e}); on Linux without a GPU install "
+                           "mesa-vulkan-drivers (lavapipe)") from e
+        if adapter is None:
+            raise GPUError("no WebGPU adapter found; on Linux without a GPU install mesa-vulkan-drivers")
+        return adapter
+
+    def _wanted_features(self) -> tuple:
+        return _WANTED_FEATURES
+
+    def _request_device(self, adapter, features: list, limits: dict):
+        return adapter.request_device_sync(required_features=features, required_limits=limits)
+
+    def _describe(self, adapter) -> None:
+        """Complete self.info from what the implementation tells of the adapter."""
+
+    def _submit_cb(self, cb):
+        """Submit the raw command buffer cb; the ticket for map_read."""
+        arr = self._ffi.new("WGPUCommandBuffer[]", [cb])
+        return self._lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)
+
     @property
     def wgpu_version(self) -> str:
         """The `wgpu` package's version (for reports such as `webdrift bench`'s machine facts)."""
-        return wgpu.__version__
+        return self._wgpu.__version__
 
     # -- buffers -----------------------------------------------------------------------
     def create_buffer(self, size: int, usage: str = STORAGE, label: str = "") -> Buffer:
@@ -148,13 +174,13 @@ class NativeDevice(Device):
         size = buf.size - offset if size is None else size
         aligned = (size + 3) // 4 * 4
         st = self._staging_for(aligned)
-        if _lib is not None:
+        if self.raw_maps:
             self._settle(st)       # before the copy: an interrupted read's buffer is replaced first
         enc = self._dev.create_command_encoder()
         enc.copy_buffer_to_buffer(buf.handle, offset, st.handle, 0, aligned)
         self._queue.submit([enc.finish()])
-        if _lib is None:
-            st.handle.map_sync(wgpu.MapMode.READ, 0, aligned)
+        if not self.raw_maps:
+            st.handle.map_sync(self._wgpu.MapMode.READ, 0, aligned)
             try:
                 data = bytes(st.handle.read_mapped(0, aligned, copy=False))
             finally:
@@ -172,9 +198,9 @@ class NativeDevice(Device):
         decode step it just queued; here the wait is for the callback of this one map, so later
         steps keep running. The wait is Python code (see _wait_map): Ctrl-C ends it at once.
         """
-        if _lib is None or after is None:
+        if not self.raw_maps or after is None:
             h = buf.handle
-            h.map_sync(wgpu.MapMode.READ, 0, buf.size)
+            h.map_sync(self._wgpu.MapMode.READ, 0, buf.size)
             try:
                 return bytes(h.read_mapped(0, size, copy=False))
             finally:
@@ -202,19 +228,19 @@ class NativeDevice(Device):
     def _map_and_read(self, buf: Buffer, size: int) -> bytes:
         token = next(self._map_tokens)
         self._unsettled[id(buf)] = buf              # from here until unmapped: replaced if we unwind
-        info = _ffi.new("WGPUBufferMapCallbackInfo *")
-        info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
+        info = self._ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = self._lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = self._on_mapped
-        info.userdata1 = _ffi.cast("void *", token)
+        info.userdata1 = self._ffi.cast("void *", token)
         raw = buf.handle._internal
-        _lib.wgpuBufferMapAsync(raw, _lib.WGPUMapMode_Read, 0, buf.size, info[0])
+        self._lib.wgpuBufferMapAsync(raw, self._lib.WGPUMapMode_Read, 0, buf.size, info[0])
         status = self._wait_map(token)
-        if status != _lib.WGPUMapAsyncStatus_Success:
+        if status != self._lib.WGPUMapAsyncStatus_Success:
             del self._unsettled[id(buf)]
             raise GPUError(f"mapping {buf.label!r} for reading failed (status {status})")
-        ptr = _lib.wgpuBufferGetConstMappedRange(raw, 0, buf.size)
-        data = bytes(_ffi.buffer(ptr, size))
-        _lib.wgpuBufferUnmap(raw)
+        ptr = self._lib.wgpuBufferGetConstMappedRange(raw, 0, buf.size)
+        data = bytes(self._ffi.buffer(ptr, size))
+        self._lib.wgpuBufferUnmap(raw)
         del self._unsettled[id(buf)]
         return data
 
@@ -223,7 +249,7 @@ class NativeDevice(Device):
         SPIN_S (none on a software adapter), then with sleeps doubling up to MAX_PAUSE_S
         (SOFT_PAUSE_S). Interruptible (Python code)."""
         results, caught = self._map_results, self._caught
-        poll, dev, null = _lib.wgpuDevicePoll, self._dev._internal, _ffi.NULL
+        poll, dev, null = self._lib.wgpuDevicePoll, self._dev._internal, self._ffi.NULL
         soft = self.info.is_cpu
         spin, most = (0.0, self.SOFT_PAUSE_S) if soft else (self.SPIN_S, self.MAX_PAUSE_S)
         t0 = time.perf_counter()
@@ -290,7 +316,7 @@ class NativeDevice(Device):
     # -- submission ----------------------------------------------------------------------
     def submit(self, dispatches: list[Dispatch], copies: list | None = None,
                timestamps: TimestampRecorder | None = None):
-        if _lib is not None and timestamps is None:
+        if self._lib is not None and timestamps is None:
             return self._submit_raw(dispatches, copies)
         enc = self._dev.create_command_encoder()
         if timestamps is None:
@@ -313,11 +339,10 @@ class NativeDevice(Device):
                 self._settle(dst)
             enc.copy_buffer_to_buffer(src.handle, so, dst.handle, do, n)
         cb = enc.finish()
-        if _lib is None:
+        if self._lib is None:
             self._queue.submit([cb])
             return None
-        arr = _ffi.new("WGPUCommandBuffer[]", [cb._internal])
-        return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
+        return self._submit_cb(cb._internal)   # the ticket for map_read
 
     def _submit_raw(self, dispatches: list[Dispatch], copies: list | None):
         """submit() without timestamps, through the C API alone: no wgpu-py object is made per
@@ -328,12 +353,12 @@ class NativeDevice(Device):
         try:
             return self._submit_cb(cb)
         finally:
-            _lib.wgpuCommandBufferRelease(cb)
+            self._lib.wgpuCommandBufferRelease(cb)
 
     def _encode_cb(self, dispatches: list[Dispatch], copies: list | None):
         """The finished raw command buffer of one compute pass of the dispatches, then the copies
         (the caller releases it); the encoder and pass are released here whatever happens."""
-        lib, null = _lib, _ffi.NULL
+        lib, null = self._lib, self._ffi.NULL
         enc = cp = None
         try:
             enc = lib.wgpuDeviceCreateCommandEncoder(self._dev._internal, null)
@@ -351,18 +376,14 @@ class NativeDevice(Device):
             if enc is not None:
                 lib.wgpuCommandEncoderRelease(enc)
 
-    def _submit_cb(self, cb):
-        arr = _ffi.new("WGPUCommandBuffer[]", [cb])
-        return _lib.wgpuQueueSubmitForIndex(self._queue._internal, 1, arr)   # the ticket for map_read
-
     def encode(self, dispatches: list[Dispatch], copies: list | None = None) -> Encoded:
         """A finished command buffer kept until submit_encoded / discard (released with the
         Encoded object if neither comes)."""
-        if _lib is None:
+        if self._lib is None:
             return super().encode(dispatches, copies)
         cb = self._encode_cb(dispatches, copies)         # (first: it may renew a read-back buffer)
         enc = super().encode(dispatches, copies)         # the copies' handles as encoded
-        enc.handle = weakref.finalize(enc, _lib.wgpuCommandBufferRelease, cb), cb
+        enc.handle = weakref.finalize(enc, self._lib.wgpuCommandBufferRelease, cb), cb
         return enc
 
     def submit_encoded(self, enc: Encoded):
@@ -383,14 +404,13 @@ class NativeDevice(Device):
         if enc.handle is not None:
             enc.handle[0]()
 
-    @staticmethod
-    def _encode_raw(h, dispatches: list[Dispatch]) -> None:
+    def _encode_raw(self, h, dispatches: list[Dispatch]) -> None:
         """Encode dispatches into the raw compute pass h: wgpu-py's set_bind_group allocates a
         cffi array per call (~10 us) and a decode step is hundreds of dispatches, so this goes
         through the C API with cached raw handles."""
-        null = _ffi.NULL
-        set_p, set_bg = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
-        disp = _lib.wgpuComputePassEncoderDispatchWorkgroups
+        null = self._ffi.NULL
+        set_p, set_bg = self._lib.wgpuComputePassEncoderSetPipeline, self._lib.wgpuComputePassEncoderSetBindGroup
+        disp = self._lib.wgpuComputePassEncoderDispatchWorkgroups
         last_p = None
         for d in dispatches:
             raw = d.raw
@@ -403,7 +423,7 @@ class NativeDevice(Device):
             disp(h, raw[2], raw[3], raw[4])
 
     def _encode_pass(self, cp, dispatches: list[Dispatch]) -> None:
-        if _lib is not None:
+        if self._lib is not None:
             self._encode_raw(cp._internal, dispatches)
         else:
             last_p = None
@@ -470,12 +490,23 @@ def _map_callback(results: dict, caught: list):
     return _ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)", on_mapped, onerror=on_error)
 
 
-_default: NativeDevice | None = None
+_default: dict[str, NativeDevice] = {}
 
 
-def get_device() -> NativeDevice:
-    """The process-wide native device (created on first use)."""
-    global _default
-    if _default is None:
-        _default = NativeDevice()
-    return _default
+def get_device(api: str | None = None) -> NativeDevice:
+    """The process-wide desktop device (created on first use) of the WebGPU implementation
+    `api`: "wgpu" (wgpu-native through the `wgpu` package) or "dawn" (Dawn through `wgpudawn`,
+    gpu/dawn.py); None: the environment's WEBDRIFT_GPU_API, else "wgpu"."""
+    api = api or os.environ.get("WEBDRIFT_GPU_API") or "wgpu"
+    if api not in DESKTOP_APIS:
+        raise InvalidArgumentError(f"gpu api {api!r} is not one of {', '.join(DESKTOP_APIS)} "
+                                   "(WEBDRIFT_GPU_API / --gpu-api)")
+    dev = _default.get(api)
+    if dev is None:
+        if api == "dawn":
+            from .dawn import DawnDevice
+            dev = DawnDevice()
+        else:
+            dev = NativeDevice()
+        _default[api] = dev
+    return dev

@@ -212,6 +212,15 @@ def prefill_kernels_used(eng) -> tuple[str, str | None]:
     return kind, tile
 
 
+def prefill_uses_matrix_units(eng) -> bool:
+    """Whether any prefill GEMM runs on the matrix units (GemmVariant.mma: Dawn's subgroup
+    matrices). Their peak is not measured (profile/compute.py probes the SIMT arithmetic), so such a
+    prefill is reported in tokens/s without a share of a peak."""
+    from ..models.forward import Linear
+    return eng.prefill.stage != "decode" and any(
+        isinstance(op, Linear) and getattr(op.variant, "mma", False) for op in eng.prefill.graph.ops)
+
+
 def prefill_pct_compute(prefill_tps: float, flops_per_token: float, peak_tflops: float | None) -> float | None:
     """A prefill's share (%) of a compute peak: tokens/s x FLOPs per token / peak."""
     if not peak_tflops or not prefill_tps:
@@ -331,6 +340,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
         if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
             peak_tflops = int8_peak_tflops
+        if prefill_uses_matrix_units(eng):   # no measured peak of the matrix units: no share of one
+            peak_tflops = None
         base["prefill_chunk"] = eng.prefill_chunk
         base["int8_activations"] = eng.model.int8
         base["steps_per_submit"] = eng.steps_per_submit

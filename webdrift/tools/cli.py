@@ -26,6 +26,7 @@ import threading
 import time
 
 from ..errors import ContextLengthError, InvalidArgumentError, WebdriftError
+from ..gpu.base import DESKTOP_APIS
 from ..hub import DEFAULT_MODEL
 from ..runtime.options import WEIGHT_FORMATS
 from ..runtime.streams import FIRST_TOKENS, MAX_STREAMS
@@ -496,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .forecast import add_arguments as add_forecast_arguments
     add_forecast_arguments(sub.add_parser("train-forecast", help="fit DS2D forecast embeddings for speculative "
                                                                  "decoding (PyTorch on CPU)"))
+    for parser in (ap, *sub.choices.values()):   # before or after the command
+        parser.add_argument("--gpu-api", choices=DESKTOP_APIS, default=argparse.SUPPRESS,
+                            help="the WebGPU implementation on the desktop: wgpu (wgpu-native, the default) or "
+                                 "dawn (Dawn, Chrome's, through the wgpudawn package: its matrix units for prefill "
+                                 "where the GPU has them); also WEBDRIFT_GPU_API")
     return ap
 
 
@@ -527,6 +533,8 @@ ctrl_c = CtrlC()
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    if getattr(args, "gpu_api", None):
+        os.environ["WEBDRIFT_GPU_API"] = args.gpu_api   # gpu.native.get_device's default
     # our SIGINT handler while a command runs (only where Python's own is in place: main thread)
     ours = threading.current_thread() is threading.main_thread() and \
         signal.getsignal(signal.SIGINT) is signal.default_int_handler
