@@ -38,6 +38,8 @@ except ImportError as e:  # pragma: no cover - checked where the device is asked
 _WANTED_FEATURES = ("shader-f16", "subgroups", "timestamp-query", "chromium-experimental-subgroup-matrix")
 # experimental features (the matrix units); shader-f16 on NVIDIA's Vulkan driver
 _INSTANCE_TOGGLES = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+# timestamps at full precision (the tuner's timings; Dawn may round them to guard against timing attacks)
+_DEVICE_TOGGLES_OFF = ("timestamp_quantization",)
 _WGSL_FEATURES = {"packed_4x8_integer_dot_product": "Packed4x8IntegerDotProduct"}
 _instance_ready = False
 
@@ -74,6 +76,11 @@ class DawnDevice(NativeDevice):
 
     def _wanted_features(self) -> tuple:
         return _WANTED_FEATURES
+
+    def _request_device(self, adapter, features: list, limits: dict):
+        off = [t for t in _DEVICE_TOGGLES_OFF if t in _extras.all_toggles()]
+        return _extras.request_device_sync(adapter, required_features=features, required_limits=limits,
+                                           disable_toggles=off)
 
     def _describe(self, adapter) -> None:
         info = self.info
