@@ -138,3 +138,17 @@ def test_bad_gpu_api_and_missing_package(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(dawn, "_import_error", ImportError("No module named 'wgpudawn'"), raising=False)
     with pytest.raises(GPUError, match=r"pip install 'webdrift\[dawn\]'"):
         dawn.DawnDevice()
+
+
+def test_bench_reports_name_the_route():
+    """A report's machine says which implementation ran (bench --compare puts routes side by side)."""
+    from webdrift.gpu.base import Device, DeviceInfo
+    from webdrift.tools.bench import machine_info
+
+    class Fake(Device):
+        def __init__(self, backend):
+            self.info = DeviceInfo(adapter="NVIDIA H200", backend=backend)
+
+    assert machine_info(Fake("Dawn Vulkan"))["route"] == "desktop (Dawn)"
+    assert machine_info(Fake("Vulkan"))["route"] == "desktop (wgpu-native)"
+    assert machine_info(get_device())["route"] == "desktop (wgpu-native)"

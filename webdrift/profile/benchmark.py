@@ -28,6 +28,7 @@ PROTOCOL = [(1024, 256), (128, 128)]
 QUICK_PROTOCOL = [(32, 16), (16, 8)]
 SAMPLING = "greedy (temperature 0), EOS ignored"
 DESKTOP_ROUTE = "desktop (wgpu-native)"
+DAWN_ROUTE = "desktop (Dawn)"          # --gpu-api dawn (gpu/dawn.py)
 BROWSER_ROUTE = "browser (Pyodide+WebGPU)"
 
 # every result row of a complete report has these (values may be None only where `error` says why)

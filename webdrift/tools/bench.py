@@ -37,6 +37,7 @@ from ..hub import DEFAULT_MODEL
 from ..kernels.base import ceil_div
 from ..models.manifest import WEIGHT_FORMATS as WEIGHT_FORMAT_CHOICES
 from ..profile.benchmark import (  # the protocol and schema, shared with the browser's bench page
+    DAWN_ROUTE,
     DESKTOP_ROUTE,
     MACHINE_FIELDS,
     PEER_NAMES,
@@ -187,7 +188,8 @@ def bench_lora(dev, src, protocols, rank: int, prefill_chunk: int | None, int8_a
 
 def machine_info(dev) -> dict:
     from ..profile.benchmark import machine_info as info
-    return info(dev, DESKTOP_ROUTE, f"{platform.node()} {platform.machine()} {platform.system()} {platform.release()}, "
+    route = DAWN_ROUTE if dev.info.backend.startswith("Dawn") else DESKTOP_ROUTE
+    return info(dev, route, f"{platform.node()} {platform.machine()} {platform.system()} {platform.release()}, "
                 f"{os.cpu_count()} CPUs", platform.python_version())
 
 
