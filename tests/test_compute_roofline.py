@@ -71,3 +71,20 @@ def test_bench_reports_compute_peaks(tmp_path):
     for r in rep["results"]:
         want = 100 * r["prefill_tps"] * flops / (peaks["f32"]["tflops"] * 1e12)
         assert r["prefill_pct_compute"] == pytest.approx(want, rel=0.01, abs=0.01)
+
+
+def test_matrix_unit_probe_only_where_offered():
+    """The matrix units' probe (Dawn's subgroup matrices) is offered where the adapter has them, and
+    is credited with MMA_CHAINS x ITERS 16 x 16 x 16 multiply-accumulates per subgroup of 32 (its
+    result, ITERS / 256 in every element, and its speed were checked on an H200 through Dawn:
+    docs/BENCHMARKS.md, session 31; no adapter here has matrix units)."""
+    from tests.test_kernels_gemm_mma import SourceDevice
+    assert compute.kinds(SourceDevice())[-1] == "mma_f16"
+    assert "mma_f16" not in compute.kinds(device())
+    src, _ = compute.probe_source("mma_f16", 512, iters=8)
+    assert src.count("subgroupMatrixMultiplyAccumulate(a, b, c") == compute.MMA_CHAINS
+    assert src.count("subgroupMatrixStore(&out, base + ") == compute.MMA_CHAINS
+    assert "for (var i = 0u; i < 8u; i++)" in src and "base = (gid.x / 32u) * 8u * 256u" in src
+    assert compute.out_floats("mma_f16", 512) == 16 * compute.MMA_CHAINS * 256
+    assert compute.multiply_adds(512, 8, "mma_f16") == 16 * compute.MMA_CHAINS * 8 * 4096
+    assert compute.multiply_adds(512, 8) == 512 * compute.CHAINS * 8 * 4

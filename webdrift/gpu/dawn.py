@@ -11,8 +11,7 @@ wgpu-native's; what differs is here:
   - the adapter's subgroup sizes, matrix configurations and WGSL language features come from
     Dawn's C API (wgpudawn's adapter info leaves them out);
   - a submit is `wgpuQueueSubmit` (no submission index): reads map through wgpudawn's
-    `map_sync`, which waits for the work submitted before the map, as in the browser; hence
-    the browser's steps per submit.
+    `map_sync`; decode puts 4 steps in a submit (8, the browser's, halved decode speed here).
 Tint compiles the kernels (it wants `enable subgroups;`). Dawn does not run on Mesa's lavapipe;
 on a machine without a GPU it runs on SwiftShader's Vulkan driver (the tests point
 VK_ICD_FILENAMES at the one Chromium ships).
@@ -50,7 +49,9 @@ def available() -> bool:
 
 class DawnDevice(NativeDevice):
     wgsl_subgroup_enable = True    # Tint wants `enable subgroups;` before subgroup built-ins
-    decode_steps_per_submit = 8    # reads wait for all submitted work, as in the browser (Session 12)
+    # measured (H200, 1B f16, docs/BENCHMARKS.md session 31): 4 steps a submit 899 tok/s, 1 step 889,
+    # 8 (the browser's) 554; the GPU's whole steps take as long as wgpu-native's
+    decode_steps_per_submit = 4
     raw_maps = False
     if wgpudawn is not None:
         _wgpu, _lib, _ffi = wgpudawn, _dlib, _dffi

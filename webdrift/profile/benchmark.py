@@ -215,8 +215,7 @@ def prefill_kernels_used(eng) -> tuple[str, str | None]:
 
 def prefill_uses_matrix_units(eng) -> bool:
     """Whether any prefill GEMM runs on the matrix units (GemmVariant.mma: Dawn's subgroup
-    matrices). Their peak is not measured (profile/compute.py probes the SIMT arithmetic), so such a
-    prefill is reported in tokens/s without a share of a peak."""
+    matrices): such a prefill's share is of the matrix units' peak (compute.py's mma_f16 probe)."""
     from ..models.forward import Linear
     return eng.prefill.stage != "decode" and any(
         isinstance(op, Linear) and getattr(op.variant, "mma", False) for op in eng.prefill.graph.ops)
@@ -286,7 +285,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
                        streams: list[int] | None = None, peak_tflops: float | None = None,
                        prefill_kernels: str = "auto", int8_peak_tflops: float | None = None,
                        weight_format: str | None = None, profile_tokens: int = 0,
-                       steps_per_submit: int | None = None, kv_cache: str | None = None) -> list[dict]:
+                       steps_per_submit: int | None = None, kv_cache: str | None = None,
+                       mma_peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     steps_per_submit, kv_cache: the engine options (decode steps per GPU submit, the KV cache's
     values; None: the device's); the rows say what ran.
@@ -297,7 +297,9 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     streams: also decode k streams together per protocol (row["streams"]);
     peak_tflops: the compute peak the float prefill GEMM's arithmetic runs at (f32), for each row's
     prefill_pct_compute (weights' FLOPs per token, profile/compute.py); int8_peak_tflops: the
-    dot4I8Packed peak, used instead where the prefill runs the int8 GEMM; prefill_kernels: the
+    dot4I8Packed peak, used instead where the prefill runs the int8 GEMM; mma_peak_tflops: the matrix
+    units' (Dawn's subgroup matrices), used where any prefill GEMM runs on them (None: no share
+    reported, as their peak is unknown); prefill_kernels: the
     engine option (bench --prefill-kernels), the row says what ran (prefill_kernels, prefill_tile)."""
     from ..kernels import autotune as tuner
     from ..kernels.rope import kv_bytes as kv_value_bytes
@@ -341,8 +343,8 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
         if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
             peak_tflops = int8_peak_tflops
-        if prefill_uses_matrix_units(eng):   # no measured peak of the matrix units: no share of one
-            peak_tflops = None
+        if prefill_uses_matrix_units(eng):   # the matrix units' peak (None where unmeasured: no share)
+            peak_tflops = mma_peak_tflops
         base["prefill_chunk"] = eng.prefill_chunk
         base["int8_activations"] = eng.model.int8
         base["steps_per_submit"] = eng.steps_per_submit

@@ -13,13 +13,18 @@ closed form of the recurrence). Throughput = multiply-adds x 2 / kernel time, be
     int8        a <- dot4(a, y) + a      per chain: 4 multiply-adds x ITERS (a's bytes are the
                                          running sum's: each step depends on the last)
 
+    mma_f16     c <- a b + c             per chain: 16 x 16 x 16 multiply-adds a step, 16 x 16 f32
+                                         results per subgroup of 32 (Dawn's matrix units)
+
 A prefill's arithmetic is 2 x (weights' multiply-adds per token) x tokens; its share of the
-relevant peak (f32 today: the GEMM accumulates in f32) is what the bench reports.
+relevant peak (f32 for the float GEMM, which accumulates in f32; int8 dot for the int8 GEMM; the
+matrix units' where a GEMM runs on them) is what the bench reports.
 Must not: import numpy or wgpu.
 """
 
 from __future__ import annotations
 
+from ..errors import GPUError
 from ..gpu.base import Dispatch
 from ..kernels.bindings import Bindings
 from .roofline import atime_dispatch
@@ -65,9 +70,54 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 """
 
 
+# the matrix units (Device.has_mma_f16: Dawn's subgroup matrices, f16 x f16 -> f32 at 16 x 16 x 16):
+# MMA_CHAINS independent result matrices per subgroup of 32, each ITERS multiply-accumulates of
+# the same left and right matrices (1/64 everywhere: each step adds 16 / 4096 to every element,
+# so after ITERS steps every element is ITERS / 256 exactly); every chain's matrix is stored
+MMA_CHAINS = 8
+MMA_PROBE = """
+enable f16;
+enable chromium_experimental_subgroup_matrix;
+diagnostic(off, chromium.subgroup_matrix_uniformity);
+// Compute probe (matrix units): MMA_CHAINS independent 16 x 16 f32 results per subgroup of 32,
+// ITERS multiply-accumulates of 16 x 16 x 16 each.
+{OUT_DECL}
+var<workgroup> ones: array<f16, 256>;
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  ones[lid % 256u] = f16(0.015625);
+  workgroupBarrier();
+  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&ones, 0u, false, 16u);
+  let b = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&ones, 0u, false, 16u);
+{INIT}
+  for (var i = 0u; i < {ITERS}u; i++) {
+{STEP}
+  }
+  let base = (gid.x / 32u) * {CH}u * 256u;
+{STORE}
+}
+"""
+
+
+def out_floats(kind: str, n_threads: int) -> int:
+    """The f32 values one probe dispatch of n_threads writes."""
+    return n_threads // 32 * MMA_CHAINS * 256 if kind == "mma_f16" else n_threads
+
+
 def probe_source(kind: str, n_threads: int, iters: int = ITERS) -> tuple[str, Bindings]:
-    """The WGSL of one probe ("f32", "f16" or "int8") writing out[n_threads] f32."""
+    """The WGSL of one probe ("f32", "f16", "int8" or "mma_f16") writing out_floats() f32."""
     b = Bindings()
+    if kind == "mma_f16":
+        ch = range(MMA_CHAINS)
+        decl = b.array("out", "array<f32>", f"({out_floats(kind, n_threads)}) each subgroup's result matrices",
+                       writable=True)
+        src = (MMA_PROBE.replace("{INIT}", "\n".join(f"  var c{j} = subgroup_matrix_result<f32, 16, 16>();"
+                                                     for j in ch))
+               .replace("{STEP}", "\n".join(f"    c{j} = subgroupMatrixMultiplyAccumulate(a, b, c{j});" for j in ch))
+               .replace("{STORE}", "\n".join(f"  subgroupMatrixStore(&out, base + {256 * j}u, c{j}, false, 16u);"
+                                              for j in ch))
+               .replace("{CH}", str(MMA_CHAINS)))
+        return src.replace("{OUT_DECL}", decl).replace("{WG}", str(WG)).replace("{ITERS}", str(iters)), b
     decl = b.array("out", "array<f32>", f"({n_threads}) each thread's sum of chains", writable=True)
     chains = range(CHAINS)
     if kind == "int8":
@@ -84,14 +134,17 @@ def probe_source(kind: str, n_threads: int, iters: int = ITERS) -> tuple[str, Bi
     return src, b
 
 
-def multiply_adds(n_threads: int, iters: int = ITERS) -> int:
-    """Multiply-adds one probe dispatch performs (any kind: 4 per chain step)."""
+def multiply_adds(n_threads: int, iters: int = ITERS, kind: str = "f32") -> int:
+    """Multiply-adds one probe dispatch performs (4 per chain step; the matrix units 16 x 16 x 16
+    per chain step of a subgroup of 32)."""
+    if kind == "mma_f16":
+        return n_threads // 32 * MMA_CHAINS * iters * 16 * 16 * 16
     return n_threads * CHAINS * iters * 4
 
 
 def kinds(dev) -> list[str]:
     """The probes this adapter can run."""
-    return ["f32"] + (["f16"] if dev.has_f16 else []) + ["int8"]
+    return ["f32"] + (["f16"] if dev.has_f16 else []) + ["int8"] + (["mma_f16"] if dev.has_mma_f16 else [])
 
 
 async def ameasure_compute(dev, kind: str, reps: int = 5, workgroups: int = 2048, iters: int = ITERS) -> dict:
@@ -101,7 +154,7 @@ async def ameasure_compute(dev, kind: str, reps: int = 5, workgroups: int = 2048
     workgroups = max(1, min(workgroups, dev.max_workgroups))
     n = workgroups * WG
     src, b = probe_source(kind, n, iters)
-    out = dev.create_buffer(4 * n, label=f"compute.{kind}")
+    out = dev.create_buffer(4 * out_floats(kind, n), label=f"compute.{kind}")
     try:
         pipe = dev.create_pipeline(src, b.kinds, label=f"compute_{kind}")
         d = Dispatch(pipe, dev.create_bind_group(pipe, b.buffers({"out": out})), (workgroups, 1, 1), f"compute_{kind}")
@@ -112,17 +165,24 @@ async def ameasure_compute(dev, kind: str, reps: int = 5, workgroups: int = 2048
     finally:
         dev.release_buffer(out)
     times_ns.sort()
-    ops = 2 * multiply_adds(n, iters)
+    ops = 2 * multiply_adds(n, iters, kind)
     return {"kind": kind, "tflops": round(ops / times_ns[0] / 1e3, 3),
             "median_tflops": round(ops / times_ns[len(times_ns) // 2] / 1e3, 3),
             "method": "gpu-timestamps" if timed else "host-clock", "threads": n, "sums": sums}
 
 
 async def ameasure_peaks(dev, reps: int = 5, workgroups: int = 2048, iters: int = ITERS) -> dict:
-    """{kind: {"tflops", "median_tflops", "method"}} for every probe the adapter runs."""
+    """{kind: {"tflops", "median_tflops", "method"}} for every probe the adapter runs (the matrix
+    units' where it has them; a failure of that experimental probe leaves it out, with its error)."""
     out = {}
     for k in kinds(dev):
-        r = await ameasure_compute(dev, k, reps, workgroups, iters)
+        try:
+            r = await ameasure_compute(dev, k, reps, workgroups, iters)
+        except GPUError as e:
+            if k != "mma_f16":
+                raise
+            out[k] = {"tflops": None, "median_tflops": None, "method": None, "error": str(e)[:300]}
+            continue
         out[k] = {f: r[f] for f in ("tflops", "median_tflops", "method")}
     return out
 

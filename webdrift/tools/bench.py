@@ -201,7 +201,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                 streams: list[int] | None = None, peak_tflops: float | None = None,
                 lora_rank: int | None = None, lora_fused_shrink: bool = False, prefill_kernels: str = "auto",
                 int8_peak_tflops: float | None = None, weight_format: str | None = None,
-                profile_tokens: int = 0, steps_per_submit: int | None = None, kv_cache: str | None = None) -> list[dict]:
+                profile_tokens: int = 0, steps_per_submit: int | None = None, kv_cache: str | None = None,
+                mma_peak_tflops: float | None = None) -> list[dict]:
     """Rows (one per protocol) for one model source; errors become rows with `error` set.
     weight_format: load every matrix in that runtime format (the rows' quant).
     profile_tokens: the last row's kernel_profile (akernel_profile: where a decode step goes).
@@ -217,7 +218,8 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
                              int8_activations=int8_activations, streams=streams, peak_tflops=peak_tflops,
                              prefill_kernels=prefill_kernels, int8_peak_tflops=int8_peak_tflops,
                              weight_format=weight_format, profile_tokens=profile_tokens,
-                             steps_per_submit=steps_per_submit, kv_cache=kv_cache))
+                             steps_per_submit=steps_per_submit, kv_cache=kv_cache,
+                             mma_peak_tflops=mma_peak_tflops))
     if any(r["error"] for r in rows):
         return rows
     cfg = src.config
@@ -332,7 +334,8 @@ def run_bench(args, dev=None, log=None) -> dict:
                                prefill_kernels=getattr(args, "prefill_kernels", "auto"),
                                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
                                weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0,
-                               steps_per_submit=getattr(args, "steps_per_submit", None), kv_cache=kv)
+                               steps_per_submit=getattr(args, "steps_per_submit", None), kv_cache=kv,
+                               mma_peak_tflops=(roof["compute"].get("mma_f16") or {}).get("tflops"))
     fill_skipped_peers(results, peers_note)
     from .. import __version__
     report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -422,7 +425,8 @@ def compute_line(roof: dict) -> str:
     if not peaks:
         return "compute peaks: not measured in this report"
     return "compute peaks (multiply-adds x 2, best): " + ", ".join(
-        f"{k} {v['tflops']} TFLOP/s ({v['method']})" for k, v in peaks.items())
+        f"{k} {v['tflops']} TFLOP/s ({v['method']})" if v.get("tflops") is not None
+        else f"{k} not measured ({v.get('error', '?')[:120]})" for k, v in peaks.items())
 
 
 def write_markdown(path: str, report: dict) -> None:
