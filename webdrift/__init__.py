@@ -100,7 +100,8 @@ def load(model: str | None = None, *, max_context: int | None = None, weight_for
     shader-f16, else f32. K and V are rounded to f16 as they are appended; scores, softmax and
     sums stay f32. A K or V value beyond f16's range (65504) would overflow (llama.cpp's f16 cache
     has the same limit; the sampler reports a non-finite row as a NumericalError): "f32" then.
-    device: a device to load onto (default: wgpu-native's, `webdrift.gpu.native.get_device()`).
+    device: a device to load onto (default: `webdrift.gpu.native.get_device()`, wgpu-native's, or
+        Dawn's where WEBDRIFT_GPU_API=dawn; `get_device("dawn")` asks for Dawn, gpu/dawn.py).
     auto_pull: fetch a known model into the cache if it is not there yet (False: ModelNotFoundError).
     progress: progress(done, total, name) called per weight tensor uploaded.
 

@@ -1,4 +1,5 @@
-"""Native backend of the device interface: wgpu-native through the `wgpu` package (desktop).
+"""Native backend of the device interface: wgpu-native through the `wgpu` package (desktop); its
+class NativeDevice also carries Dawn (gpu/dawn.py: the same class on wgpudawn's module).
 
 The only module of webdrift that imports wgpu. Reads go through staging buffers kept in a
 pool (wgpu's queue.read_buffer allocates one per call); `queue.on_submitted_work_done_sync`
@@ -101,7 +102,7 @@ class NativeDevice(Device):
         self._map_tokens = itertools.count(1)
         self._caught: list[BaseException] = []     # raised by a signal handler inside a callback
         self._unsettled: dict[int, Buffer] = {}     # id(buf) -> buf whose map may be pending or mapped
-        if self._lib is not None:
+        if self.raw_maps:
             self._on_mapped = _map_callback(self._map_results, self._caught)   # kept alive with the device
         self.adapter_info = dict(info)   # incl. "description" (the driver, e.g. "Mesa 22.3.6")
         self.architecture = info.get("architecture", "")

@@ -107,7 +107,8 @@ def _loras(loras) -> dict:
 def load_desktop(model, options: EngineOptions | None = None, *, device=None, auto_pull: bool = True,
                  progress=None, loras: dict | None = None) -> Engine:
     """The desktop path (webdrift.load): the model reference opened, its tokenizer built, then the
-    wgpu-native device (unless given), then the Engine (with `loras` resident)."""
+    desktop device (unless given: gpu.native.get_device(), wgpu-native or, by WEBDRIFT_GPU_API,
+    Dawn), then the Engine (with `loras` resident)."""
     options = _options(options)                 # a bad option fails before anything is pulled
     _loras(loras)
     source = open_source(model, auto_pull=auto_pull)
