@@ -152,3 +152,20 @@ def test_bench_reports_name_the_route():
     assert machine_info(Fake("Dawn Vulkan"))["route"] == "desktop (Dawn)"
     assert machine_info(Fake("Vulkan"))["route"] == "desktop (wgpu-native)"
     assert machine_info(get_device())["route"] == "desktop (wgpu-native)"
+
+
+def test_sigint_during_generation_on_dawn(tmp_path):
+    """Ctrl-C at 16 points of a generation on Dawn (tests/interrupt_child.py's sweep): each one
+    surfaces as KeyboardInterrupt (also one that lands inside wgpudawn's map callback, which
+    would otherwise swallow it and leave the map half done), and every next generation gives the
+    reference tokens with the engine idle and the device's live bytes unchanged."""
+    from .test_interrupt import REPO, check
+    env = dict(_dawn_env(tmp_path), WEBDRIFT_GPU_API="dawn",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "tests.interrupt_child", "sweep", "16"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert p.returncode == 0, f"rc {p.returncode}\n{p.stderr[-3000:]}"
+    assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    check(res, 16)
+    assert sum(res["where"].values()) >= 8, res       # most signals land inside a generation

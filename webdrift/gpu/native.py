@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+import sys
 import time
 import weakref
 
@@ -175,18 +176,12 @@ class NativeDevice(Device):
         size = buf.size - offset if size is None else size
         aligned = (size + 3) // 4 * 4
         st = self._staging_for(aligned)
-        if self.raw_maps:
-            self._settle(st)       # before the copy: an interrupted read's buffer is replaced first
+        self._settle(st)           # before the copy: an interrupted read's buffer is replaced first
         enc = self._dev.create_command_encoder()
         enc.copy_buffer_to_buffer(buf.handle, offset, st.handle, 0, aligned)
         self._queue.submit([enc.finish()])
         if not self.raw_maps:
-            st.handle.map_sync(self._wgpu.MapMode.READ, 0, aligned)
-            try:
-                data = bytes(st.handle.read_mapped(0, aligned, copy=False))
-            finally:
-                st.handle.unmap()
-            return data[:size]
+            return self._map_sync_read(st, size, aligned)
         return self._map_and_read(st, aligned)[:size]
 
     async def read_buffer(self, buf: Buffer, offset: int = 0, size: int | None = None) -> bytes:
@@ -199,15 +194,39 @@ class NativeDevice(Device):
         decode step it just queued; here the wait is for the callback of this one map, so later
         steps keep running. The wait is Python code (see _wait_map): Ctrl-C ends it at once.
         """
+        self._settle(buf)          # a read of it was interrupted: what it held is gone (drained)
         if not self.raw_maps or after is None:
-            h = buf.handle
-            h.map_sync(self._wgpu.MapMode.READ, 0, buf.size)
-            try:
-                return bytes(h.read_mapped(0, size, copy=False))
-            finally:
-                h.unmap()
-        self._settle(buf)
+            return self._map_sync_read(buf, size, buf.size)
         return self._map_and_read(buf, size)
+
+    def _map_sync_read(self, buf: Buffer, size: int, length: int) -> bytes:
+        """The first `size` bytes of buf through the Python API's blocking map of `length` bytes
+        (Dawn; wgpu without its C entry points), which waits for all work submitted before it.
+        buf is unsettled while its map may be pending or mapped (see below), so a read that an
+        interrupt ends leaves a buffer that is replaced before its next copy or map."""
+        self._unsettled[id(buf)] = buf
+        h = buf.handle
+        # an interrupt that lands in the map's callback (wgpudawn's, run inside the wait) is
+        # swallowed there as "unraisable" and leaves the map half done: caught here and raised
+        caught: list[BaseException] = []
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda u: (caught.append(u.exc_value) if isinstance(u.exc_value, KeyboardInterrupt)
+                                        else hook(u))
+        try:
+            try:
+                h.map_sync(self._wgpu.MapMode.READ, 0, length)
+                data = bytes(h.read_mapped(0, size, copy=False))
+                h.unmap()
+            finally:
+                sys.unraisablehook = hook
+        except RuntimeError as e:   # a map left half done
+            if caught:
+                raise caught[0] from None
+            raise GPUError(f"reading {buf.label!r} back failed ({e}); it is replaced at its next use") from e
+        del self._unsettled[id(buf)]
+        if caught:
+            raise caught[0]
+        return data
 
     # An interrupt (KeyboardInterrupt, or any exception a signal handler raises) may arrive at any
     # Python instruction of a read, including inside the map callback, which wgpu-native runs
