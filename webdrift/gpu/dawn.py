@@ -1,5 +1,5 @@
 """Desktop backend on Dawn (the WebGPU implementation inside Chrome) through the `wgpudawn`
-package: wgpu-py's API with Dawn underneath (`pip install webdrift[dawn]`).
+package: wgpu-py's API with Dawn underneath (`pip install wgpudawn`, webdrift's [dawn] extra).
 
 NativeDevice (gpu/native.py) with Dawn's API module and C entry points in place of
 wgpu-native's; what differs is here:
@@ -59,7 +59,7 @@ class DawnDevice(NativeDevice):
 
     def __init__(self, power_preference: str = "high-performance"):
         if wgpudawn is None:
-            raise GPUError(f"the Dawn backend needs the wgpudawn package (pip install 'webdrift[dawn]'): "
+            raise GPUError(f"the Dawn backend needs the wgpudawn package (pip install wgpudawn; Python >= 3.11): "
                            f"{_import_error}")
         super().__init__(power_preference)
 
