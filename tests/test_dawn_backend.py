@@ -61,10 +61,11 @@ CHILD = textwrap.dedent("""
 
 
 def _dawn_env(tmp_path) -> dict:
+    """What a child process needs on top of this one's environment to run Dawn on SwiftShader."""
     icd = dawn.swiftshader_icd()
     assert dawn.available(), "wgpudawn is a test requirement (pip install -e '.[test]')"
     assert icd, "SwiftShader's Vulkan driver comes with Chromium (scripts/setup.sh --test)"
-    return dict(os.environ, VK_ICD_FILENAMES=icd, XDG_RUNTIME_DIR="/tmp", WEBDRIFT_CACHE=str(tmp_path / "cache"))
+    return {"VK_ICD_FILENAMES": icd, "XDG_RUNTIME_DIR": "/tmp", "WEBDRIFT_CACHE": str(tmp_path / "cache")}
 
 
 def test_models_on_dawn_match_transformers(tmp_path, hf_tokenizer_dir):
@@ -88,7 +89,7 @@ def test_models_on_dawn_match_transformers(tmp_path, hf_tokenizer_dir):
     refs.append(ref)
     out = tmp_path / "dawn.npz"
     r = subprocess.run([sys.executable, "-c", CHILD, str(out), ",".join(dirs), json.dumps(IDS)],
-                       env=_dawn_env(tmp_path), check=False, capture_output=True, text=True, timeout=900)
+                       env=dict(os.environ, **_dawn_env(tmp_path)), check=False, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     facts = json.loads(r.stdout.strip().splitlines()[-1])
     assert facts["backend"] == "Dawn Vulkan" and facts["cpu"], facts          # SwiftShader through Dawn
@@ -137,7 +138,7 @@ def test_cli_runs_on_dawn(tmp_path):
         api = eng.generate("the cat", max_new_tokens=12, temperature=0.0, stop_at_eos=False).token_ids
         print(json.dumps({{"runs": runs, "api": list(api), "backend": get_device().info.backend}}))
     """)
-    env = _dawn_env(tmp_path)
+    env = dict(os.environ, **_dawn_env(tmp_path))
     env.pop("WEBDRIFT_GPU_API", None)
     r = subprocess.run([sys.executable, "-c", code], env=env, check=False, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -183,13 +184,7 @@ def test_sigint_during_generation_on_dawn(tmp_path):
     surfaces as KeyboardInterrupt (also one that lands inside wgpudawn's map callback, which
     would otherwise swallow it and leave the map half done), and every next generation gives the
     reference tokens with the engine idle and the device's live bytes unchanged."""
-    from .test_interrupt import REPO, check
-    env = dict(_dawn_env(tmp_path), WEBDRIFT_GPU_API="dawn",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-m", "tests.interrupt_child", "sweep", "16"], cwd=REPO, env=env,
-                       capture_output=True, text=True, timeout=300, check=False)
-    assert p.returncode == 0, f"rc {p.returncode}\n{p.stderr[-3000:]}"
-    assert "Exception ignored" not in p.stderr, p.stderr[-3000:]
-    res = json.loads(p.stdout.strip().splitlines()[-1])
+    from .test_interrupt import check, run_child
+    res = run_child("sweep", 16, timeout=300, env=_dawn_env(tmp_path) | {"WEBDRIFT_GPU_API": "dawn"})
     check(res, 16)
     assert sum(res["where"].values()) >= 8, res       # most signals land inside a generation

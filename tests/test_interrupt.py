@@ -30,9 +30,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
-def run_child(mode: str, n: int, timeout: float = 240) -> dict:
-    p = subprocess.run([sys.executable, "-m", "tests.interrupt_child", mode, str(n)], cwd=REPO, env=ENV,
-                       capture_output=True, text=True, timeout=timeout, check=False)
+def run_child(mode: str, n: int, timeout: float = 240, env: dict | None = None) -> dict:
+    """The child's JSON line; env: variables on top of ENV (e.g. another GPU API)."""
+    p = subprocess.run([sys.executable, "-m", "tests.interrupt_child", mode, str(n)], cwd=REPO,
+                       env=dict(ENV, **(env or {})), capture_output=True, text=True, timeout=timeout, check=False)
     assert p.returncode == 0, f"rc {p.returncode}\n{p.stderr[-3000:]}"
     assert "Exception ignored" not in p.stderr and "panicked" not in p.stderr, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -99,8 +99,6 @@ class DawnDevice(NativeDevice):
             cfgs = _extras.get_adapter_properties(adapter).get("subgroup_matrix_configs", [])
             info.matrix_configs = tuple((str(c["component_type"]), str(c["result_component_type"]),
                                          int(c["m"]), int(c["n"]), int(c["k"])) for c in cfgs)
-        self.adapter_info = dict(self.adapter_info, subgroup_min_size=(info.subgroup_sizes or (0, 0))[0],
-                                 subgroup_max_size=(info.subgroup_sizes or (0, 0))[1])
 
     def _submit_cb(self, cb):
         arr = _dffi.new("WGPUCommandBuffer[]", [cb])
