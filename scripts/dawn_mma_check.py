@@ -1,6 +1,7 @@
 """The matrix-unit prefill GEMM (GemmVariant(mma=True), wgsl/linear_gemm_mma.wgsl) against the SIMT
 GEMMs on layer 0 of synthetic models (MODELS: shapes x formats), T random token rows, the QKV, O,
-gate/up and down layers (the float GEMMs read a normed input, as in a model): for every matrix-unit tile the
+gate/up and down layers (the float GEMMs read a normed input, and O and down add the residual y holds, as in
+a model): for every matrix-unit tile the
 largest difference relative to the largest output of the float SIMT GEMM (the static tile), and
 GPU us per dispatch and TFLOP/s (20 dispatches in one pass, timestamps around the pass, the best
 of 3 passes after 0.3 s of the same dispatches to raise the clocks), beside
@@ -26,7 +27,7 @@ import time
 from webdrift.errors import GPUError, UnsupportedModelError
 from webdrift.gpu.base import TimestampRecorder
 from webdrift.kernels.autotune import _step_buffer, gemm_candidates, static_gemm
-from webdrift.kernels.linear import LinearKernel
+from webdrift.kernels.linear import Epilogue, LinearKernel
 from webdrift.kernels.quantize import xq_desc
 from webdrift.models.loader import GPUModel
 from webdrift.tensor import TensorDesc
@@ -51,9 +52,12 @@ def one_layer(model, fmt):
     return src
 
 
-async def run(dev, k, binds, yb, n):
-    """y after one dispatch (n floats, or None), and GPU ns per dispatch over REPEAT in one pass."""
+async def run(dev, k, binds, yb, n, y0=None):
+    """y after one dispatch (n floats, or None; y0: y's bytes before it, the residual), and GPU ns
+    per dispatch over REPEAT in one pass."""
     d = k.dispatch(binds, k.workgroups(T))
+    if y0 is not None:
+        dev.write_buffer(yb, y0)
     dev.submit([d])
     await dev.check_errors()
     y = struct.unpack(f"<{n}f", await dev.read_buffer(yb, 0, 4 * n)) if n else None
@@ -83,10 +87,13 @@ async def layer(dev, rng, name, w, w2):
     binds = {"step": sb, "x": xb, "y": yb, "w": w.buffers} | ({"w2": w2.buffers} if w2 is not None else {})
     n = T * w.o
     flop = 2 * T * w.i * w.o * (2 if w2 is not None else 1)
+    ep = Epilogue(residual=name in ("o", "down"))
+    row0 = [rng.uniform(-1, 1) for _ in range(w.o)]     # the residual: one random row, every token's
+    y0 = struct.pack(f"<{n}f", *(row0 * T)) if ep.residual else None
     simt = static_gemm(dev, w, w2)
-    ref, ref_ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=simt), binds, yb, n)
+    ref, ref_ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=simt, epilogue=ep), binds, yb, n, y0)
     scale = max(abs(v) for v in ref) or 1.0
-    row = {"fmt": w.fmt, "layer": name, "T": T, "o": w.o, "i": w.i, "dual": w2 is not None,
+    row = {"fmt": w.fmt, "layer": name, "T": T, "o": w.o, "i": w.i, "dual": w2 is not None, "residual": ep.residual,
            "simt": {"tile": tile(simt), "us": round(ref_ns / 1e3, 1), "tflops": round(flop / ref_ns / 1e3, 1)}, "mma": []}
     if w.fmt in ("q4", "q8"):   # the int8 GEMM on int8 rows (zeros: speed only)
         xq = xq_desc("x", w.i, T)
@@ -100,7 +107,7 @@ async def layer(dev, rng, name, w, w2):
     for c in cands:
         print("trying", name, tile(c), flush=True)
         try:
-            got, ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=c), binds, yb, n)
+            got, ns = await run(dev, LinearKernel(dev, "prefill", x, y, w, w2, variant=c, epilogue=ep), binds, yb, n, y0)
         except (GPUError, UnsupportedModelError, ValueError) as e:   # cannot build or compile: say why
             row["mma"].append({"tile": tile(c), "error": str(e)[:300]})
             continue

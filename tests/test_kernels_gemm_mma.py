@@ -115,23 +115,72 @@ def test_specialised_wgsl(fmt, direct, dual, sgm, sgn):
     # a subgroup's matrices sit at offsets of its index: Dawn's uniformity check is turned off
     assert "diagnostic(off, chromium.subgroup_matrix_uniformity);" in src
     assert f"@workgroup_size({32 * sgm * sgn})" in src and k.workgroups(70) == (-(-256 // v.bn), -(-70 // v.bm), 1)
-    nacc = 4 * 2 * (2 if dual else 1)
-    assert len(re.findall(r"subgroupMatrixMultiplyAccumulate\(", src)) == nacc
-    assert len(re.findall(r"subgroupMatrixStore\(", src)) == nacc
+    nacc = 4 * 2 * (2 if dual else 1)       # results a subgroup
+    # the products: a switch over the subgroups, each case the step's two 16-input slices unrolled
+    assert "switch sg {" in src and all(f"case {s}u: {{" in src for s in range(sgm * sgn))
+    assert len(re.findall(r"subgroupMatrixMultiplyAccumulate\(", src)) == nacc * sgm * sgn * 2
+    # results: to ys through a switch (literal offsets), one 16 x 16 matrix a subgroup at a time; a
+    # tile inside T x O of a plain y (not gate/up) straight into y
+    assert len(re.findall(r"subgroupMatrixStore\(&ys, \d+u, ac[cd]\d_\d, false, 16u\)", src)) == nacc * sgm * sgn
+    assert len(re.findall(r"subgroupMatrixStore\(&y_buf, ", src)) == (0 if dual else nacc)
+    assert ("let full = t0 + BM <= T && o0 + BN <= w_O;" in src) != dual and "Load<Acc>" not in src
     # each subgroup's 16 x 16 result(s) staged in its own part of ys
     assert re.search(r"var<workgroup> ys: array<f32, (\d+)>", src).group(1) == str(256 * (2 if dual else 1) * sgm * sgn)
     assert f"sg * {512 if dual else 256}u" in src and "let tm0 = (sg / SGN) * 64u;" in src
-    # matrix offsets: constants, the subgroup's corner (tm0, om0), the tile strides, the loop's k / kk
-    # (W2's tile: after W's in ws, WS_N on)
-    for call in re.findall(r"subgroupMatrix(?:Load<\w+>|Store)\(&\w+, ([^,]+),", src):
-        assert re.fullmatch(r"(WS_N \+ )?(\(tm0|\(om0|\(o0 \+ om0|sg \*)[0-9u* +()STKkw_I]*", call), call
-    w2_loads = len(re.findall(r"subgroupMatrixLoad<Right>\(&ws, WS_N \+ ", src))
-    assert w2_loads == (2 if dual and not direct else 0)
-    assert len(re.findall(r"put_w\([^;]*, 1u\);", src)) == (len(re.findall(r"put_w\([^;]*, 0u\);", src))
-                                                             if dual else 0)
+    # Dawn's bounds checks: workgroup-memory matrix loads at literal offsets (left: subgroup s's
+    # row blocks; right: its column blocks, W2's tile st * bn further on), direct loads from wh
+    st = 4 * 8 + 8
+    for s in range(sgm * sgn):
+        case = src[src.index(f"case {s}u: {{"):].split("}", 1)[0]
+        tm0, om0 = (s // sgn) * 64, (s % sgn) * 32
+        want_left = {(tm0 + 16 * i) * st + kk for i in range(4) for kk in (0, 16)}
+        assert set(map(int, re.findall(r"Load<Left>\(&xs, (\d+)u, false, ST\)", case))) == want_left
+        right = re.findall(r"Load<Right>\(&(ws|wh2?), ([^,]+), true", case)
+        if direct:
+            assert {r for r, _ in right} == ({"wh", "wh2"} if dual else {"wh"})
+            assert all(re.fullmatch(r"\(o0 \+ \d+u\) \* w_I \+ k \* KT \+ \d+u", off) for _, off in right)
+        else:
+            tiles = (0, st * v.bn) if dual else (0,)
+            assert {int(off[:-1]) for _, off in right} == {t + (om0 + 16 * j) * st + kk for t in tiles
+                                                           for j in range(2) for kk in (0, 16)}
+    # the tile stores: indices from lid and constants by / and % (Dawn's range analysis proves them)
+    stores = re.findall(r"\{ let idx = lid \+ (\d+)u; (?:if \(idx < \d+u\) )?\{ let i = (\d+u \+ )?"
+                        r"\(idx / KS\) \* ST \+ 4u \* \(idx % KS\); let h = (f[xwv])\d+; (\w+)\[i\]", src)
+    assert {(reg, arr) for _, _, reg, arr in stores} == ({("fx", "xs")} | (set() if direct else {("fw", "ws")})
+                                                         | ({("fv", "ws")} if dual and not direct else set()))
+    assert all((first == f"{st * v.bn}u + ") == (reg == "fv") for _, first, reg, _ in stores)
+    assert "fn put_" not in src
     # the next step's slices are fetched into registers while this step's are multiplied
     nx = -(-64 * sgm * 8 // (32 * sgm * sgn))
-    assert len(re.findall(r"  var fx\d+ = fetch_x\(", src)) == len(re.findall(r"  fx\d+ = fetch_x\(", src)) == nx
+    assert len([1 for _, _, reg, _ in stores if reg == "fx"]) == nx
+    assert (len(re.findall(r"  var fx\d+ = vec4<f16>\(fetch_x\(", src)) == len(re.findall(r"  fx\d+ = vec4<f16>\(fetch_x\(", src))
+            == nx)
     assert ("fetch_w(" in src) != direct
     # no fused norm (the model's Norm op normalises x): x's tile holds x as read
     assert "xinv" not in src and "norm_w4(k0" not in src
+
+
+def test_results_straight_into_y():
+    """A plain y (no bias, soft-cap or LoRA; not a column view) takes a whole tile's results straight
+    from the matrices, starting from y's values where the epilogue adds the residual; other
+    epilogues go through ys."""
+    from webdrift.kernels.linear import Epilogue
+    dev = SourceDevice()
+    v = GemmVariant(mma=True, bm=64, bn=64, tm=2, tn=2, kstep=8, sgm=2, sgn=2)
+    w, x, y = weight("q8", 256, 128), TensorDesc("x", 128, 70), TensorDesc("y", 256, 70)
+    src = {}
+    for name, ep, yy in (("res", Epilogue(residual=True), y), ("bias", Epilogue(bias=True), y),
+                         ("cap", Epilogue(softcap=30.0), y), ("view", Epilogue(), TensorDesc("y", 512, 70).columns(0, 256))):
+        k = LinearKernel(dev, "prefill", x, yy, w, variant=v, epilogue=ep)
+        src[name] = dev.sources[k.label]
+    loads = re.findall(r"acc(\d)_(\d) = subgroupMatrixLoad<Acc>\(&y_buf, y_idx\(0u, t0 \+ tm0 \+ (\d+)u, 0u, "
+                       r"o0 \+ om0 \+ (\d+)u\), false, y_C\);", src["res"])
+    assert sorted(loads) == [(str(i), str(j), str(16 * i), str(16 * j)) for i in range(2) for j in range(2)]
+    assert src["res"].index("Load<Acc>") < src["res"].index("for (var k = 0u; k < NSTEPS")   # before the products
+    assert len(re.findall(r"subgroupMatrixStore\(&y_buf, ", src["res"])) == 4
+    for name in ("bias", "cap", "view"):
+        assert "y_buf, y_idx" not in src[name] and "let full" not in src[name], name
+    # inputs a whole number of K steps: no zero-fill branch; otherwise the tail is zeroed
+    assert "if (s >= w_SI)" not in src["res"]
+    k = LinearKernel(dev, "prefill", TensorDesc("x", 136, 70), y, weight("f16", 256, 136), variant=v)
+    assert "if (s >= w_SI) { return vec4<f32>(0.0); }" in dev.sources[k.label]

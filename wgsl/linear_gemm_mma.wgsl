@@ -3,23 +3,25 @@
 // (+bias) (DUAL: act(x.Wg) * x.Wu) (softcap) (+residual), any weight format.
 // A workgroup computes a BM-token x BN-output tile with SGM x SGN subgroups of 32 invocations;
 // subgroup (sy, sx) owns the SM x SN 16 x 16 result matrices of tokens sy * 16 SM .. and outputs
-// sx * 16 SN .. of the tile (BM = 16 SM SGM, BN = 16 SN SGN). A subgroup's matrices sit at offsets
-// that depend on its index, which Dawn's uniformity analysis rejects by default ("requires
-// argument 1 to be uniform"); they are uniform within the subgroup, which is what the matrix units
-// need, so that check is turned off below. The index is lid / 32: Device.has_mma_f16 requires
+// sx * 16 SN .. of the tile (BM = 16 SM SGM, BN = 16 SN SGN). Its products run in a `switch` over
+// the subgroup index with every workgroup-memory offset a literal (kernels/linear_gemm.py
+// mma_defines: why), which Dawn's uniformity analysis rejects by default ("requires argument 1 to
+// be uniform"); the index is uniform within the subgroup, which is what the matrix units need, so
+// that check is turned off below. The index is lid / 32: Device.has_mma_f16 requires
 // subgroups of exactly 32, laid out in invocation order (the adapters that offer the feature do).
 // K advances KT = 4 KS inputs per step. x's slices (normalised here with the fused norm: 1/rms and
 // its weight, so f16 holds them) and, unless DIRECT_W, W's slices dequantized by w_read4 go into
 // workgroup tiles as f16, rows ST = KT + 8 apart (16 bytes of padding against bank conflicts):
 //   xs[t * ST + k] = x[t0 + t, k0 + k]            ws[o * ST + k] = W[o0 + o, k0 + k]
 //                                                 ws[WS_N + o * ST + k] = W2[o0 + o, k0 + k] (DUAL)
-// (zero past T, O and the row). The next step's slices are fetched into registers (NXF / NWF
-// vec4s an invocation) before this step's products, so their loads overlap the matrix work.
+// (zero past T, O and the row; stored in main, indexed from lid). The next step's slices are
+// fetched into registers before this step's products, so their loads overlap the matrix work.
 // Per 16 inputs a subgroup multiplies its left matrices (16 tokens x 16, row-major) by its right
 // ones (16 x 16 outputs: W's rows, read column-major) into f32 results.
 // DIRECT_W (row-major f16 weights): the right matrices load straight from W's buffer (wh).
 // The results go one 16 x 16 matrix per subgroup at a time through workgroup memory (ys, f32) to
-// linear_common's epilogue(). f16 holds the activations to ~3 significant digits (an H100 check
+// linear_common's epilogue(); DIRECT_Y (an epilogue of nothing or + residual, a row-major y): a
+// tile inside T x O stores its matrices straight into y, the residual their starting value. f16 holds the activations to ~3 significant digits (an H100 check
 // against the SIMT GEMM: largest difference a few 1e-4 of the largest output); the tuner takes
 // this kernel only where it measures faster (kernels/autotune.py).
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
@@ -53,44 +55,30 @@ var<workgroup> ws: array<f16, {{WS_ALL}}>;     // W's tile, then (DUAL) W2's
 #endif
 var<workgroup> ys: array<f32, {{YS_N}}>;
 
-// x's slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads); zero
-// past the rows and the inputs
+// x's slice idx = (t, s) of the step starting at slice k0, s fastest (coalesced row reads): rows
+// past T read the last row and W's rows past O its last (their results are never stored), so no
+// load waits on a bounds branch; zero past the inputs (K_TAIL: only where KS does not divide them)
 fn fetch_x(idx: u32, t0: u32, k0: u32, T: u32) -> vec4<f32> {
-  let t = idx / KS;
-  let s = idx % KS;
-  var v = vec4<f32>(0.0);
-  if (idx < BM * KS && t0 + t < T && k0 + s < w_SI) {
-    v = x_read(0u, t0 + t, 0u, k0 + s);
-  }
-  return v;
-}
-
-fn put_x(idx: u32, v: vec4<f32>) {
-  if (idx >= BM * KS) { return; }
-  let h = vec4<f16>(v);
-  let i = (idx / KS) * ST + 4u * (idx % KS);
-  xs[i] = h.x; xs[i + 1u] = h.y; xs[i + 2u] = h.z; xs[i + 3u] = h.w;
+  let t = min(t0 + idx / KS, T - 1u);
+  let s = k0 + idx % KS;
+#if K_TAIL
+  if (s >= w_SI) { return vec4<f32>(0.0); }
+#endif
+  return x_read(0u, t, 0u, s);
 }
 
 #if !DIRECT_W
-// W's slice idx = (o, s) of the step starting at slice k0 (tile 1: W2's), dequantized; zero past
-// the outputs and the inputs
+// W's slice idx = (o, s) of the step starting at slice k0 (tile 1: W2's), dequantized
 fn fetch_w(idx: u32, o0: u32, k0: u32, tile: u32) -> vec4<f32> {
-  let o = idx / KS;
-  let s = idx % KS;
-  if (idx >= BN * KS || o0 + o >= w_O || k0 + s >= w_SI) { return vec4<f32>(0.0); }
-#if DUAL
-  if (tile == 1u) { return w2_read4(o0 + o, k0 + s); }
+  let o = min(o0 + idx / KS, w_O - 1u);
+  let s = k0 + idx % KS;
+#if K_TAIL
+  if (s >= w_SI) { return vec4<f32>(0.0); }
 #endif
-  return w_read4(o0 + o, k0 + s);
-}
-
-// into W's tile (tile 1: W2's, WS_N halves further on)
-fn put_w(idx: u32, v: vec4<f32>, tile: u32) {
-  if (idx >= BN * KS) { return; }
-  let h = vec4<f16>(v);
-  let i = tile * WS_N + (idx / KS) * ST + 4u * (idx % KS);
-  ws[i] = h.x; ws[i + 1u] = h.y; ws[i + 2u] = h.z; ws[i + 3u] = h.w;
+#if DUAL
+  if (tile == 1u) { return w2_read4(o, s); }
+#endif
+  return w_read4(o, s);
 }
 #endif
 
@@ -113,9 +101,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (k + 1u < NSTEPS) {
 {{FETCH_NEXT}}
     }
-    for (var kk = 0u; kk < KT; kk += 16u) {
 {{COMPUTE}}
-    }
     workgroupBarrier();
   }
 {{STORE}}

@@ -387,7 +387,10 @@ class LinearKernel(Kernel):
             d.update({k: row[k] for k in ("NB", "STRIDE4", "D4", "S4", "P0", "NP")})   # the int8 row's layout
             d.update(int8_defines(gemm, w.fmt, w2 is not None, pre_norm is not None), XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0")
         elif gemm is not None and gemm.mma:
-            d.update(mma_defines(gemm, w2 is not None),
+            direct_y = (w2 is None and not ep.bias and ep.softcap is None and ep.lora is None and y.layout == "linear"
+                        and not y.c_total and y.h == 1 and y.b == 1)
+            d.update(mma_defines(gemm, w2 is not None, direct_y, ep.residual), DIRECT_Y=direct_y,
+                     K_TAIL=-(-w.i // 4) % gemm.kstep != 0,
                      WH_DECL=b.array("wh", "array<f16>", f"({w.o}, {w.i}) f16: w's buffer") if gemm.direct else "",
                      WH2_DECL=(b.array("wh2", "array<f16>", f"({w.o}, {w.i}) f16: w2's buffer")
                                if gemm.direct and w2 is not None else ""))

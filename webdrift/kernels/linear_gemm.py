@@ -309,56 +309,94 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
             "STORE": _store(v.tm, v.tn, dual, (lambda i: f"xinv[ty + {i}u * NTY] * ") if xnorm else (lambda i: ""))}
 
 
-def mma_defines(v: GemmVariant, dual: bool) -> dict:
+def mma_defines(v: GemmVariant, dual: bool, direct_y: bool = False, residual: bool = False) -> dict:
     """Defines of wgsl/linear_gemm_mma.wgsl: each of the workgroup's sgm x sgn subgroups computes
     v.tm x v.tn 16 x 16 results (accumulators acc{i}_{j}, and acd{i}_{j} for w2), each 16-input
     slice of the step a left load per row block, a right load per column block and a
     multiply-accumulate per pair; the next step's slices are fetched into registers fx{n} / fw{n} /
-    fv{n} (invocation lid's n-th: slice lid + n WG) while this step's are multiplied."""
+    fv{n} (invocation lid's n-th: slice lid + n WG) while this step's are multiplied.
+
+    Written for WebGPU's bounds checks (Dawn's robustness transform), which otherwise halve the
+    matrix units' throughput (H200, docs/BENCHMARKS.md session 32): the workgroup-memory matrix
+    loads take literal offsets (a `switch` over the subgroups, the step's 16-input slices
+    unrolled), which Dawn leaves unchecked, and the tile stores index from `lid` and constants by
+    / and % only, which its integer range analysis proves in bounds.
+    direct_y (not dual; the epilogue adds nothing, or the residual: y's own values): a tile inside
+    T x O stores its results straight into y (y_buf, rows y_C apart), starting from y's values
+    with `residual`; other tiles go through ys and epilogue()."""
     v.check()
     pairs = [(i, j) for i in range(v.tm) for j in range(v.tn)]
     decl = [f"  var acc{i}_{j} = Acc();" for i, j in pairs] + ([f"  var acd{i}_{j} = Acc();" for i, j in pairs]
                                                                if dual else [])
-    body = [f"      let a{i} = subgroupMatrixLoad<Left>(&xs, (tm0 + {16 * i}u) * ST + kk, false, ST);"
-            for i in range(v.tm)]
-    # the right matrices: W's (b, into acc) and W2's (e, into acd; tile 1 of ws, or wh2)
-    for tile, name, acc in ((0, "b", "acc"), (1, "e", "acd")) if dual else ((0, "b", "acc"),):
-        if v.direct:    # W's rows o0 + om0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
-            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&{('wh', 'wh2')[tile]}, "
-                     f"(o0 + om0 + {16 * j}u) * w_I + k * KT + kk, true, w_I);" for j in range(v.tn)]
-        else:
-            body += [f"      let {name}{j} = subgroupMatrixLoad<Right>(&ws, {'WS_N + ' if tile else ''}"
-                     f"(om0 + {16 * j}u) * ST + kk, true, ST);" for j in range(v.tn)]
-        body += [f"      {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}, {name}{j}, {acc}{i}_{j});"
-                 for i, j in pairs]
-    # the tiles' fetch slots: (register prefix, fetch fn, put fn, slices per tile, tile corner,
-    # extra fetch args, extra put args)
-    slots = [("fx", "fetch_x", "put_x", v.bm * v.kstep, "t0", ", T", "")]
+    if direct_y and dual:
+        raise ValueError("results stored straight into y are for one weight (gate/up's product needs the epilogue)")
+
+    def y_at(i, j):    # offset of result (i, j) of this subgroup in y
+        return f"y_idx(0u, t0 + tm0 + {16 * i}u, 0u, o0 + om0 + {16 * j}u)"
+    if direct_y:
+        decl.append("  let full = t0 + BM <= T && o0 + BN <= w_O;   // the tile lies inside T x O (uniform)")
+        if residual:
+            decl += ["  if (full) {"] + [f"    acc{i}_{j} = subgroupMatrixLoad<Acc>(&y_buf, {y_at(i, j)}, false, y_C);"
+                                         for i, j in pairs] + ["  }"]
+    st, kt, nsg = 4 * v.kstep + 8, 4 * v.kstep, v.sgm * v.sgn
+    cases = []
+    for sg in range(nsg):       # subgroup sg's corner of the tile: tokens tm0 .., outputs om0 ..
+        tm0, om0 = (sg // v.sgn) * 16 * v.tm, (sg % v.sgn) * 16 * v.tn
+        body = []
+        for kk in range(0, kt, 16):
+            body += [f"        let a{i}k{kk} = subgroupMatrixLoad<Left>(&xs, {(tm0 + 16 * i) * st + kk}u, false, ST);"
+                     for i in range(v.tm)]
+            # the right matrices: W's (b, into acc) and W2's (e, into acd; tile 1 of ws, or wh2)
+            for tile, name, acc in ((0, "b", "acc"), (1, "e", "acd")) if dual else ((0, "b", "acc"),):
+                if v.direct:    # W's rows o0 + om0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
+                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right>(&{('wh', 'wh2')[tile]}, "
+                             f"(o0 + {om0 + 16 * j}u) * w_I + k * KT + {kk}u, true, w_I);" for j in range(v.tn)]
+                else:
+                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right>(&ws, "
+                             f"{tile * st * v.bn + (om0 + 16 * j) * st + kk}u, true, ST);" for j in range(v.tn)]
+                body += [f"        {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}k{kk}, {name}{j}k{kk}, {acc}{i}_{j});"
+                         for i, j in pairs]
+        cases.append(f"      case {sg}u: {{\n" + "\n".join(body) + "\n      }")
+    compute = "    switch sg {\n" + "\n".join(cases) + "\n      default: {}\n    }"
+    # the tiles' fetch slots: (register prefix, fetch fn, tile array, first element, slices per tile,
+    # tile corner, extra fetch args)
+    slots = [("fx", "fetch_x", "xs", 0, v.bm * v.kstep, "t0", ", T")]
     if not v.direct:
-        slots += [("fw", "fetch_w", "put_w", v.bn * v.kstep, "o0", ", 0u", ", 0u")]
-        slots += [("fv", "fetch_w", "put_w", v.bn * v.kstep, "o0", ", 1u", ", 1u")] if dual else []
+        slots += [("fw", "fetch_w", "ws", 0, v.bn * v.kstep, "o0", ", 0u")]
+        slots += [("fv", "fetch_w", "ws", st * v.bn, v.bn * v.kstep, "o0", ", 1u")] if dual else []
     fetch0, put, fetch = [], [], []
-    for reg, fn, pfn, n, base, extra, pextra in slots:
+    for reg, fn, arr, first, n, base, extra in slots:
         for s in range(_slots(n, v.wg)):
-            fetch0.append(f"  var {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, 0u{extra});")
-            fetch.append(f"      {reg}{s} = {fn}(lid + {s * v.wg}u, {base}, (k + 1u) * KS{extra});")
-            put.append(f"    {pfn}(lid + {s * v.wg}u, {reg}{s}{pextra});")
+            # held as f16 (what the tile stores): half the registers of f32, which a 4 x 4 block of
+            # results needs (128 a lane) to stay out of local memory
+            fetch0.append(f"  var {reg}{s} = vec4<f16>({fn}(lid + {s * v.wg}u, {base}, 0u{extra}));")
+            fetch.append(f"      {reg}{s} = vec4<f16>({fn}(lid + {s * v.wg}u, {base}, (k + 1u) * KS{extra}));")
+            guard = "" if (s + 1) * v.wg <= n else f"if (idx < {n}u) "
+            put.append(f"    {{ let idx = lid + {s * v.wg}u; {guard}{{ let i = {f'{first}u + ' if first else ''}"
+                       f"(idx / KS) * ST + 4u * (idx % KS); "
+                       f"let h = {reg}{s}; {arr}[i] = h.x; {arr}[i + 1u] = h.y; {arr}[i + 2u] = h.z; "
+                       f"{arr}[i + 3u] = h.w; }} }}")
     ysg = 512 if dual else 256     # each subgroup's 16 x 16 result(s) in ys
     store = []
+    if direct_y:
+        store += ["  if (full) {"] + [f"    subgroupMatrixStore(&y_buf, {y_at(i, j)}, acc{i}_{j}, false, y_C);"
+                                      for i, j in pairs] + ["    return;", "  }"]
     up = f"ys[sg * {ysg}u + 256u + e]" if dual else f"ys[sg * {ysg}u + e]"    # epilogue's second value
     for i, j in pairs:    # one 16 x 16 result a subgroup at a time through ys (small: more workgroups fit an SM)
-        store += [f"  subgroupMatrixStore(&ys, sg * {ysg}u, acc{i}_{j}, false, 16u);"]
-        store += [f"  subgroupMatrixStore(&ys, sg * {ysg}u + 256u, acd{i}_{j}, false, 16u);"] if dual else []
-        store += ["  workgroupBarrier();",
-                  "  for (var e = lane; e < 256u; e += 32u) {",
+        cases = [f"    case {sg}u: {{ subgroupMatrixStore(&ys, {sg * ysg}u, acc{i}_{j}, false, 16u);"
+                 + (f" subgroupMatrixStore(&ys, {sg * ysg + 256}u, acd{i}_{j}, false, 16u);" if dual else "") + " }"
+                 for sg in range(nsg)]
+        store += ["  switch sg {"] + cases + ["    default: {}", "  }",
+                  "  workgroupBarrier();",
+                  "  for (var q = 0u; q < 8u; q++) {   // e from lane and a constant-started loop: ys[] in range",
+                  "    let e = lane + 32u * q;",
                   f"    let t = t0 + tm0 + {16 * i}u + e / 16u;",
                   f"    let o = o0 + om0 + {16 * j}u + e % 16u;",
                   f"    if (t < T && o < w_O) {{ epilogue(t, o, ys[sg * {ysg}u + e], {up}); }}",
                   "  }",
                   "  workgroupBarrier();"]
-    st = 4 * v.kstep + 8
     return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "SGN": v.sgn, "SUB_M": 16 * v.tm,
             "SUB_N": 16 * v.tn, "DIRECT_W": v.direct,
             "XS_N": st * v.bm, "WS_N": st * v.bn, "WS_ALL": st * v.bn * (2 if dual else 1), "YS_N": ysg * v.sgm * v.sgn,
             "ACC_DECL": "\n".join(decl), "FETCH_DECL": "\n".join(fetch0), "PUT": "\n".join(put),
-            "FETCH_NEXT": "\n".join(fetch), "COMPUTE": "\n".join(body), "STORE": "\n".join(store)}
+            "FETCH_NEXT": "\n".join(fetch), "COMPUTE": compute, "STORE": "\n".join(store)}
