@@ -525,3 +525,37 @@ def test_logits_from_a_row_fill_the_context(tmp_path, hf_tokenizer_dir):
         eng.generate(ids, max_new_tokens=1)
     with pytest.raises(webdrift.ContextLengthError):
         eng.logits(ids + [5])
+
+
+def test_prefill_gemm_tile_per_bucket(tmp_path, hf_tokenizer_dir, monkeypatch):
+    """A prefill program of more than GEMM_TUNE_ROWS rows takes, per layer, the GEMM chosen at its
+    capacity for the token buckets from large_gemm_rows on and the one chosen at GEMM_TUNE_ROWS
+    below (here the capacity's choice is forced to another tile: lavapipe is not tuned); a
+    400-token prompt runs one chunk of each and matches transformers."""
+    from webdrift.kernels.autotune import GEMM_TUNE_ROWS, large_gemm_rows
+    from webdrift.kernels.linear import GemmVariant
+    from webdrift.models import forward
+    from webdrift.models.forward import Linear
+    assert (large_gemm_rows(1024), large_gemm_rows(320), large_gemm_rows(4096)) == (512, 320, 1024)
+    big = GemmVariant(bm=32, bn=64, tm=4, tn=4, kstep=4)
+    real, asked = forward.choose_gemm, []
+
+    def choose(dev, w, w2=None, enabled=True, int8=False, rows=GEMM_TUNE_ROWS):
+        asked.append(rows)
+        return big if rows != GEMM_TUNE_ROWS else real(dev, w, w2, enabled=enabled, int8=int8)
+    monkeypatch.setattr(forward, "choose_gemm", choose)
+    d, ref = make_model("qwen2_bias_f16", tmp_path, hf_tokenizer_dir)
+    eng = webdrift.load(str(d), max_context=448, prefill_chunk=320, prefill_kernels="gemm_float")
+    assert 320 in asked and GEMM_TUNE_ROWS in asked
+    layers = [op for op in eng.prefill.graph.ops if isinstance(op, Linear) and not op.head]
+    assert len(layers) == 8 and all(op.large == (320, big) and op.variant != big for op in layers)
+    small = {x.label: x.pipeline for x in eng.prefill.dispatches(100)}
+    large = {x.label: x.pipeline for x in eng.prefill.dispatches(320)}
+    assert small.keys() == large.keys()
+    assert {lbl for lbl in small if small[lbl] is not large[lbl]} == {op.label for op in layers}
+    # the prompt's first 320 tokens through the capacity's tiles, the other 80 through the small ones
+    ids = np.random.default_rng(4).integers(3, VOCAB, 400).tolist()
+    assert eng.generate(ids, max_new_tokens=6, stop_at_eos=False).token_ids == torch_greedy(ref, ids, 6)
+    # a program of GEMM_TUNE_ROWS rows or fewer has one tile a layer
+    short = webdrift.load(str(d), max_context=448, prefill_chunk=64, prefill_kernels="gemm_float")
+    assert all(op.large is None for op in short.prefill.graph.ops if isinstance(op, Linear))

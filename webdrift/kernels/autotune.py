@@ -133,7 +133,14 @@ GEMM_I8_CANDIDATES = (
     GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=1, double=True),
     GemmVariant(int8=True, bm=64, bn=64, tm=4, tn=4, kstep=2),
 )
-GEMM_TUNE_ROWS = 256          # tokens of the timed GEMM tiles (choose_gemm says why not the prefill chunk's)
+GEMM_TUNE_ROWS = 256          # tokens of the timed GEMM tiles for short prompts (choose_gemm; the chunk's too)
+
+
+def large_gemm_rows(capacity: int) -> int:
+    """The token bucket from which a prefill program of `capacity` rows runs the GEMM chosen at
+    its capacity instead of the one chosen at GEMM_TUNE_ROWS (models/forward.py, Linear.large):
+    the geometric mean of the two row counts, on the programs' 64-row bucket grid."""
+    return ceil_div(math.isqrt(GEMM_TUNE_ROWS * capacity), 64) * 64
 _memory: dict[str, dict] = {}
 _DEFAULTS = asdict(GemvVariant())
 
@@ -1063,20 +1070,24 @@ def static_gemm(dev: Device, w, w2=None, int8: bool = False) -> GemmVariant:
     return cands[0]
 
 
-def _gemm_key(dev: Device, w, w2, int8: bool) -> str:
+def _gemm_key(dev: Device, w, w2, int8: bool, rows: int = GEMM_TUNE_ROWS) -> str:
     return (f"{key_prefix(dev)}gemm|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}"
-            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}")
+            f"{'|int8' if int8 else ''}{'' if layout_name(w) == 'OI' else '|' + layout_name(w)}"
+            f"{'' if rows == GEMM_TUNE_ROWS else f'|r{rows}'}")
 
 
-def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemmVariant:
-    """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on
-    GEMM_TUNE_ROWS tokens with the real weights like choose_gemv; int8: the integer-dot GEMM.
-    One tile serves every prompt length up to the prefill chunk, and the 256-row winner is the
-    robust one: on the 1B q4 shapes (H200, 2026-11-29) the 1024-row winners of O and down took
-    1.6x and 2.7x the 256-row winners' time at 256 rows, the 256-row winners 1.13x and 1.06x the
-    1024-row ones' at 1024 rows."""
+def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False, rows: int = GEMM_TUNE_ROWS) -> GemmVariant:
+    """The fastest prefill GEMM configuration for weight w (and w2: gate/up), timed on `rows`
+    tokens with the real weights like choose_gemv; int8: the integer-dot GEMM. The best tile
+    depends on the rows: on the 1B q4 shapes (H200, 2026-11-29) the 1024-row winners of O and
+    down took 1.6x and 2.7x the 256-row winners' time at 256 rows, the 256-row winners 1.13x and
+    1.06x the 1024-row ones' at 1024 rows; on the 8B f16 ones through Dawn (session 32) the
+    256-row winners (64 x 64 matrix-unit tiles) ran 90-102 TFLOP/s at 1024 rows where 128 x 128
+    tiles ran 119-139. So a prefill program takes this at GEMM_TUNE_ROWS and at its chunk
+    (models/forward.py, large_gemm), each for the token buckets nearer to it."""
     static = asdict(static_gemm(dev, w, w2, int8))
-    got = _decide(dev, _gemm_key(dev, w, w2, int8), enabled, lambda: _search_gemm(dev, w, w2, int8), static)
+    got = _decide(dev, _gemm_key(dev, w, w2, int8, rows), enabled, lambda: _search_gemm(dev, w, w2, int8, rows),
+                  static)
     try:
         return GemmVariant(**{k: v for k, v in got.items() if not k.endswith("_ns")})
     except TypeError:      # a cache entry of another version
@@ -1086,7 +1097,7 @@ def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> Ge
 def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, rows: int = GEMM_TUNE_ROWS,
                    normed: bool = False) -> dict:
     """Time one layer's prefill GEMM both ways over `rows` tokens (the prefill chunk): the best
-    float tile against QuantizeKernel + the best int8 tile (the tiles chosen at GEMM_TUNE_ROWS,
+    float tile against QuantizeKernel + the best int8 tile (the tiles chosen at `rows`,
     choose_gemm), the two sides timed in turn twice and each side's faster run kept (timed once
     each, the choice at 1024 rows once put an 8B q4 Q|K|V on the float GEMM, which takes 1.8x
     the int8 one's time there; H200, 2026-11-29, cause of that timing not isolated); normed (QKV,
@@ -1095,15 +1106,15 @@ def gemm_int8_pays(dev: Device, w, w2=None, enabled=FORCE, static: bool = True, 
     {"float_ns", "int8_ns", "int8"}; cached; `static` while unmeasured (asynchronous timing).
     Measured whenever called (enabled FORCE): models/choices.py calls it only where the adapter is
     tuned."""
-    key = (f"{key_prefix(dev)}gemm_int8_pays4|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
+    key = (f"{key_prefix(dev)}gemm_int8_pays5|{w.fmt}|{w.o}|{w.i}|{int(w2 is not None)}|"
            f"{rows}|{int(normed)}")
     return _decide(dev, key, enabled, lambda: _measure_gemm_int8(dev, w, w2, rows, normed),
                    {"float_ns": None, "int8_ns": None, "int8": static})
 
 
 def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
-    f = yield from _sub(_gemm_key(dev, w, w2, False), lambda: _search_gemm(dev, w, w2, False))
-    q = yield from _sub(_gemm_key(dev, w, w2, True), lambda: _search_gemm(dev, w, w2, True))
+    f = yield from _sub(_gemm_key(dev, w, w2, False, rows), lambda: _search_gemm(dev, w, w2, False, rows))
+    q = yield from _sub(_gemm_key(dev, w, w2, True, rows), lambda: _search_gemm(dev, w, w2, True, rows))
     if not f.get("best_ns") or not q.get("best_ns"):
         return {"float_ns": f.get("best_ns"), "int8_ns": q.get("best_ns"), "int8": bool(q.get("best_ns"))}
     fv, qv = (GemmVariant(**{k: v for k, v in c.items() if not k.endswith("_ns")}) for c in (f, q))
@@ -1148,9 +1159,9 @@ def _measure_gemm_int8(dev: Device, w, w2, rows: int, normed: bool):
     return {"float_ns": t_f, "int8_ns": t_i, "int8": t_i + HOST_NS_PER_DISPATCH < t_f}
 
 
-def _search_gemm(dev: Device, w, w2, int8: bool):
-    """The fastest GEMM candidate's fields, with its GPU ns as "best_ns" (None: none ran)."""
-    rows = GEMM_TUNE_ROWS
+def _search_gemm(dev: Device, w, w2, int8: bool, rows: int = GEMM_TUNE_ROWS):
+    """The fastest GEMM candidate's fields over `rows` tokens, with its GPU ns as "best_ns" (None:
+    none ran)."""
     x = xq_desc("x", w.i, rows) if int8 else TensorDesc("x", w.i, rows)
     y = TensorDesc("y", w.o, rows)
     if y.nbytes > dev.max_binding_size:     # e.g. a large vocabulary's LM head: not timed

@@ -3,7 +3,8 @@
     ops    = ForwardBuilder(...).build()        models/forward.py: typed ops + the op graph
     offsets = graph.plan()                      graph/: shapes at capacity, arena offsets
     kernels = [lower(op, ctx) for op in ops]    models/lower.py: kernels + bindings (on first use)
-    dispatches(t) -> [(pipeline, bind group, workgroups(t))]   cached per token bucket
+    dispatches(t) -> [(pipeline, bind group, workgroups(t))]   cached per token bucket (a prefill
+                                                GEMM's tile per bucket size: Linear.large)
 
 Build time vs step time: everything above happens once per program; a step only picks the
 cached dispatch list for its token bucket (and writes the Step uniform, runtime/engine.py).
@@ -11,6 +12,8 @@ Must not: import numpy or wgpu; decide how an op runs (forward.py does).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..gpu.base import STORAGE, Buffer, Dispatch
 from ..kernels.base import ceil_div
@@ -64,7 +67,9 @@ class Program:
             self._kernels, self._cache = None, {}   # bind groups name the arena: rebuilt on next use
 
     def kernels(self) -> list:
-        """[(op, kernel, bind group)] for every op, in order (built once, on first use)."""
+        """[(op, kernel, bind group, large)] for every op, in order (built once, on first use);
+        large: (rows, kernel, bind group) of a prefill GEMM chosen for token buckets of at least
+        that many rows (Linear.large), or None."""
         if self._kernels is None:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
@@ -73,7 +78,12 @@ class Program:
             self._kernels = []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)
-                self._kernels.append((op, k, k.bind(m.dev, binds)))
+                large = None
+                if isinstance(op, Linear) and op.large is not None:
+                    rows, v = op.large
+                    k2, b2 = lower(replace(op, variant=v, large=None), ctx)
+                    large = (rows, k2, k2.bind(m.dev, b2))
+                self._kernels.append((op, k, k.bind(m.dev, binds), large))
         return self._kernels
 
     def qlast_buffers(self) -> tuple | None:
@@ -111,9 +121,11 @@ class Program:
         lst = self._cache.get(key)
         if lst is None:
             lst = []
-            for op, k, bg in self.kernels():
+            for op, k, bg, large in self.kernels():
                 if op.head and not head:
                     continue
+                if large is not None and bucket >= large[0]:
+                    _, k, bg = large
                 if not op.head or self.all_logits or self.streams:
                     rows = bucket
                 else:

@@ -199,7 +199,8 @@ async def ameasure_rooflines(dev, mib: int, quick: bool) -> dict:
 def prefill_kernels_used(eng) -> tuple[str, str | None]:
     """What the engine's prefill runs: ("gemv" | "gemm_float" | "gemm_int8" | "gemm_int8:ROLE+ROLE"
     (int8 on those layer roles, float on the others), the first layer GEMM's tile as
-    BMxBN/TMxTN/kK[/db][/f16][/mma: matrix units, TMxTN 16x16 results a subgroup], or None for
+    BMxBN/TMxTN/kK[/db][/f16][/mma: matrix units, TMxTN 16x16 results a subgroup], followed by
+    " (>=R rows: TILE)" where buckets of R rows or more take another (Linear.large), or None for
     the GEMVs)."""
     from ..models.forward import Linear
     if eng.prefill.stage == "decode":
@@ -207,10 +208,12 @@ def prefill_kernels_used(eng) -> tuple[str, str | None]:
     roles = eng.model.prefill_int8_roles
     kind = ("gemm_int8" if all(roles.values()) else "gemm_float" if not any(roles.values())
             else "gemm_int8:" + "+".join(r for r, v in roles.items() if v))
-    v = next(op.variant for op in eng.prefill.graph.ops if isinstance(op, Linear) and not op.head)
-    tile = (f"{v.bm}x{v.bn}/{v.tm}x{v.tn}/k{v.kstep}" + ("/db" if v.double else "") + ("/f16" if v.f16_tiles else "")
-            + ("/mma" if v.mma else ""))
-    return kind, tile
+    op = next(op for op in eng.prefill.graph.ops if isinstance(op, Linear) and not op.head)
+
+    def tile(v):
+        return (f"{v.bm}x{v.bn}/{v.tm}x{v.tn}/k{v.kstep}" + ("/db" if v.double else "") + ("/f16" if v.f16_tiles else "")
+                + ("/mma" if v.mma else ""))
+    return kind, tile(op.variant) + (f" (>={op.large[0]} rows: {tile(op.large[1])})" if op.large else "")
 
 
 def prefill_uses_matrix_units(eng) -> bool:
