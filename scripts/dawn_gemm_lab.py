@@ -27,12 +27,17 @@ Prints one JSON line a kernel: shape, variant, us, TFLOP/s, largest difference /
 import asyncio
 import json
 import os
+import pathlib
 import random
+import runpy
 import struct
-import time
 
 from webdrift.gpu import dawn
-from webdrift.gpu.base import READ, RW, Dispatch, TimestampRecorder
+from webdrift.gpu.base import READ, RW, Dispatch
+
+# the timing of scripts/dawn_mma_check.py (clocks up for WARM_S 0.3 s, then the best of 3 passes)
+time_passes = runpy.run_path(str(pathlib.Path(__file__).with_name("dawn_mma_check.py")),
+                             run_name="dawn_mma_check")["time_passes"]
 
 TOG = os.environ.get("LAB_TOGGLES", "")
 if TOG:
@@ -52,28 +57,17 @@ HASH_WGSL = """
 fn hsh(v: u32) -> u32 { var x = v; x ^= x >> 16u; x *= 0x7feb352du; x ^= x >> 15u; x *= 0x846ca68bu; x ^= x >> 16u; return x; }
 fn val(i: u32) -> f32 { return f32(i32(hsh(i ^ SEED) & 255u) - 128) / 256.0; }
 """
-FILL_H = """enable f16;
+# fill a buffer with val(): f16 pairs packed in u32 (F16) or f32
+FILL = """{F16}
 const SEED: u32 = {SEED}u;
 const N: u32 = {N}u;
 """ + HASH_WGSL + """
-@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@group(0) @binding(0) var<storage, read_write> out: array<{T}>;
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) g: vec3<u32>) {
   let i = g.x + g.y * 1048576u;
   if (i >= N) { return; }
-  out[i] = pack2x16float(vec2<f32>(val(2u * i), val(2u * i + 1u)));
-}
-"""
-FILL_F = """
-const SEED: u32 = {SEED}u;
-const N: u32 = {N}u;
-""" + HASH_WGSL + """
-@group(0) @binding(0) var<storage, read_write> out: array<f32>;
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) g: vec3<u32>) {
-  let i = g.x + g.y * 1048576u;
-  if (i >= N) { return; }
-  out[i] = val(i);
+  out[i] = {VALUE};
 }
 """
 
@@ -117,6 +111,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let om0 = (sg % SGN) * {16 * tn}u;
 {acc}
 """
+    def loop_kk(body):      # the step's 16-input slices in a loop
+        return "    for (var kk = 0u; kk < KT; kk += 16u) {\n" + body + "\n    }"
+
+    def k_loop(put, fetch, products):   # the K loop of a staged structure
+        nl = "\n"
+        return (f"\n  for (var k0 = 0u; k0 < K; k0 += KT) {{\n{nl.join(put)}\n    workgroupBarrier();\n"
+                f"    if (k0 + KT < K) {{\n{nl.join(fetch)}\n    }}\n{products}\n    workgroupBarrier();\n  }}")
+
     def mma(src_a, src_b, off_a, off_b, stride_a, stride_b):
         L = [f"      let a{i} = subgroupMatrixLoad<Left>(&{src_a}, {off_a(i)}, false, {stride_a});" for i in range(tm)]
         L += [f"      let b{j} = subgroupMatrixLoad<Right>(&{src_b}, {off_b(j)}, true, {stride_b});" for j in range(tn)]
@@ -166,34 +168,21 @@ var<workgroup> ws: array<f16, BN * ST>;
         na, nw = (bm // 16) * kb, (bn // 16) * kb
         assert na % nsg == 0 and nw % nsg == 0
         fetch, put, fetch0 = [], [], []
-        for n in range(na // nsg):
-            b = f"(sg + {n * nsg}u)"
-            src_off = f"(t0 + 16u * ({b} / {kb}u)) * K + {{K0}} + 16u * ({b} % {kb}u)"
-            fetch0.append(f"  var fa{n} = subgroupMatrixLoad<Left>(&xh, {src_off.replace('{K0}', '0u')}, false, K);")
-            fetch.append(f"      fa{n} = subgroupMatrixLoad<Left>(&xh, {src_off.replace('{K0}', '(k0 + KT)')}, false, K);")
-            put.append(f"    subgroupMatrixStore(&xs, 16u * ({b} / {kb}u) * ST + 16u * ({b} % {kb}u), fa{n}, false, ST);")
-        for n in range(nw // nsg):
-            b = f"(sg + {n * nsg}u)"
-            src_off = f"(o0 + 16u * ({b} / {kb}u)) * K + {{K0}} + 16u * ({b} % {kb}u)"
-            fetch0.append(f"  var fw{n} = subgroupMatrixLoad<Right>(&wh, {src_off.replace('{K0}', '0u')}, true, K);")
-            fetch.append(f"      fw{n} = subgroupMatrixLoad<Right>(&wh, {src_off.replace('{K0}', '(k0 + KT)')}, true, K);")
-            put.append(f"    subgroupMatrixStore(&ws, 16u * ({b} / {kb}u) * ST + 16u * ({b} % {kb}u), fw{n}, true, ST);")
+        # (register, kind, buffer, tile, tile corner, col_major, blocks a subgroup)
+        for reg, kind, buf, tile, corner, cm, count in (("fa", "Left", "xh", "xs", "t0", "false", na // nsg),
+                                                        ("fw", "Right", "wh", "ws", "o0", "true", nw // nsg)):
+            for n in range(count):
+                b = f"(sg + {n * nsg}u)"
+                src_off = f"({corner} + 16u * ({b} / {kb}u)) * K + {{K0}} + 16u * ({b} % {kb}u)"
+                fetch0.append(f"  var {reg}{n} = subgroupMatrixLoad<{kind}>(&{buf}, {src_off.replace('{K0}', '0u')}, {cm}, K);")
+                fetch.append(f"      {reg}{n} = subgroupMatrixLoad<{kind}>(&{buf}, "
+                             f"{src_off.replace('{K0}', '(k0 + KT)')}, {cm}, K);")
+                put.append(f"    subgroupMatrixStore(&{tile}, 16u * ({b} / {kb}u) * ST + 16u * ({b} % {kb}u), {reg}{n}, {cm}, ST);")
         src = h + """
 @group(0) @binding(0) var<storage, read> xh: array<f16>;
 @group(0) @binding(1) var<storage, read> wh: array<f16>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-""" + wmem + pre + "\n".join(fetch0) + f"""
-  for (var k0 = 0u; k0 < K; k0 += KT) {{
-{chr(10).join(put)}
-    workgroupBarrier();
-    if (k0 + KT < K) {{
-{chr(10).join(fetch)}
-    }}
-    for (var kk = 0u; kk < KT; kk += 16u) {{
-{body}
-    }}
-    workgroupBarrier();
-  }}
+""" + wmem + pre + "\n".join(fetch0) + k_loop(put, fetch, loop_kk(body)) + f"""
 {store}
 }}
 """
@@ -274,16 +263,7 @@ fn put_w(idx: u32, v: vec4<u32>) {{
 @group(0) @binding(0) var<storage, read> xv: array<{'vec4<f32>' if a32 else 'vec4<u32>'}>;
 @group(0) @binding(1) var<storage, read> wv: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
-""" + wmem + helpers + pre + "\n".join(fetch0) + f"""
-  for (var k0 = 0u; k0 < K; k0 += KT) {{
-{chr(10).join(put)}
-    workgroupBarrier();
-    if (k0 + KT < K) {{
-{chr(10).join(fetch)}
-    }}
-{body if const_offsets else "    for (var kk = 0u; kk < KT; kk += 16u) {" + chr(10) + body + chr(10) + "    }"}
-    workgroupBarrier();
-  }}
+""" + wmem + helpers + pre + "\n".join(fetch0) + k_loop(put, fetch, body if const_offsets else loop_kk(body)) + f"""
 {store}
 }}
 """
@@ -292,7 +272,9 @@ fn put_w(idx: u32, v: vec4<u32>) {{
 
 async def fill(dev, buf, n_vals, seed, f32):
     n = n_vals if f32 else n_vals // 2
-    src = (FILL_F if f32 else FILL_H).replace("{SEED}", str(seed)).replace("{N}", str(n))
+    src = (FILL.replace("{F16}", "" if f32 else "enable f16;").replace("{T}", "f32" if f32 else "u32")
+           .replace("{VALUE}", "val(i)" if f32 else "pack2x16float(vec2<f32>(val(2u * i), val(2u * i + 1u)))")
+           .replace("{SEED}", str(seed)).replace("{N}", str(n)))
     p = dev.create_pipeline(src, (RW,), label="fill")
     wgs = -(-n // 256)
     dev.submit([Dispatch(p, dev.create_bind_group(p, [buf]), (min(wgs, 4096), -(-wgs // 4096), 1), "fill")])
@@ -300,18 +282,11 @@ async def fill(dev, buf, n_vals, seed, f32):
 
 
 async def timed(dev, d, yb, reps=10):
-    dev.submit([d]); await dev.read_buffer(yb, 0, 4); await dev.check_errors()
-    end = time.perf_counter() + 0.3
-    while time.perf_counter() < end:
-        dev.submit([d] * reps); await dev.read_buffer(yb, 0, 4)
-    best = None
-    for _ in range(3):
-        rec = TimestampRecorder(reps, whole=True)
-        dev.submit([d] * reps, timestamps=rec)
-        await dev.read_timestamps(rec)
-        a, b = rec.ticks_ns[0]
-        best = min(best or b - a, b - a)
-    return best / reps
+    """GPU ns per dispatch (dawn_mma_check.time_passes: best of 3 passes of `reps`, clocks up first)."""
+    dev.submit([d])
+    await dev.read_buffer(yb, 0, 4)
+    await dev.check_errors()
+    return await time_passes(dev, d, yb, reps)
 
 
 SHAPES = {"8b_gateup": (1024, 4096, 28672), "8b_down": (1024, 14336, 4096), "8b_qkv": (1024, 4096, 6144),
@@ -365,4 +340,5 @@ async def main():
             dev.release_buffer(b)
 
 
-asyncio.run(main())
+if __name__ == "__main__":
+    asyncio.run(main())

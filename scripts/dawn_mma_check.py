@@ -61,18 +61,24 @@ async def run(dev, k, binds, yb, n, y0=None):
     dev.submit([d])
     await dev.check_errors()
     y = struct.unpack(f"<{n}f", await dev.read_buffer(yb, 0, 4 * n)) if n else None
+    return y, await time_passes(dev, d, yb)
+
+
+async def time_passes(dev, d, probe, repeat=REPEAT):
+    """GPU ns per dispatch of d: `repeat` dispatches in one pass, timestamps around the pass, the
+    best of 3 passes after WARM_S seconds of the same (reading 4 bytes of `probe` after each)."""
     end = time.perf_counter() + WARM_S   # clocks up first (an idle GPU's timings come out slow)
     while time.perf_counter() < end:
-        dev.submit([d] * REPEAT)
-        await dev.read_buffer(yb, 0, 4)
+        dev.submit([d] * repeat)
+        await dev.read_buffer(probe, 0, 4)
     best = None
     for _ in range(3):
-        rec = TimestampRecorder(REPEAT, whole=True)
-        dev.submit([d] * REPEAT, timestamps=rec)
+        rec = TimestampRecorder(repeat, whole=True)
+        dev.submit([d] * repeat, timestamps=rec)
         await dev.read_timestamps(rec)
         a, b = rec.ticks_ns[0]
         best = min(best or b - a, b - a)
-    return y, best / REPEAT
+    return best / repeat
 
 
 def tile(c):
