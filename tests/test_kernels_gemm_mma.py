@@ -1,11 +1,17 @@
 """The matrix-unit prefill GEMM (wgsl/linear_gemm_mma.wgsl, GemmVariant(mma=True)): offered only
 where the adapter has Dawn's subgroup matrices in f16 (f32 results) at 16 x 16 x 16 with subgroups
-of 32, and its WGSL as specialised. No adapter here runs it (lavapipe and SwiftShader have no matrix
-units); its numbers against the SIMT GEMM come from the H100 through Dawn (docs/BENCHMARKS.md,
-session 13, workgroups of 4-16 subgroups: largest difference 1.7-3.2e-4 of the largest output
-over 1B / 8B layers, f16, q8 and q4, with and without the fused norm)."""
+of 32, and its WGSL as specialised, and every variant compiled by Dawn's WGSL front end (its Null
+backend, which offers the feature). No adapter here runs it (lavapipe and SwiftShader have no
+matrix units); its numbers against the SIMT GEMM come from the H200 through Dawn
+(scripts/dawn_mma_check.py; docs/BENCHMARKS.md, session 32: largest difference 1.2-3.4e-4 of the
+largest output over 8B layers, f16 and q4, with the residual on O and down)."""
 
+import json
+import os
+import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -184,3 +190,62 @@ def test_results_straight_into_y():
     assert "if (s >= w_SI)" not in src["res"]
     k = LinearKernel(dev, "prefill", TensorDesc("x", 136, 70), y, weight("f16", 256, 136), variant=v)
     assert "if (s >= w_SI) { return vec4<f32>(0.0); }" in dev.sources[k.label]
+
+
+# Dawn's Null backend (wgpudawn, WGPU_BACKEND_TYPE=Null) offers chromium-experimental-subgroup-matrix
+# and runs Dawn's WGSL front end (parsing, types, uniformity) on every shader module: the kernels
+# that no local adapter can run are compiled there in a child process (the backend choice and
+# Dawn's instance toggles are per process)
+NULL_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import wgpudawn
+from wgpudawn.backends.dawn import extras
+extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"])
+adapter = wgpudawn.gpu.request_adapter_sync(power_preference="high-performance")
+dev = extras.request_device_sync(adapter, required_features=["shader-f16", "subgroups",
+                                                             "chromium-experimental-subgroup-matrix"])
+sources = json.load(open(sys.argv[2]))
+errors = {}
+for label, src in sources.items():
+    try:
+        dev.create_shader_module(code=src)
+    except Exception as e:   # the test reports every shader Dawn refuses, with Dawn's message
+        errors[label] = " | ".join(x for x in str(e).splitlines() if "error" in x)[:1500]   # not the warnings
+print(json.dumps({"backend": adapter.info["backend_type"], "errors": errors}))
+"""
+
+
+def test_every_matrix_unit_kernel_compiles_in_dawn(tmp_path):
+    """Each matrix-unit tile the tuner has, for f16 / q4 / q8 weights, one weight or gate/up, an
+    epilogue of nothing / the residual / a bias (results straight into y, from y, or through
+    workgroup memory), inputs a whole number of K steps or not: Dawn's WGSL front end accepts it
+    (and refuses a broken one: the check can fail)."""
+    from webdrift.kernels.linear import Epilogue
+    dev = SourceDevice()
+    sources = {}
+    variants = [*GEMM_MMA_CANDIDATES, GemmVariant(mma=True, bm=16, bn=16, tm=1, tn=1, kstep=4)]
+    for n, v in enumerate(variants):
+        for fmt in ("f16", "q4", "q8"):
+            for dual in (False, True):
+                for ep in (Epilogue(), Epilogue(residual=True), Epilogue(bias=True)):
+                    i = 136 if fmt == "f16" and n % 2 else 256      # f16 rows not a whole number of steps
+                    w = weight(fmt, 512, i)
+                    if not v.takes_weights(w) or not v.fits(dev, dual) or (dual and (ep.residual or v.tm * v.tn > 8)):
+                        continue
+                    k = LinearKernel(dev, "prefill", TensorDesc("x", i, 300), TensorDesc("y", 512, 300), w,
+                                     weight(fmt, 512, i) if dual else None, variant=v, epilogue=ep)
+                    sources[f"{n}/{fmt}/{'dual' if dual else 'one'}/{ep.residual}/{ep.bias}/{i}"] = dev.sources[k.label]
+    assert len(sources) > 100 and any("if (s >= w_SI)" in s for s in sources.values())
+    broken = next(iter(sources.values())).replace("subgroupMatrixMultiplyAccumulate(", "subgroupMatrixMultiplyAccumulat(", 1)
+    sources["broken"] = broken
+    f = tmp_path / "sources.json"
+    f.write_text(json.dumps(sources))
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    r = subprocess.run([sys.executable, "-c", NULL_CHILD, root, str(f)], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "WGPU_BACKEND_TYPE": "Null"}, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["backend"] == "Null"
+    assert list(got["errors"]) == ["broken"], {k: v for k, v in got["errors"].items() if k != "broken"}
+    assert "unresolved call target 'subgroupMatrixMultiplyAccumulat'" in got["errors"]["broken"]
