@@ -141,6 +141,8 @@ def large_gemm_rows(capacity: int) -> int:
     its capacity instead of the one chosen at GEMM_TUNE_ROWS (models/forward.py, Linear.large):
     the geometric mean of the two row counts, on the programs' 64-row bucket grid."""
     return ceil_div(math.isqrt(GEMM_TUNE_ROWS * capacity), 64) * 64
+
+
 _memory: dict[str, dict] = {}
 _DEFAULTS = asdict(GemvVariant())
 
@@ -1084,7 +1086,7 @@ def choose_gemm(dev: Device, w, w2=None, enabled=True, int8: bool = False, rows:
     1.06x the 1024-row ones' at 1024 rows; on the 8B f16 ones through Dawn (session 32) the
     256-row winners (64 x 64 matrix-unit tiles) ran 90-102 TFLOP/s at 1024 rows where 128 x 128
     tiles ran 119-139. So a prefill program takes this at GEMM_TUNE_ROWS and at its chunk
-    (models/forward.py, large_gemm), each for the token buckets nearer to it."""
+    (models/forward.py, Linear.large; large_gemm_rows), each for the token buckets nearer to it."""
     static = asdict(static_gemm(dev, w, w2, int8))
     got = _decide(dev, _gemm_key(dev, w, w2, int8, rows), enabled, lambda: _search_gemm(dev, w, w2, int8, rows),
                   static)

@@ -174,7 +174,8 @@ class Linear(Op):
     int8_input: bool = False     # x is an int8 row (integer-dot GEMV / GEMM)
     variant: GemvVariant | GemmVariant   # decode: the GEMV variant, prefill: the GEMM's (kernels/autotune.py)
     large: tuple[int, GemmVariant] | None = None   # prefill: (rows, the GEMM for token buckets of at
-                                 # least that many rows), where it differs from `variant` (large_gemm)
+                                 # least that many rows), where it differs from `variant`
+                                 # (autotune.large_gemm_rows; models/program.py lowers both)
     norm: Buffer | None = None   # RMSNorm of x fused in (float input: the weight is bound here)
     pre_norm: bool = False       # x is normalised in the GEMV (float: with `norm`; int8: 1/rms only)
     x_partials: int | None = None   # int8 input from a quantizing epilogue: its partial sums of x^2
