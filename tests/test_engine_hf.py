@@ -553,6 +553,8 @@ def test_prefill_gemm_tile_per_bucket(tmp_path, hf_tokenizer_dir, monkeypatch):
     large = {x.label: x.pipeline for x in eng.prefill.dispatches(320)}
     assert small.keys() == large.keys()
     assert {lbl for lbl in small if small[lbl] is not large[lbl]} == {op.label for op in layers}
+    from webdrift.profile.benchmark import prefill_kernels_used
+    assert prefill_kernels_used(eng)[1].endswith(" (>=320 rows: 32x64/4x4/k4)")     # what a bench row says
     # the prompt's first 320 tokens through the capacity's tiles, the other 80 through the small ones
     ids = np.random.default_rng(4).integers(3, VOCAB, 400).tolist()
     assert eng.generate(ids, max_new_tokens=6, stop_at_eos=False).token_ids == torch_greedy(ref, ids, 6)
