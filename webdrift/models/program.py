@@ -52,6 +52,7 @@ class Program:
         # writes elsewhere)
         self.spare = model.dev.create_buffer(256, STORAGE, "spare")
         self._kernels: list | None = None    # [(op, kernel, bind group)], built on first use
+        self._large: list = []               # large_kernels()
         self._qlast: tuple | None = None     # qlast_buffers()
         self._attn_count: Buffer | None = None   # attn_count()
         self._cache: dict = {}
@@ -67,24 +68,29 @@ class Program:
             self._kernels, self._cache = None, {}   # bind groups name the arena: rebuilt on next use
 
     def kernels(self) -> list:
-        """[(op, kernel, bind group, large)] for every op, in order (built once, on first use);
-        large: (rows, kernel, bind group) of a prefill GEMM chosen for token buckets of at least
-        that many rows (Linear.large), or None."""
+        """[(op, kernel, bind group)] for every op, in order (built once, on first use)."""
         if self._kernels is None:
             m = self.model
             ctx = LowerContext(m.dev, m.cfg, self.graph, self.arena, self.step_buf, self.ids_buf, self.out_tokens,
                                self.spare, m.cap_stride, self.capacity, self.tree_buf, self.forecast_buf,
                                self.qlast_buffers(), m.kv_f16, self.attn_count())
-            self._kernels = []
+            self._kernels, self._large = [], []
             for op in self.graph.ops:
                 k, binds = lower(op, ctx)
+                self._kernels.append((op, k, k.bind(m.dev, binds)))
                 large = None
                 if isinstance(op, Linear) and op.large is not None:
                     rows, v = op.large
                     k2, b2 = lower(replace(op, variant=v, large=None), ctx)
                     large = (rows, k2, k2.bind(m.dev, b2))
-                self._kernels.append((op, k, k.bind(m.dev, binds), large))
+                self._large.append(large)
         return self._kernels
+
+    def large_kernels(self) -> list:
+        """Per op of kernels(): (rows, kernel, bind group) of the prefill GEMM that token buckets
+        of at least that many rows take instead (Linear.large), or None."""
+        self.kernels()
+        return self._large
 
     def qlast_buffers(self) -> tuple | None:
         """(qy, qcnt) shared by this program's last-workgroup quantizing GEMVs (one runs at a time):
@@ -121,7 +127,7 @@ class Program:
         lst = self._cache.get(key)
         if lst is None:
             lst = []
-            for op, k, bg, large in self.kernels():
+            for (op, k, bg), large in zip(self.kernels(), self.large_kernels()):
                 if op.head and not head:
                     continue
                 if large is not None and bucket >= large[0]:
