@@ -475,7 +475,7 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
     """Forced tuning (software adapters are never tuned otherwise): choose_gemm returns one of the
     candidates this adapter runs, and gemm_int8_pays compares the best float tile (and a normed
     role's Norm pass) with quantize + the best int8 tile over the rows asked for (the tiles chosen
-    at GEMM_TUNE_ROWS), the two sides timed in turn twice (an empty cache: nothing is taken from
+    at those rows), the two sides timed in turn twice (an empty cache: nothing is taken from
     earlier runs)."""
     from webdrift.kernels import autotune
     monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
@@ -485,6 +485,9 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
     w2, _ = make_weight(_weights(64, 128, seed=2), "q4", name="w2")
     for int8 in (False, True):
         assert autotune.choose_gemm(dev, w, w2, enabled="force", int8=int8) in autotune.gemm_candidates(dev, w, w2, int8)
+        for rows in (96, 64):   # the tiles gemm_int8_pays compares, chosen at its rows (cached from here on)
+            assert (autotune.choose_gemm(dev, w, w2, enabled="force", int8=int8, rows=rows)
+                    in autotune.gemm_candidates(dev, w, w2, int8))
     timed = []
     real = autotune._time
 
@@ -498,7 +501,7 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
     # the two winners and the quantize dispatch timed again over the 96 rows asked for, int8 side
     # then float side, twice; a normed role's float side with its Norm pass (the float GEMM reads
     # a normed input)
-    f, q = (autotune.choose_gemm(dev, w, w2, enabled="force", int8=i) for i in (False, True))   # (cached)
+    f, q = (autotune.choose_gemm(dev, w, w2, enabled="force", int8=i, rows=96) for i in (False, True))   # (cached)
     assert [lbl.split("_")[0] for lbl, _ in timed] == ["quantize", "linear", "linear", "rms"] * 2
     for k in (0, 4):
         assert timed[k + 1][1] == (-(-64 // q.bn), -(-96 // q.bm), 1)
@@ -506,6 +509,7 @@ def test_gemm_tuning_measures_the_candidates(tmp_path, monkeypatch):
         assert timed[k + 3][1] == (96, 1, 1)
     assert autotune.gemm_int8_pays(dev, w, w2, rows=96, normed=True) == m          # cached per rows
     autotune.gemm_int8_pays(dev, w, w2, rows=64, normed=True)
-    assert len(timed) == 16 and timed[9][1] == (-(-64 // q.bn), -(-64 // q.bm), 1)
+    q64 = autotune.choose_gemm(dev, w, w2, enabled="force", int8=True, rows=64)
+    assert len(timed) == 16 and timed[9][1] == (-(-64 // q64.bn), -(-64 // q64.bm), 1)
     autotune.gemm_int8_pays(dev, w, w2, rows=64, normed=False)                      # O, down: no Norm pass
     assert [lbl.split("_")[0] for lbl, _ in timed[16:]] == ["quantize", "linear", "linear"] * 2
