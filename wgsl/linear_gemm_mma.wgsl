@@ -14,16 +14,18 @@
 // workgroup tiles as f16, rows ST = KT + 8 apart (16 bytes of padding against bank conflicts):
 //   xs[t * ST + k] = x[t0 + t, k0 + k]            ws[o * ST + k] = W[o0 + o, k0 + k]
 //                                                 ws[WS_N + o * ST + k] = W2[o0 + o, k0 + k] (DUAL)
-// (zero past T, O and the row; stored in main, indexed from lid). The next step's slices are
-// fetched into registers before this step's products, so their loads overlap the matrix work.
+// (rows past T or O hold the last row's values, whose results are never stored; zero past the
+// row; stored in main, indexed from lid). The next step's slices are fetched into registers
+// (as f16) before this step's products, so their loads overlap the matrix work.
 // Per 16 inputs a subgroup multiplies its left matrices (16 tokens x 16, row-major) by its right
 // ones (16 x 16 outputs: W's rows, read column-major) into f32 results.
 // DIRECT_W (row-major f16 weights): the right matrices load straight from W's buffer (wh).
 // The results go one 16 x 16 matrix per subgroup at a time through workgroup memory (ys, f32) to
 // linear_common's epilogue(); DIRECT_Y (an epilogue of nothing or + residual, a row-major y): a
-// tile inside T x O stores its matrices straight into y, the residual their starting value. f16 holds the activations to ~3 significant digits (an H100 check
-// against the SIMT GEMM: largest difference a few 1e-4 of the largest output); the tuner takes
-// this kernel only where it measures faster (kernels/autotune.py).
+// tile inside T x O stores its matrices straight into y, the residual their starting value.
+// f16 holds the activations to ~3 significant digits (an H200 check against the SIMT GEMM:
+// largest difference 1.2-3.4e-4 of the largest output); the tuner takes this kernel only where
+// it measures faster (kernels/autotune.py).
 // Dispatch: (ceil(O / BN), ceil(tokens / BM)).
 enable chromium_experimental_subgroup_matrix;
 diagnostic(off, chromium.subgroup_matrix_uniformity);
