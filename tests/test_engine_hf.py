@@ -401,15 +401,8 @@ def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_pat
     replaced by gguf-py's Q8_0 / Q4_1 quantize-dequantize of it (ggml's rounding); logits agree as
     closely as float vs float (webdrift's q8 keeps the block scale in f32 where Q8_0 rounds it to
     f16: a 2^-11 relative difference)."""
-    from gguf import GGMLQuantizationType, quants
-
     d, ref = make_model("llama_gqa_f32", tmp_path, hf_tokenizer_dir)
-    qt = getattr(GGMLQuantizationType, ggml)
-    with torch.no_grad():
-        for n, p in ref.named_parameters():
-            if p.ndim == 2:
-                w = p.numpy()
-                p.copy_(torch.from_numpy(quants.dequantize(quants.quantize(w, qt), qt).reshape(w.shape)))
+    requantize_reference(ref, ggml)
     eng = webdrift.load(str(d), max_context=128, prefill_chunk=64, weight_format=fmt)
     assert {eng.model.layers[0].wqkv.fmt, eng.model.layers[0].w_down.fmt, eng.model.output.fmt} == {fmt}
     ids = np.random.default_rng(4).integers(3, VOCAB, 70).tolist()
@@ -418,11 +411,28 @@ def test_requantized_weights_match_transformers_on_the_same_quantization(tmp_pat
         want = ref(torch.tensor([ids])).logits[0].numpy()
     cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
     assert cos.min() >= 0.999 and (got.argmax(1) == want.argmax(1)).mean() >= 0.98
-    # greedy: each token is transformers' top along our own continuation, or within 0.5% of its
-    # logit range (the scales differ by Q8_0's f16 rounding: a near-tie may flip, then diverge)
     out = eng.generate(ids[:8], max_new_tokens=8, temperature=0.0, stop_at_eos=False).token_ids
+    assert_greedy_up_to_near_ties(ref, ids[:8], out)
+
+
+def requantize_reference(ref, ggml: str) -> None:
+    """Replace every matrix of the transformers model (embedding included) by gguf-py's
+    quantize-dequantize of it in GGML type `ggml` (ggml's rounding)."""
+    from gguf import GGMLQuantizationType, quants
+    qt = getattr(GGMLQuantizationType, ggml)
     with torch.no_grad():
-        path = ref(torch.tensor([ids[:8] + out])).logits[0, 7:-1].numpy()
+        for _, p in ref.named_parameters():
+            if p.ndim == 2:
+                w = p.numpy()
+                p.copy_(torch.from_numpy(quants.dequantize(quants.quantize(w, qt), qt).reshape(w.shape)))
+
+
+def assert_greedy_up_to_near_ties(ref, prompt: list, out: list) -> None:
+    """Greedy tokens `out` after `prompt`: each transformers' top along our own continuation, or
+    within 0.5% of its logit range (webdrift keeps quantized blocks' scales in f32 where Q8_0
+    rounds them to f16: a near tie may flip, then the continuations diverge)."""
+    with torch.no_grad():
+        path = ref(torch.tensor([prompt + out])).logits[0, len(prompt) - 1:-1].numpy()
     for k, (row, tok) in enumerate(zip(path, out)):
         assert tok == int(row.argmax()) or row.max() - row[tok] <= 0.005 * (row.max() - row.min()), (k, out)
 
