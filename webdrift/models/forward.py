@@ -368,8 +368,8 @@ class ForwardBuilder:
                                                           inv_freq=freq, tree=self.tree), **common))
             return f"q{i}"
         label = f"L{i}.norm+qkv" if norm is not None else f"L{i}.qkv"
-        g.add(Linear(label=label, writes=(f"qkv{i}",), y=f"qkv{i}", variant=self._variant(lw.wqkv, int8=int8), norm=norm,
-                     pre_norm=pre_norm, large=self._large(lw.wqkv, int8=int8), **common))
+        g.add(Linear(label=label, writes=(f"qkv{i}",), y=f"qkv{i}", norm=norm,
+                     pre_norm=pre_norm, **self._variants(lw.wqkv, int8=int8), **common))
         g.add(RopeKV(label=f"L{i}.rope_kv", reads=(f"qkv{i}",), writes=(f"q{i}",), k_cache=lw.k_cache,
                      v_cache=lw.v_cache, inv_freq=freq, q_norm=lw.q_norm, k_norm=lw.k_norm, tree=self.tree))
         return f"q{i}"
@@ -472,8 +472,7 @@ class ForwardBuilder:
         label = f"L{i}.norm+gate_up+act" if norm is not None else f"L{i}.gate_up+act"
         g.add(Linear(label=label, reads=(x, *self._u(lora)), writes=(f"act{i}",), y=f"act{i}", int8_input=int8, norm=norm,
                      pre_norm=pre_norm,
-                     variant=self._variant(lw.w_gate, lw.w_up, int8=int8), large=self._large(lw.w_gate, lw.w_up, int8),
-                     **act))
+                     **self._variants(lw.w_gate, lw.w_up, int8=int8), **act))
         if self.int8["down"]:
             g.add(Quantize(label=f"L{i}.quant_down", reads=(f"act{i}",), writes=(f"xqd{i}",), fmt=lw.w_down.fmt,
                            norm=None))
@@ -567,7 +566,7 @@ class ForwardBuilder:
         u, lo = self._u(lora), {"lora": lora}
         if cfg.post_norms:
             g.add(Linear(label=f"L{i}.{name}", reads=(x, *u), writes=(post_out,), y=post_out, stage=self.stage, w=w,
-                         int8_input=int8, variant=self._variant(w, int8=int8), large=self._large(w, int8=int8), **lo))
+                         int8_input=int8, **self._variants(w, int8=int8), **lo))
             which = "attn" if role == "o" else "ffn"
             g.add(Norm(label=f"L{i}.post_{which}_norm", reads=(post_out,), writes=("x",), weight=post_norm,
                        accumulate=True))
@@ -578,8 +577,8 @@ class ForwardBuilder:
                          qout=QuantOutput(row=row, fmt=fmt, norm=norm, write_y=True, lora=sh), **lo))
         else:
             g.add(Linear(label=f"L{i}.{name}+residual", reads=(x, "x", *u), writes=("x",), y="x", stage=self.stage, w=w,
-                         int8_input=int8, variant=self._variant(w, int8=int8), large=self._large(w, int8=int8),
-                         residual=True, **lo))
+                         int8_input=int8, **self._variants(w, int8=int8), residual=True,
+                         **lo))
 
     def _lora(self, i: int, group: str, x: str, norm: Buffer | None) -> LoraEpilogue | None:
         """With a LoRA pool: the shrink op of GEMV group `group` (reading float x, normed by `norm`
@@ -639,15 +638,16 @@ class ForwardBuilder:
             return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
         return choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8)
 
-    def _large(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> tuple[int, GemmVariant] | None:
-        """A prefill program of more than GEMM_TUNE_ROWS rows: the GEMM timed fastest at its
-        capacity (autotune.choose_gemm says why), for the token buckets from large_gemm_rows on;
-        None where that is the GEMM `_variant` chose (always where the adapter is not tuned)."""
-        m = self.m
+    def _variants(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> dict:
+        """A layer Linear's `variant` (`_variant`) and, for a prefill program of more than
+        GEMM_TUNE_ROWS rows, its `large`: the GEMM timed fastest at the program's capacity
+        (autotune.choose_gemm says why) for the token buckets from large_gemm_rows on, where that
+        is another GEMM (never where the adapter is not tuned)."""
+        m, v = self.m, self._variant(w, w2, int8)
         if self.stage != "prefill" or self.capacity <= GEMM_TUNE_ROWS:
-            return None
-        v = choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8, rows=self.capacity)
-        return None if v == self._variant(w, w2, int8) else (large_gemm_rows(self.capacity), v)
+            return {"variant": v}
+        big = choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8, rows=self.capacity)
+        return {"variant": v, "large": None if big == v else (large_gemm_rows(self.capacity), big)}
 
     def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
         """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""
