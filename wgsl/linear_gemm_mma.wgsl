@@ -13,7 +13,7 @@
 // its weight, so f16 holds them) and, unless DIRECT_W, W's slices dequantized by w_read4 go into
 // workgroup tiles as f16, rows ST = KT + 8 apart (16 bytes of padding against bank conflicts):
 //   xs[t * ST + k] = x[t0 + t, k0 + k]            ws[o * ST + k] = W[o0 + o, k0 + k]
-//                                                 ws[WS_N + o * ST + k] = W2[o0 + o, k0 + k] (DUAL)
+//                                                 ws[BN * ST + o * ST + k] = W2[o0 + o, k0 + k] (DUAL)
 // (rows past T or O hold the last row's values, whose results are never stored; zero past the
 // row; stored in main, indexed from lid). The next step's slices are fetched into registers
 // (as f16) before this step's products, so their loads overlap the matrix work.
@@ -52,7 +52,6 @@ var<workgroup> xs: array<f16, {{XS_N}}>;
 {{WH_DECL}}
 {{WH2_DECL}}
 #else
-const WS_N: u32 = {{WS_N}}u;
 var<workgroup> ws: array<f16, {{WS_ALL}}>;     // W's tile, then (DUAL) W2's
 #endif
 var<workgroup> ys: array<f32, {{YS_N}}>;

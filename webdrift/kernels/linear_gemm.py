@@ -397,6 +397,6 @@ def mma_defines(v: GemmVariant, dual: bool, direct_y: bool = False, residual: bo
                   "  workgroupBarrier();"]
     return {"BM": v.bm, "BN": v.bn, "KS": v.kstep, "WG": v.wg, "SGN": v.sgn, "SUB_M": 16 * v.tm,
             "SUB_N": 16 * v.tn, "DIRECT_W": v.direct,
-            "XS_N": st * v.bm, "WS_N": st * v.bn, "WS_ALL": st * v.bn * (2 if dual else 1), "YS_N": ysg * v.sgm * v.sgn,
+            "XS_N": st * v.bm, "WS_ALL": st * v.bn * (2 if dual else 1), "YS_N": ysg * v.sgm * v.sgn,
             "ACC_DECL": "\n".join(decl), "FETCH_DECL": "\n".join(fetch0), "PUT": "\n".join(put),
             "FETCH_NEXT": "\n".join(fetch), "COMPUTE": compute, "STORE": "\n".join(store)}
