@@ -233,6 +233,45 @@ def test_choices_of_other_kernels_are_measured_again(tuner, monkeypatch, tmp_pat
         template.kernels_id.cache_clear()
 
 
+def test_bench_tunes_again_while_a_rebuild_queues_more(tuner):
+    """The benchmark's load (profile/benchmark.build_tuned): a build on an asynchronously timed
+    adapter queues measurements; they are measured and the engine built again, and again where
+    that rebuild queues a choice that depends on a measured one (on an H200 through Dawn a fresh
+    1B q4 load queued 25 choices, its rebuild 4 more), at most TUNE_ROUNDS times."""
+    from webdrift.profile import benchmark
+    real, w = tuner
+    dev = AsyncTimedDevice(real)
+    static = autotune.static_choice(dev)
+    seen, log = [], []
+
+    def build():                     # the int8 GEMV is asked for only once the float one is FAST
+        v = autotune.choose_gemv(dev, w)
+        if v == FAST:
+            autotune.choose_gemv(dev, w, int8=True)
+        seen.append(v)
+        return len(seen)
+
+    eng, _ = asyncio.run(benchmark.build_tuned(dev, build, 0, log.append, lambda d, t: None))
+    assert eng == 3 and seen == [static, FAST, FAST] and not autotune.pending(dev)
+    assert log == ["  tuning 1 kernel choices ..."] * 2
+    assert len(autotune.export_choices(new_only=True)) == 2
+
+    # a build that always asks for something new stops after TUNE_ROUNDS rounds (the last left queued)
+    def measure():
+        return {"measured": True}
+        yield
+
+    builds = []
+
+    def endless():
+        builds.append(autotune._decide(dev, f"endless|{len(builds)}", True, measure, {"measured": False}))
+        return len(builds)
+
+    eng, _ = asyncio.run(benchmark.build_tuned(dev, endless, 0, lambda s: None, lambda d, t: None))
+    assert eng == benchmark.TUNE_ROUNDS + 1 == len(builds)
+    assert autotune.pending(dev) == [f"endless|{benchmark.TUNE_ROUNDS}"]
+
+
 class RampingClock:
     """A device whose batches take `spans` ns in turn (the last repeated): a GPU's clocks rising
     from idle. submit() and the synchronous timestamp read are all _busy uses."""

@@ -27,6 +27,7 @@ from ..errors import InvalidArgumentError, WebdriftError
 PROTOCOL = [(1024, 256), (128, 128)]
 QUICK_PROTOCOL = [(32, 16), (16, 8)]
 SAMPLING = "greedy (temperature 0), EOS ignored"
+TUNE_ROUNDS = 3                         # build_tuned: tune, rebuild, and again while a rebuild queues more
 DESKTOP_ROUTE = "desktop (wgpu-native)"
 DAWN_ROUTE = "desktop (Dawn)"          # --gpu-api dawn (gpu/dawn.py)
 BROWSER_ROUTE = "browser (Pyodide+WebGPU)"
@@ -283,6 +284,29 @@ def empty_row(base: dict, p: int, m: int, **kw) -> dict:
     return r
 
 
+async def build_tuned(dev, build, before: int, log, progress) -> tuple:
+    """build() an engine; where that queued kernel measurements (asynchronous timing: the browser)
+    measure them (kernels/autotune.tune_pending) and build it again with them, while a rebuild
+    queues more (a choice that depends on a measured one: e.g. the 256-row tile of the GEMM kind
+    the measured int8 decision picked), at most TUNE_ROUNDS times. Returns (engine, the device's
+    bytes allocated before it, for its peak memory: the dropped builds' buffers not counted)."""
+    from ..kernels import autotune as tuner
+    eng = build()
+    await dev.check_errors()
+    for _ in range(TUNE_ROUNDS):
+        queued = tuner.pending(dev)
+        if not queued:
+            break
+        log(f"  tuning {len(queued)} kernel choices ...")
+        await tuner.tune_pending(dev, progress=lambda d, t, k: progress(d, t))
+        eng = None
+        gc.collect()
+        before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
+        eng = build()
+        await dev.check_errors()
+    return eng, before
+
+
 async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, prefill_chunk: int | None = None,
                        log=None, int8_activations: bool | None = None, autotune=True, progress=None,
                        streams: list[int] | None = None, peak_tflops: float | None = None,
@@ -329,19 +353,10 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
     eng = None
     try:
         progress("load", 0, 1)
-        eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                           weight_format, steps_per_submit, kv_cache)
-        await dev.check_errors()
-        queued = tuner.pending(dev)
-        if queued:                      # asynchronous timing: measure what the build asked for, then rebuild
-            log(f"  tuning {len(queued)} kernel choices ...")
-            await tuner.tune_pending(dev, progress=lambda d, t, k: progress("tune", d, t))
-            eng = None
-            gc.collect()
-            before = dev.peak_bytes = dev.bytes_allocated   # (the browser counts dropped buffers until released)
-            eng = build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
-                               weight_format, steps_per_submit, kv_cache)
-            await dev.check_errors()
+        eng, before = await build_tuned(
+            dev, lambda: build_engine(dev, src, max_ctx, prefill_chunk, int8_activations, autotune, prefill_kernels,
+                                      weight_format, steps_per_submit, kv_cache),
+            before, log, lambda d, t: progress("tune", d, t))
         progress("load", 1, 1)
         base["prefill_kernels"], base["prefill_tile"] = prefill_kernels_used(eng)
         if base["prefill_kernels"] == "gemm_int8" and int8_peak_tflops:
