@@ -83,8 +83,21 @@ def test_matrix_unit_probe_only_where_offered():
     assert "mma_f16" not in compute.kinds(device())
     src, _ = compute.probe_source("mma_f16", 512, iters=8)
     assert src.count("subgroupMatrixMultiplyAccumulate(a, b, c") == compute.MMA_CHAINS
-    assert src.count("subgroupMatrixStore(&out, base + ") == compute.MMA_CHAINS
+    assert src.count("subgroupMatrixStore<row_major>(&out, base + ") == compute.MMA_CHAINS
     assert "for (var i = 0u; i < 8u; i++)" in src and "base = (gid.x / 32u) * 8u * 256u" in src
     assert compute.out_floats("mma_f16", 512) == 16 * compute.MMA_CHAINS * 256
     assert compute.multiply_adds(512, 8, "mma_f16") == 16 * compute.MMA_CHAINS * 8 * 4096
     assert compute.multiply_adds(512, 8) == 512 * compute.CHAINS * 8 * 4
+
+
+def test_a_peak_not_measured_says_why():
+    """The bench's log and report summary name a probe the adapter refused (e.g. the matrix units'
+    on a Dawn build without them) with its error, not as "None TFLOP/s"."""
+    from webdrift.tools.bench import compute_line, peak_text
+    peaks = {"f32": {"tflops": 60.6, "method": "gpu-timestamps"},
+             "mma_f16": {"tflops": None, "error": "GPUError: kernel 'compute_mma_f16' failed to compile " + "x" * 500}}
+    line = compute_line({"compute": peaks})
+    assert line.startswith("compute peaks (multiply-adds x 2, best): f32 60.6 TFLOP/s (gpu-timestamps), "
+                           "mma_f16 not measured (GPUError: kernel 'compute_mma_f16' failed to compile x")
+    assert "None" not in line and len(line) < 250
+    assert peak_text("f32", peaks["f32"], method=False) == "f32 60.6 TFLOP/s"

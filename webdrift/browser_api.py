@@ -317,6 +317,7 @@ async def api_bench(opts_json, progress=None) -> dict:
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
                 peak_tflops=roof["compute"]["f32"]["tflops"], profile_tokens=profile_tokens, steps_per_submit=sps,
+                int8_peak_tflops=(roof["compute"].get("int8") or {}).get("tflops"),
                 mma_peak_tflops=(roof["compute"].get("mma_f16") or {}).get("tflops"),
                 progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
                                                                      models=len(sources)))

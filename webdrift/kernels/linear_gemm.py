@@ -336,7 +336,7 @@ def mma_defines(v: GemmVariant, dual: bool, direct_y: bool = False, residual: bo
     if direct_y:
         decl.append("  let full = t0 + BM <= T && o0 + BN <= w_O;   // the tile lies inside T x O (uniform)")
         if residual:
-            decl += ["  if (full) {"] + [f"    acc{i}_{j} = subgroupMatrixLoad<Acc>(&y_buf, {y_at(i, j)}, false, y_C);"
+            decl += ["  if (full) {"] + [f"    acc{i}_{j} = subgroupMatrixLoad<Acc, row_major>(&y_buf, {y_at(i, j)}, y_C);"
                                          for i, j in pairs] + ["  }"]
     st, kt, nsg = 4 * v.kstep + 8, 4 * v.kstep, v.sgm * v.sgn
     cases = []
@@ -344,16 +344,16 @@ def mma_defines(v: GemmVariant, dual: bool, direct_y: bool = False, residual: bo
         tm0, om0 = (sg // v.sgn) * 16 * v.tm, (sg % v.sgn) * 16 * v.tn
         body = []
         for kk in range(0, kt, 16):
-            body += [f"        let a{i}k{kk} = subgroupMatrixLoad<Left>(&xs, {(tm0 + 16 * i) * st + kk}u, false, ST);"
+            body += [f"        let a{i}k{kk} = subgroupMatrixLoad<Left, row_major>(&xs, {(tm0 + 16 * i) * st + kk}u, ST);"
                      for i in range(v.tm)]
             # the right matrices: W's (b, into acc) and W2's (e, into acd; tile 1 of ws, or wh2)
             for tile, name, acc in ((0, "b", "acc"), (1, "e", "acd")) if dual else ((0, "b", "acc"),):
                 if v.direct:    # W's rows o0 + om0 + 16 j .. straight from its buffer (wh, wh2): W's row length apart
-                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right>(&{('wh', 'wh2')[tile]}, "
-                             f"(o0 + {om0 + 16 * j}u) * w_I + k * KT + {kk}u, true, w_I);" for j in range(v.tn)]
+                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right, col_major>(&{('wh', 'wh2')[tile]}, "
+                             f"(o0 + {om0 + 16 * j}u) * w_I + k * KT + {kk}u, w_I);" for j in range(v.tn)]
                 else:
-                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right>(&ws, "
-                             f"{tile * st * v.bn + (om0 + 16 * j) * st + kk}u, true, ST);" for j in range(v.tn)]
+                    body += [f"        let {name}{j}k{kk} = subgroupMatrixLoad<Right, col_major>(&ws, "
+                             f"{tile * st * v.bn + (om0 + 16 * j) * st + kk}u, ST);" for j in range(v.tn)]
                 body += [f"        {acc}{i}_{j} = subgroupMatrixMultiplyAccumulate(a{i}k{kk}, {name}{j}k{kk}, {acc}{i}_{j});"
                          for i, j in pairs]
         cases.append(f"      case {sg}u: {{\n" + "\n".join(body) + "\n      }")
@@ -379,12 +379,12 @@ def mma_defines(v: GemmVariant, dual: bool, direct_y: bool = False, residual: bo
     ysg = 512 if dual else 256     # each subgroup's 16 x 16 result(s) in ys
     store = []
     if direct_y:
-        store += ["  if (full) {"] + [f"    subgroupMatrixStore(&y_buf, {y_at(i, j)}, acc{i}_{j}, false, y_C);"
+        store += ["  if (full) {"] + [f"    subgroupMatrixStore<row_major>(&y_buf, {y_at(i, j)}, acc{i}_{j}, y_C);"
                                       for i, j in pairs] + ["    return;", "  }"]
     up = f"ys[sg * {ysg}u + 256u + e]" if dual else f"ys[sg * {ysg}u + e]"    # epilogue's second value
     for i, j in pairs:    # one 16 x 16 result a subgroup at a time through ys (small: more workgroups fit an SM)
-        cases = [f"    case {sg}u: {{ subgroupMatrixStore(&ys, {sg * ysg}u, acc{i}_{j}, false, 16u);"
-                 + (f" subgroupMatrixStore(&ys, {sg * ysg + 256}u, acd{i}_{j}, false, 16u);" if dual else "") + " }"
+        cases = [f"    case {sg}u: {{ subgroupMatrixStore<row_major>(&ys, {sg * ysg}u, acc{i}_{j}, 16u);"
+                 + (f" subgroupMatrixStore<row_major>(&ys, {sg * ysg + 256}u, acd{i}_{j}, 16u);" if dual else "") + " }"
                  for sg in range(nsg)]
         store += ["  switch sg {"] + cases + ["    default: {}", "  }",
                   "  workgroupBarrier();",

@@ -87,8 +87,8 @@ var<workgroup> ones: array<f16, 256>;
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   ones[lid % 256u] = f16(0.015625);
   workgroupBarrier();
-  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>>(&ones, 0u, false, 16u);
-  let b = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>>(&ones, 0u, false, 16u);
+  let a = subgroupMatrixLoad<subgroup_matrix_left<f16, 16, 16>, row_major>(&ones, 0u, 16u);
+  let b = subgroupMatrixLoad<subgroup_matrix_right<f16, 16, 16>, row_major>(&ones, 0u, 16u);
 {INIT}
   for (var i = 0u; i < {ITERS}u; i++) {
 {STEP}
@@ -114,7 +114,7 @@ def probe_source(kind: str, n_threads: int, iters: int = ITERS) -> tuple[str, Bi
         src = (MMA_PROBE.replace("{INIT}", "\n".join(f"  var c{j} = subgroup_matrix_result<f32, 16, 16>();"
                                                      for j in ch))
                .replace("{STEP}", "\n".join(f"    c{j} = subgroupMatrixMultiplyAccumulate(a, b, c{j});" for j in ch))
-               .replace("{STORE}", "\n".join(f"  subgroupMatrixStore(&out, base + {256 * j}u, c{j}, false, 16u);"
+               .replace("{STORE}", "\n".join(f"  subgroupMatrixStore<row_major>(&out, base + {256 * j}u, c{j}, 16u);"
                                               for j in ch))
                .replace("{CH}", str(MMA_CHAINS)))
         return src.replace("{OUT_DECL}", decl).replace("{WG}", str(WG)).replace("{ITERS}", str(iters)), b

@@ -298,7 +298,7 @@ def run_bench(args, dev=None, log=None) -> dict:
     log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read over {mib} MiB, compute peaks ...")
     roof = _run(ameasure_rooflines(dev, mib, quick))
     log(f"  {roof['best_GBps']} GB/s (best of {roof['reps']}, {roof['bytes'] >> 20} MiB, {roof['method']}); "
-        + ", ".join(f"{k} {v['tflops']} TFLOP/s" for k, v in roof["compute"].items()))
+        + ", ".join(peak_text(k, v, method=False) for k, v in roof["compute"].items()))
     peers_ok, peers_note = (False, "disabled (--no-peers)") if args.no_peers else _peer_availability(dev)
     if not peers_ok:
         log(f"peers: {peers_note}")
@@ -424,9 +424,15 @@ def compute_line(roof: dict) -> str:
     peaks = roof.get("compute") or {}
     if not peaks:
         return "compute peaks: not measured in this report"
-    return "compute peaks (multiply-adds x 2, best): " + ", ".join(
-        f"{k} {v['tflops']} TFLOP/s ({v['method']})" if v.get("tflops") is not None
-        else f"{k} not measured ({v.get('error', '?')[:120]})" for k, v in peaks.items())
+    return "compute peaks (multiply-adds x 2, best): " + ", ".join(peak_text(k, v) for k, v in peaks.items())
+
+
+def peak_text(name: str, peak: dict, method: bool = True) -> str:
+    """One compute peak of a report: its TFLOP/s (and how it was timed), or why it was not measured
+    (a probe the adapter refused, e.g. the matrix units)."""
+    if peak.get("tflops") is None:
+        return f"{name} not measured ({str(peak.get('error', '?'))[:120]})"
+    return f"{name} {peak['tflops']} TFLOP/s" + (f" ({peak['method']})" if method else "")
 
 
 def write_markdown(path: str, report: dict) -> None:
