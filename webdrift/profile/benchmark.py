@@ -9,7 +9,8 @@ token on the host), decode tokens/s ((new - 1) / time after the first token), th
 of the memory roofline measured in the same run (profile/roofline.py) and the % of it reached,
 the peak of GPU memory webdrift allocated (the device's live-buffer high-water mark) and load
 time. Where kernel choices are measured asynchronously (the browser), the engine is built once,
-its queued measurements run (kernels/autotune.tune_pending), and it is built again with them.
+its queued measurements run (kernels/autotune.tune_pending), and it is built again with them
+(again while a rebuild queues more: build_tuned).
 Models: a real model's ModelSource, or a synthetic one (weights/synthetic.py: random weights in a
 real model's shapes, made without numpy). The desktop tool adds its peers (PyTorch, llama.cpp),
 tables and plots on top (webdrift/tools/bench.py).
