@@ -73,6 +73,37 @@ def test_bench_reports_compute_peaks(tmp_path):
         assert r["prefill_pct_compute"] == pytest.approx(want, rel=0.01, abs=0.01)
 
 
+def test_bench_json_keeps_the_models_done_when_cut_short(tmp_path, monkeypatch):
+    """`webdrift bench --json` rewrites its file after each model, so a run cut short (a device
+    call's time limit; here the second model's run interrupted) leaves a complete report of the
+    models done, marked incomplete; a finished run's file has every model and no mark."""
+    import json
+
+    from webdrift.profile.benchmark import missing_fields
+    from webdrift.tools import bench
+    from webdrift.tools.cli import main
+    real, calls = bench.bench_model, []
+
+    def cut_at_second(*a, **kw):
+        calls.append(a[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt      # what a time limit's signal does to the process
+        return real(*a, **kw)
+
+    monkeypatch.setattr(bench, "bench_model", cut_at_second)
+    js = tmp_path / "r.json"
+    argv = ["bench", "--quick", "--quant", "q4,q8", "--protocol", "16/4", "--no-peers", "--json", str(js)]
+    assert main(argv) == 130            # "webdrift: interrupted"
+    rep = json.loads(js.read_text())
+    assert rep["incomplete"] == "1 of 2 models done" and missing_fields(rep) == []
+    assert [(r["quant"], r["prompt_tokens"], r["new_tokens"]) for r in rep["results"]] == [("q4", 16, 4)]
+    assert rep["results"][0]["decode_tps"] > 0 and not (tmp_path / "r.json.tmp").exists()
+    monkeypatch.setattr(bench, "bench_model", real)
+    assert main(argv) == 0
+    rep = json.loads(js.read_text())
+    assert "incomplete" not in rep and [r["quant"] for r in rep["results"]] == ["q4", "q8"]
+
+
 def test_matrix_unit_probe_only_where_offered():
     """The matrix units' probe (Dawn's subgroup matrices) is offered where the adapter has them, and
     is credited with MMA_CHAINS x ITERS 16 x 16 x 16 multiply-accumulates per subgroup of 32 (its

@@ -139,6 +139,17 @@ self.webdriftSnapshotStore = args.snapshot === "off" ? { async load() { return n
     return true;
   },
 };
+// --json FILE, whole at every step: after each model but the last the report so far (marked
+// "incomplete"), so a run cut short (a time limit) keeps what it measured
+function writeJson(rep) {
+  const file = path.resolve(args.json);
+  fs.mkdirSync(path.dirname(file), { recursive: true });
+  fs.writeFileSync(file + ".tmp", JSON.stringify(rep, null, 1));
+  fs.renameSync(file + ".tmp", file);
+}
+function writePartial(rep) {
+  if (args.json && rep) writeJson(rep);
+}
 const waiting = new Map();
 const phases = {};            // progress phase -> [first, last] seconds since T0 (--ready's timeline)
 const timeline = [];          // [seconds since T0, phase, message] of each progress message with a message
@@ -148,7 +159,8 @@ self.postMessage = (m) => {
     const t = Math.round(performance.now() - T0) / 1000;
     phases[p.phase] = [phases[p.phase] ? phases[p.phase][0] : t, t];
     if (p.message && p.phase !== "log" && p.phase !== "tune") timeline.push([t, p.phase, p.message]);
-    if (p.phase === "log") console.error(p.message);
+    if (p.phase === "partial") writePartial(p.report);
+    else if (p.phase === "log") console.error(p.message);
     else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
       `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);
   } else if (m.type === "result" || m.type === "error") waiting.get(m.id)?.(m);
@@ -241,8 +253,7 @@ if (args.traceCalls) {
   console.log(JSON.stringify(report.traced_calls, null, 1));
 }
 if (args.json) {
-  fs.mkdirSync(path.dirname(path.resolve(args.json)), { recursive: true });
-  fs.writeFileSync(args.json, JSON.stringify(report, null, 1));
+  writeJson(report);
   console.log(`report written to ${args.json}`);
 }
 process.exit(report.results.some((r) => r.error) ? 1 : 0);

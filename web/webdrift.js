@@ -316,8 +316,9 @@ export async function createRuntime(options = {}) {
  * autotune (true | false | "force": measure kernel choices on software adapters too), quick,
  * profileTokens (N > 1: each model's last row gets kernel_profile, GPU us per decode step by kernel family),
  * stepsPerSubmit (decode steps per GPU submit, 1-32; default the device's),
- * command (a label for the report), onProgress({phase, loaded, total, model, message}).
- * Kernel choices measured here are stored like createEngine's (IndexedDB) and reused.
+ * command (a label for the report), onProgress({phase, loaded, total, model, message}; after each model but
+ * the last, phase "partial" with `report`: the report so far, marked `incomplete`).
+ * Kernel choices measured here are stored like createEngine's (IndexedDB), after each model, and reused.
  */
 export async function bench(options = {}) {
   const o = options || {};

@@ -431,8 +431,20 @@ async function runBench(id, opts) {
   const choices = loadChoices();
   if (opts.model) await fetchAndOpen(id, opts.model);
   else await boot(id);
-  const onProgress = (text) => post({ type: "progress", id, progress: JSON.parse(text) });
+  // "partial" (after each model but the last): the report so far goes on to the host, the choices
+  // measured so far are stored at once, so a run cut short (a closed tab, a time limit) keeps both
+  let stored = Promise.resolve();
+  const onProgress = (text) => {
+    const p = JSON.parse(text);
+    if (p.phase === "partial") {
+      const c = p.choices;
+      delete p.choices;
+      stored = stored.then(() => storeChoices(c)).catch(() => {});
+    }
+    post({ type: "progress", id, progress: p });
+  };
   const r = await callApi("api_bench", JSON.stringify({ ...opts, model: undefined, kernelChoices: await choices }), onProgress);
+  await stored;
   await storeChoices(r.choices);
   return r.report;
 }

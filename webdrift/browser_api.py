@@ -311,8 +311,28 @@ async def api_bench(opts_json, progress=None) -> dict:
         log(f"adapter: {dev.info.adapter} ({dev.info.backend}); streaming read {roof['best_GBps']} GB/s "
             f"({roof['bytes'] >> 20} MiB, {roof['method']})")
         sources = ([src] if src is not None else []) + [synthetic_source(n, q) for n in synthetic for q in quants]
+        note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"
+
+        def report_of(rows: list) -> dict:
+            rows = [dict(r) for r in rows]
+            bm.fill_skipped_peers(rows, note, note)
+            rep = bm.make_report(
+                version=__version__, date=str(o.get("date") or ""), command=str(o.get("command") or "bench() in the browser"),
+                machine=bm.machine_info(dev, str(o.get("route") or bm.BROWSER_ROUTE), str(o.get("host") or ""),
+                                        platform.python_version()),
+                protocols=protocols, prefill_chunk=chunk, repeats=repeats, roofline=roof, peers_note=note, results=rows)
+            rep["log"] = list(lines)
+            return rep
+
+        def new_choices() -> dict:
+            return {k: v for k, v in autotune.export_choices(new_only=True).items() if _adapter_key(dev, k)}
+
         results = []
         for i, s in enumerate(sources):
+            if i:   # the models done so far, and the choices measured: kept by a host whose run is cut short
+                rep = report_of(results)
+                rep["incomplete"] = f"{i} of {len(sources)} models done"
+                report("partial", i, len(sources), report=rep, choices=new_choices())
             label = "/".join(bm.model_label(s))
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,
@@ -321,16 +341,7 @@ async def api_bench(opts_json, progress=None) -> dict:
                 mma_peak_tflops=(roof["compute"].get("mma_f16") or {}).get("tflops"),
                 progress=lambda phase, d, t, label=label, i=i: report(phase, d, t, model=label, index=i,
                                                                      models=len(sources)))
-        note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"
-        bm.fill_skipped_peers(results, note, note)
-        rep = bm.make_report(
-            version=__version__, date=str(o.get("date") or ""), command=str(o.get("command") or "bench() in the browser"),
-            machine=bm.machine_info(dev, str(o.get("route") or bm.BROWSER_ROUTE), str(o.get("host") or ""),
-                                    platform.python_version()),
-            protocols=protocols, prefill_chunk=chunk, repeats=repeats, roofline=roof, peers_note=note, results=results)
-        rep["log"] = lines
-        new = {k: v for k, v in autotune.export_choices(new_only=True).items() if _adapter_key(dev, k)}
-        return {"report": rep, "choices": new}
+        return {"report": report_of(results), "choices": new_choices()}
     finally:
         dev.destroy()
 

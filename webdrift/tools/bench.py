@@ -281,7 +281,10 @@ def bench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int = 1, pr
 
 # -- the run -------------------------------------------------------------------------------------
 
-def run_bench(args, dev=None, log=None) -> dict:
+def run_bench(args, dev=None, log=None, partial=None) -> dict:
+    """The report of `webdrift bench` (args: its options); partial(report), where given, after each
+    model but the last with the rows so far (report["incomplete"] says how many runs are done), so a
+    run cut short (a time limit, a lost machine) leaves what it measured."""
     log = log or (lambda s: sys.stderr.write(s + "\n"))
     quick = bool(getattr(args, "quick", False))
     synthetic = parse_list(args.synthetic, "synthetic model", PRESETS)
@@ -322,7 +325,23 @@ def run_bench(args, dev=None, log=None) -> dict:
     results, peer_cache = [], {}
     formats = parse_list(getattr(args, "weight_format", None), "weight format", WEIGHT_FORMAT_CHOICES) or [None]
     kvs = parse_list(getattr(args, "kv_cache", None), "KV cache", ("f16", "f32")) or [None]
-    for src, wf, kv in ((s, f, k) for s in sources for f in formats for k in kvs):
+    from .. import __version__
+
+    def report_of(rows: list) -> dict:
+        rows = [dict(r) for r in rows]
+        fill_skipped_peers(rows, peers_note)
+        return make_report(version=__version__,
+                           date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                           command=getattr(args, "command_line", None) or "webdrift bench", machine=machine_info(dev),
+                           protocols=protocols, prefill_chunk=args.prefill_chunk, repeats=args.repeats, roofline=roof,
+                           peers_note=peers_note, results=rows)
+
+    runs = [(s, f, k) for s in sources for f in formats for k in kvs]
+    for n, (src, wf, kv) in enumerate(runs, 1):
+        if n > 1 and partial is not None:
+            rep = report_of(results)
+            rep["incomplete"] = f"{n - 1} of {len(runs)} models done"
+            partial(rep)
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
@@ -336,13 +355,7 @@ def run_bench(args, dev=None, log=None) -> dict:
                                weight_format=wf, profile_tokens=getattr(args, "profile_tokens", 0) or 0,
                                steps_per_submit=getattr(args, "steps_per_submit", None), kv_cache=kv,
                                mma_peak_tflops=(roof["compute"].get("mma_f16") or {}).get("tflops"))
-    fill_skipped_peers(results, peers_note)
-    from .. import __version__
-    report = make_report(version=__version__, date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                         command=getattr(args, "command_line", None) or "webdrift bench", machine=machine_info(dev),
-                         protocols=protocols, prefill_chunk=args.prefill_chunk, repeats=args.repeats, roofline=roof,
-                         peers_note=peers_note, results=results)
-    return report
+    return report_of(results)
 
 
 def _peer_availability(dev) -> tuple[bool, str]:
@@ -671,15 +684,20 @@ def cmd_bench(args) -> int:
     if args.speculative is not None:
         return cmd_bench_speculative(args)
     t0 = time.perf_counter()
-    report = run_bench(args)
-    report["wall_s"] = round(time.perf_counter() - t0, 2)
-    print(format_table(report))
-    if args.json:
+
+    def write_json(rep: dict) -> None:       # whole or not at all (a run cut short keeps the last one)
         d = os.path.dirname(args.json)
         if d:
             os.makedirs(d, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+        with open(args.json + ".tmp", "w") as f:
+            json.dump({**rep, "wall_s": round(time.perf_counter() - t0, 2)}, f, indent=1)
+        os.replace(args.json + ".tmp", args.json)
+
+    report = run_bench(args, partial=write_json if args.json else None)
+    report["wall_s"] = round(time.perf_counter() - t0, 2)
+    print(format_table(report))
+    if args.json:
+        write_json(report)
         print(f"report written to {args.json}")
     if args.markdown:
         write_markdown(args.markdown, report)
