@@ -322,3 +322,33 @@ def test_one_nan_logit_is_enough(tmp_path):
     assert np.isnan(lg[:, q]).all() and np.isfinite(np.delete(lg, q, axis=1)).all()
     with pytest.raises(NumericalError, match="generation step 0"):
         bad.generate(ids, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["bench", "--quick", "--quant", "q4", "--no-peers", "--json", "{bad}/r.json"], "--json"),
+    (["bench", "--quick", "--quant", "q4", "--no-peers", "--markdown", "{bad}/b.md"], "--markdown"),
+    (["bench", "--quick", "--quant", "q4", "--no-peers", "--json", "{dir}"], "--json"),
+    (["profile", "--synthetic", "tiny", "--prompt-tokens", "8", "--new-tokens", "4", "--trace", "{bad}/t.json"], "--trace"),
+    (["perplexity", "{tiny}", "--file", "{text}", "--ctx", "32", "--json", "{bad}/p.json"], "--json"),
+])
+def test_an_output_path_that_cannot_be_written_is_refused_before_the_work(tmp_path, tiny_path, capsys, monkeypatch,
+                                                                          argv, option):
+    """bench / profile / perplexity wrote --json, --markdown, --trace after their run, and a path
+    that could not be written ended minutes of work in a traceback (bench --json /proc/x/r.json:
+    FileNotFoundError from os.makedirs); now it is one error line, exit 2, before anything runs."""
+    from webdrift.tools import bench, perplexity, profile
+    from webdrift.tools.cli import main
+    ran = []
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: ran.append("bench"))
+    monkeypatch.setattr(profile, "run_profile", lambda *a, **k: ran.append("profile"))
+    monkeypatch.setattr(perplexity, "perplexity", lambda *a, **k: ran.append("perplexity"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    text = tmp_path / "t.txt"
+    text.write_text("Some text to score. " * 40)
+    args = [a.format(bad=blocker, dir=tmp_path, tiny=tiny_path, text=text) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"webdrift: error: {option} ") and err.count("\n") == 1, err
+    assert ("cannot write it" in err) or ("is a folder" in err)
+    assert ran == []

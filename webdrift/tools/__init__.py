@@ -7,6 +7,7 @@
     serve.py        `webdrift serve`: the browser bundle and a model on a local web server
     perplexity.py   `webdrift perplexity`: llama-perplexity's recipe on webdrift's logits
     perplexity_ref.py  transformers' f32 perplexity on the same windows (the docs' reference)
+    outputs.py      the output paths a tool writes after long work, checked before it starts
 
 They build engines through the core's one assembly path (webdrift/runtime/loading.py) and use
 the core's public modules only. Nothing here is in the browser bundle (build_wasm leaves this

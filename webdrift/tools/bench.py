@@ -57,6 +57,7 @@ from ..profile.benchmark import (  # the protocol and schema, shared with the br
 )
 from ..runtime.options import PREFILL_KERNELS
 from ..weights.synthetic import PRESETS, QUANTS, check_choice
+from .outputs import check_writable
 
 BIG_SHAPES = ["llama-3.2-1b", "llama-3.2-3b", "llama-3.1-8b"]
 # the schema and helpers come from the core (profile/benchmark.py) and are re-exported for scripts
@@ -681,6 +682,9 @@ def cmd_bench(args) -> int:
         raise InvalidArgumentError(f"--profile-tokens {args.profile_tokens}: must be >= 0")
     if not hasattr(args, "command_line"):
         args.command_line = _command_line()
+    check_writable(args.json, "--json", make_dirs=True)     # before the run, not after it
+    check_writable(getattr(args, "markdown", None), "--markdown")
+    check_writable(getattr(args, "plot", None), "--plot")
     if args.speculative is not None:
         return cmd_bench_speculative(args)
     t0 = time.perf_counter()

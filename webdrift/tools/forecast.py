@@ -36,6 +36,7 @@ import sys
 import time
 
 from ..errors import InvalidArgumentError, UnsupportedModelError, WebdriftError, shown
+from .outputs import check_writable
 
 DEFAULT_BRANCHING = (3, 2)
 TEMPERATURE = 0.8
@@ -339,21 +340,6 @@ def _check_args(branching, sequences, length, steps, lr, seed):
     return branching
 
 
-def _check_out(out) -> None:
-    """--out must be a file that can be written (checked before minutes of work)."""
-    out = os.fspath(out)
-    if os.path.isdir(out):
-        raise InvalidArgumentError(f"--out {shown(out)}: is a folder")
-    existed = os.path.exists(out)
-    try:
-        with open(out, "ab"):
-            pass
-    except OSError as e:
-        raise InvalidArgumentError(f"--out {shown(out)}: cannot write it ({e.strerror or e})") from None
-    if not existed:
-        os.remove(out)
-
-
 def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 48, length: int = 96,
                    steps: int = 150, lr: float = 0.01, seed: int = 0, prompts=None, progress=None) -> dict:
     """Fit forecast vectors for `model` (known name, .gguf path or HF folder) and write them to
@@ -366,7 +352,7 @@ def train_forecast(model, out, *, branching=DEFAULT_BRANCHING, sequences: int = 
     if prompts is not None and (isinstance(prompts, str) or not prompts
                                 or not all(isinstance(p, str) and p.strip() for p in prompts)):
         raise InvalidArgumentError("prompts: must be a non-empty list of non-empty strings")
-    _check_out(out)
+    check_writable(out, "--out")
     torch, _ = _torch()
     t0 = time.perf_counter()
     torch.manual_seed(seed)

@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import InvalidArgumentError
+from .outputs import check_writable
 
 DEFAULT_CTX = 512
 
@@ -225,6 +226,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_perplexity(args) -> int:
     text = read_text(args.file)
+    check_writable(args.json, "--json")      # before the windows, not after them
 
     def show(done, total, ppl):
         sys.stderr.write(f"\rperplexity: window {done}/{total}, running ppl {ppl:.4f}")

@@ -20,6 +20,7 @@ from ..hub import DEFAULT_MODEL
 from ..profile.profiler import DISABLED, Profiler
 from ..profile.timeline import Timeline, format_summary, phase_table, summarize
 from ..profile.trace import write_chrome_trace
+from .outputs import check_writable
 
 
 def profile_generation(eng, ids: list[int], new_tokens: int, prof: Profiler):
@@ -99,6 +100,8 @@ def cmd_profile(args) -> int:
         raise InvalidArgumentError("give --model or --synthetic, not both")
     if args.prompt_tokens < 1 or args.new_tokens < 2:
         raise InvalidArgumentError("--prompt-tokens must be >= 1 and --new-tokens >= 2")
+    check_writable(args.trace, "--trace")
+    check_writable(args.json, "--json")
     if args.synthetic:
         src = synthetic_source(args.synthetic, args.quant)
     else:
