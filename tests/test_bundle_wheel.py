@@ -14,6 +14,7 @@ import base64
 import csv
 import hashlib
 import io
+import pathlib
 import zipfile
 
 import pytest
@@ -122,3 +123,21 @@ def test_precompile_reports_a_syntax_error(pyodide_stage):
     with pytest.raises(BuildError, match=r"(?s)SyntaxError.*broken\.py|broken\.py.*SyntaxError"):
         precompile_bytecode(stage, [whl], imports=("markupsafe",))
 
+
+
+@pytest.mark.parametrize("where, code", [("{blk}/r.json", "ENOTDIR"), ("/proc/webdrift-none/r.json", "ENOENT"),
+                                         ("{tmp}", "EISDIR")])
+def test_node_bench_refuses_an_unwritable_json_at_once(tmp_path, where, code):
+    """node_bench.mjs --json: a path it cannot write is refused before Dawn, Pyodide or the run (a
+    first version's recursive mkdir spun forever on /proc/x), one line, exit 2."""
+    import shutil
+    import subprocess
+    if shutil.which("node") is None:
+        pytest.skip("Node.js is not installed")
+    (tmp_path / "blk").write_text("")
+    target = where.format(blk=tmp_path / "blk", tmp=tmp_path)
+    script = pathlib.Path(__file__).resolve().parent.parent / "web" / "node_bench.mjs"
+    r = subprocess.run(["node", str(script), "--json", target],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"webdrift: error: --json {target}: cannot write it ({code})\n"

@@ -45,6 +45,25 @@ function parseArgs(argv) {
 }
 
 const args = parseArgs(process.argv.slice(2));
+// a folder and its missing parents, one level at a time (Node's recursive mkdir spun forever on
+// /proc/x: an error there must end the run)
+function makeDirs(d) {
+  if (fs.existsSync(d)) return;
+  makeDirs(path.dirname(d));
+  fs.mkdirSync(d);
+}
+if (args.json) {         // a path that cannot be written: refused now, not after the run
+  const file = path.resolve(args.json);
+  try {
+    makeDirs(path.dirname(file));
+    const existed = fs.existsSync(file);
+    fs.closeSync(fs.openSync(file, "a"));
+    if (!existed) fs.unlinkSync(file);
+  } catch (e) {
+    console.error(`webdrift: error: --json ${args.json}: cannot write it (${e.code || e.message})`);
+    process.exit(2);
+  }
+}
 const autotune = args.autotune === undefined ? true : args.autotune === "force" ? "force" : args.autotune === "on";   // --autotune on|off|force
 // --ready: what a returning visitor waits for; the model's sha256 is known beforehand (a page has it
 // from the cache entry or the server), so its hashing here is not part of the wait, the check is
@@ -117,7 +136,7 @@ self.webdriftChoiceStore = {
   },
   async store(choices) {
     const all = { ...(await this.load()), ...choices };
-    fs.mkdirSync(path.dirname(choicesFile), { recursive: true });
+    makeDirs(path.dirname(choicesFile));
     fs.writeFileSync(choicesFile + ".tmp", JSON.stringify(all, null, 1));
     fs.renameSync(choicesFile + ".tmp", choicesFile);
     return Object.keys(choices).length;
@@ -131,7 +150,7 @@ self.webdriftSnapshotStore = args.snapshot === "off" ? { async load() { return n
     try { return new Uint8Array(fs.readFileSync(path.join(snapshotDir, key + ".bin"))); } catch { return null; }
   },
   async store(key, bytes) {
-    fs.mkdirSync(snapshotDir, { recursive: true });
+    makeDirs(snapshotDir);
     for (const f of fs.readdirSync(snapshotDir)) fs.rmSync(path.join(snapshotDir, f), { force: true });
     if (!bytes) return false;
     fs.writeFileSync(path.join(snapshotDir, key + ".tmp"), bytes);
@@ -143,7 +162,7 @@ self.webdriftSnapshotStore = args.snapshot === "off" ? { async load() { return n
 // "incomplete"), so a run cut short (a time limit) keeps what it measured
 function writeJson(rep) {
   const file = path.resolve(args.json);
-  fs.mkdirSync(path.dirname(file), { recursive: true });
+  makeDirs(path.dirname(file));
   fs.writeFileSync(file + ".tmp", JSON.stringify(rep, null, 1));
   fs.renameSync(file + ".tmp", file);
 }
