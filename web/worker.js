@@ -431,17 +431,16 @@ async function runBench(id, opts) {
   const choices = loadChoices();
   if (opts.model) await fetchAndOpen(id, opts.model);
   else await boot(id);
-  // "partial" (after each model but the last): the report so far goes on to the host, the choices
-  // measured so far are stored at once, so a run cut short (a closed tab, a time limit) keeps both
+  // "partial" (after each model but the last): the choices measured so far are stored, then the
+  // report so far goes on to the host (so a "partial" received means both are kept: a run cut
+  // short, a closed tab or a time limit, loses only the model it was on)
   let stored = Promise.resolve();
   const onProgress = (text) => {
     const p = JSON.parse(text);
-    if (p.phase === "partial") {
-      const c = p.choices;
-      delete p.choices;
-      stored = stored.then(() => storeChoices(c)).catch(() => {});
-    }
-    post({ type: "progress", id, progress: p });
+    if (p.phase !== "partial") return post({ type: "progress", id, progress: p });
+    const c = p.choices;
+    delete p.choices;
+    stored = stored.then(() => storeChoices(c)).catch(() => {}).then(() => post({ type: "progress", id, progress: p }));
   };
   const r = await callApi("api_bench", JSON.stringify({ ...opts, model: undefined, kernelChoices: await choices }), onProgress);
   await stored;
