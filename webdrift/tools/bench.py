@@ -683,8 +683,8 @@ def cmd_bench(args) -> int:
     if not hasattr(args, "command_line"):
         args.command_line = _command_line()
     check_writable(args.json, "--json", make_dirs=True)     # before the run, not after it
-    check_writable(getattr(args, "markdown", None), "--markdown")
-    check_writable(getattr(args, "plot", None), "--plot")
+    check_writable(getattr(args, "markdown", None), "--markdown", make_dirs=True)
+    check_writable(getattr(args, "plot", None), "--plot", make_dirs=True)
     if args.speculative is not None:
         return cmd_bench_speculative(args)
     t0 = time.perf_counter()
