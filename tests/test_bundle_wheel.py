@@ -124,7 +124,6 @@ def test_precompile_reports_a_syntax_error(pyodide_stage):
         precompile_bytecode(stage, [whl], imports=("markupsafe",))
 
 
-
 @pytest.mark.parametrize("where, code", [("{blk}/r.json", "ENOTDIR"), ("/proc/webdrift-none/r.json", "ENOENT"),
                                          ("{tmp}", "EISDIR")])
 def test_node_bench_refuses_an_unwritable_json_at_once(tmp_path, where, code):

@@ -166,9 +166,6 @@ function writeJson(rep) {
   fs.writeFileSync(file + ".tmp", JSON.stringify(rep, null, 1));
   fs.renameSync(file + ".tmp", file);
 }
-function writePartial(rep) {
-  if (args.json && rep) writeJson(rep);
-}
 const waiting = new Map();
 const phases = {};            // progress phase -> [first, last] seconds since T0 (--ready's timeline)
 const timeline = [];          // [seconds since T0, phase, message] of each progress message with a message
@@ -178,7 +175,7 @@ self.postMessage = (m) => {
     const t = Math.round(performance.now() - T0) / 1000;
     phases[p.phase] = [phases[p.phase] ? phases[p.phase][0] : t, t];
     if (p.message && p.phase !== "log" && p.phase !== "tune") timeline.push([t, p.phase, p.message]);
-    if (p.phase === "partial") writePartial(p.report);
+    if (p.phase === "partial") { if (args.json) writeJson(p.report); }
     else if (p.phase === "log") console.error(p.message);
     else if (p.phase !== "download") console.error(`[${p.phase}]${p.model ? " " + p.model : ""}` +
       `${p.total ? ` ${p.loaded}/${p.total}` : ""}${p.message ? " " + p.message : ""}`);

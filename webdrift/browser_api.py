@@ -314,13 +314,13 @@ async def api_bench(opts_json, progress=None) -> dict:
         note = "the browser runs no peers (they need CUDA on the host); compare with `webdrift bench` rows"
 
         def report_of(rows: list) -> dict:
-            rows = [dict(r) for r in rows]
             bm.fill_skipped_peers(rows, note, note)
             rep = bm.make_report(
                 version=__version__, date=str(o.get("date") or ""), command=str(o.get("command") or "bench() in the browser"),
                 machine=bm.machine_info(dev, str(o.get("route") or bm.BROWSER_ROUTE), str(o.get("host") or ""),
                                         platform.python_version()),
-                protocols=protocols, prefill_chunk=chunk, repeats=repeats, roofline=roof, peers_note=note, results=rows)
+                protocols=protocols, prefill_chunk=chunk, repeats=repeats, roofline=roof, peers_note=note,
+                results=list(rows))
             rep["log"] = list(lines)
             return rep
 
@@ -330,9 +330,8 @@ async def api_bench(opts_json, progress=None) -> dict:
         results = []
         for i, s in enumerate(sources):
             if i:   # the models done so far, and the choices measured: kept by a host whose run is cut short
-                rep = report_of(results)
-                rep["incomplete"] = f"{i} of {len(sources)} models done"
-                report("partial", i, len(sources), report=rep, choices=new_choices())
+                report("partial", i, len(sources), report=bm.mark_incomplete(report_of(results), i, len(sources)),
+                       choices=new_choices())
             label = "/".join(bm.model_label(s))
             results += await bm.abench_model(
                 dev, s, protocols, roof["best_GBps"], repeats, chunk, log=log, int8_activations=i8, autotune=tune,

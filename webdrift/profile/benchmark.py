@@ -438,6 +438,13 @@ def make_report(*, version: str, date: str, command: str, machine: dict, protoco
             "roofline": roofline, "peers_note": peers_note, "results": results}
 
 
+def mark_incomplete(report: dict, done: int, total: int) -> dict:
+    """A report of the models done so far, written while the run goes on (so a run cut short keeps
+    them): `incomplete` says how many of the run's models it holds."""
+    report["incomplete"] = f"{done} of {total} models done"
+    return report
+
+
 def fill_skipped_peers(results: list[dict], peers_note: str, llama_note: str = "not run (no --llama-bench)") -> None:
     for r in results:
         r["peers"] = r["peers"] or {}

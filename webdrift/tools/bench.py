@@ -50,6 +50,7 @@ from ..profile.benchmark import (  # the protocol and schema, shared with the br
     build_engine,
     fill_skipped_peers,
     make_report,
+    mark_incomplete,
     missing_fields,
     model_label,
     parse_protocol,
@@ -329,20 +330,17 @@ def run_bench(args, dev=None, log=None, partial=None) -> dict:
     from .. import __version__
 
     def report_of(rows: list) -> dict:
-        rows = [dict(r) for r in rows]
         fill_skipped_peers(rows, peers_note)
         return make_report(version=__version__,
                            date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                            command=getattr(args, "command_line", None) or "webdrift bench", machine=machine_info(dev),
                            protocols=protocols, prefill_chunk=args.prefill_chunk, repeats=args.repeats, roofline=roof,
-                           peers_note=peers_note, results=rows)
+                           peers_note=peers_note, results=list(rows))
 
     runs = [(s, f, k) for s in sources for f in formats for k in kvs]
     for n, (src, wf, kv) in enumerate(runs, 1):
         if n > 1 and partial is not None:
-            rep = report_of(results)
-            rep["incomplete"] = f"{n - 1} of {len(runs)} models done"
-            partial(rep)
+            partial(mark_incomplete(report_of(results), n - 1, len(runs)))
         results += bench_model(dev, src, protocols, roof["best_GBps"], args.repeats, args.prefill_chunk,
                                peers=peers_ok, log=log, peer_cache=peer_cache,
                                int8_activations=INT8_CHOICES[getattr(args, "int8_activations", "auto")],
