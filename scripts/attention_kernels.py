@@ -4,7 +4,8 @@ workgroup), phase 1 and its combine, at depths 1024 and 4096, the way the tuner 
 dispatch after an L2 flush, the median of 5 runs):
     PYTHONPATH=. python scripts/attention_kernels.py 32:8:128 32:8:64
 (H:KVH:head_dim shapes; the cache holds 4352 rows, random-free: timing does not depend on values;
-KV=f32 in the environment: f32 caches, else f16 ones as the engine's default)
+KV=f32 in the environment: f32 caches, else f16 ones as the engine's default; DEPTHS=64,1024: other
+depths than 1024 and 4096)
 prints per shape and depth `name phase1+combine` in microseconds."""
 import os
 import sys
@@ -29,7 +30,7 @@ for shape in sys.argv[1:] or ["32:8:128", "32:8:64"]:
     kc, vc = (dev.create_buffer(KVH * CAP * DH * (2 if KV16 else 4), label=n) for n in ("k", "v"))
     q, out = TensorDesc("q", DH, G, b=KVH), TensorDesc("o", H * DH)
     qb, ob = dev.create_buffer(q.nbytes, label="q"), dev.create_buffer(out.nbytes, label="o")
-    for depth in (1024, 4096):
+    for depth in [int(d) for d in os.environ.get("DEPTHS", "1024,4096").split(",")]:
         sb = A._step_buffer(dev, depth - 1)
         res = []
         for c in A.attention_candidates(dev, H, KVH, DH, CAP):

@@ -39,6 +39,9 @@ def test_bench_quick_report_is_complete(tmp_path, capsys):
         assert set(PEER_NAMES) <= set(r["peers"])
         # the software adapter's rule (grouped where a KV head serves several query heads), with its chunk
         assert len(r["attention"]) == 1 and r["attention"][0] in ("grouped64", "head64")
+        # ... and its static decode GEMV, named by op family (every layer GEMV and the LM head)
+        assert r["decode_gemv"] and all(v == ["row r1 wg64"] for v in r["decode_gemv"].values()), r["decode_gemv"]
+        assert {"o_proj+residual", "down+residual"} <= set(r["decode_gemv"]) and any("lm_head" in k for k in r["decode_gemv"])
     assert rep["roofline"]["best_GBps"] > 0 and rep["roofline"]["bytes"] > 0
     assert rep["machine"]["adapter"]
     text = md.read_text()
@@ -46,6 +49,16 @@ def test_bench_quick_report_is_complete(tmp_path, capsys):
     # smaller quantized weights are fewer bytes to read per token
     wb = {r["quant"]: r["read_bytes_per_token"] for r in rows if r["prompt_tokens"] == 32}
     assert wb["q4"] < wb["q8"] < wb["f16"]
+
+
+def test_gemv_variant_names():
+    """How a report names a decode GEMV variant: the fields that differ from their defaults."""
+    from webdrift.kernels.linear import GemvVariant
+    assert GemvVariant("wide", rows=16, wg=128, mrows=4).name == "wide r16 wg128 m4"
+    assert GemvVariant("wide", rows=2, wg=256, unroll=4, mrows=2, ksplit=True).name == "wide r2 wg256 u4 m2 ksplit"
+    assert GemvVariant("blk", rows=32, wg=512, rps=2).name == "blk r32 wg512 rps2"
+    assert GemvVariant("blk", rows=4, wg=64, qlast=True).name == "blk r4 wg64 qlast"
+    assert GemvVariant("blk", rows=2, wg=64, cols=4).name == "blk r2 wg64 cols4"
 
 
 def test_missing_fields_names_what_is_absent():

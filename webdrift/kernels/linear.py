@@ -58,6 +58,16 @@ class GemvVariant:
     ksplit: bool = False     # wide: the whole workgroup strides the blocks of mrows rows at a time
                              # (split K, reduced across its subgroups; ROWS a multiple of mrows)
 
+    @property
+    def name(self) -> str:
+        """Short readable form for reports, e.g. "wide r16 wg128 m4", "blk r32 wg256 rps4"
+        (fields at their defaults left out; rps only where it is used, a QuantOut's rows)."""
+        parts = [self.variant, f"r{self.rows}", f"wg{self.wg}"]
+        parts += [f"u{self.unroll}"] * (self.unroll != 1) + [f"m{self.mrows}"] * (self.mrows != 1)
+        parts += ["ksplit"] * self.ksplit + [f"cols{self.cols}"] * (self.cols != 1) + ["qlast"] * self.qlast
+        parts += [f"rps{self.rps}"] * (self.variant == "blk" and self.rows == 32 and not self.qlast)
+        return " ".join(parts)
+
 
 def rope_variant(v: GemvVariant) -> GemvVariant:
     """The float decode GEMV v as it takes the RoPE epilogue: one column; an odd mrows computes

@@ -277,6 +277,22 @@ def decode_attention(eng) -> list[str]:
     return sorted({op.kernel.name for op in eng.decode.graph.ops if isinstance(op, Attention)})
 
 
+def decode_gemvs(eng) -> dict:
+    """The decode GEMV variants the engine runs, by op family (the label without its layer), e.g.
+    {"norm+gate_up+act": ["wide r16 wg128 m4"], ...}; several where layers differ (a Q4_K_M file's
+    row-split layers). Load-time choices (kernels/autotune.choose_gemv): they differ between
+    adapters and can between fresh tunings of one machine type (H200, 2026-11-29: the 8B f16
+    gate/up variant chosen in two leases ran 61.4 and 75.0 us a layer on the same weights,
+    docs/BENCHMARKS.md session 34), so a report names them."""
+    from ..kernels.linear import GemvVariant
+    from ..models.forward import Linear
+    out: dict = {}
+    for op in eng.decode.graph.ops:
+        if isinstance(op, Linear) and isinstance(op.variant, GemvVariant):
+            out.setdefault(op.label.split(".", 1)[-1], set()).add(op.variant.name)
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
 def empty_row(base: dict, p: int, m: int, **kw) -> dict:
     r = dict(base, prompt_tokens=p, new_tokens=m, prefill_tps=None, decode_tps=None, ttft_s=None,
              read_bytes_per_token=None, roofline_decode_tps=None, pct_roofline=None, peak_gpu_bytes=None,
@@ -371,6 +387,7 @@ async def abench_model(dev, src, protocols, bandwidth_GBps: float, repeats: int 
         base["int8_roles"] = sorted(r for r, v in eng.model.int8_roles.items() if v)
         base["int8_chain"] = eng.model.int8_chain
         base["attention"] = decode_attention(eng)
+        base["decode_gemv"] = decode_gemvs(eng)
         ids = prompt_ids(cfg.vocab_size, max(p for p, _ in protocols))
         # compile + warm every kernel, over the longest prompt: a first prefill of that size right
         # after the load ran at half speed (H100, 2026-11-23: 1B q4 4899 tok/s as a run's first row,
