@@ -221,6 +221,20 @@ def test_compare_puts_reports_side_by_side(tmp_path, capsys):
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| m |")]
     assert len(lines) == 2 and "desktop (wgpu-native)" in lines[0] and "browser (Pyodide+WebGPU)" in lines[1]
     assert lines[1].rstrip(" |").endswith("0.85 | 0.80")          # 170/200, 800/1000
+    # the kernels that differ between the reports' rows are listed, those they share are not
+    ra, rb = json.loads(a.read_text()), json.loads(b.read_text())
+    ra["results"][0] |= {"attention": ["tiled64a32"], "decode_gemv": {"down+residual": ["wide r2 wg128 m2 ksplit"],
+                                                                       "norm+gate_up+act": ["wide r16 wg128 m4"]}}
+    rb["results"][0] |= {"attention": ["tiled64a32"], "decode_gemv": {"down+residual": ["wide r2 wg128 m2 ksplit"],
+                                                                       "norm+gate_up+act": ["wide r2 wg256 u4 m2 ksplit"]}}
+    a.write_text(json.dumps(ra))
+    b.write_text(json.dumps(rb))
+    assert main(["bench", "--compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "Kernels that differ, m q4 8/4:" in out
+    assert "| decode GEMV norm+gate_up+act | wide r16 wg128 m4 | wide r2 wg256 u4 m2 ksplit |" in out
+    assert "down+residual" not in out and "| attention |" not in out
+    assert main(["bench", "--compare", str(a), str(a)]) == 0 and "Kernels that differ" not in capsys.readouterr().out
     assert main(["bench", "--compare", str(a), str(bad)]) == 2
     assert "not a complete bench report" in capsys.readouterr().err
 

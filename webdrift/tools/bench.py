@@ -597,7 +597,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def compare_table(reports: list[dict]) -> str:
     """Rows of several reports side by side (markdown): per (model, quant, prompt/new), each
     report's route, adapter, decode / prefill tok/s, ttft, load s and peak GPU memory, with decode
-    and prefill as a ratio of the first report's (e.g. browser / desktop on the same GPU)."""
+    and prefill as a ratio of the first report's (e.g. browser / desktop on the same GPU); then the
+    kernel choices that differ between them (_compare_kernels) and the kernel profiles."""
     def key(r):
         return (r["model"], r["quant"], r["prompt_tokens"], r["new_tokens"])
 
@@ -620,7 +621,37 @@ def compare_table(reports: list[dict]) -> str:
                           [_fmt(r["decode_tps"]), _fmt(r["prefill_tps"]), _fmt(r["ttft_s"], ".3f"), _fmt(r["load_s"], ".2f"),
                            _gib(r["peak_gpu_bytes"]), ratio("decode_tps"), ratio("prefill_tps")])
                 lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines + _compare_profiles(reports, key))
+    return "\n".join(lines + _compare_kernels(reports, key) + _compare_profiles(reports, key))
+
+
+# the kernel choices a row names (load-time choices: a fresh tuning can pick others, and with
+# them run at another speed: docs/BENCHMARKS.md, session 34)
+_KERNEL_FIELDS = ("attention", "prefill_kernels", "prefill_tile", "int8_roles", "int8_chain")
+
+
+def _compare_kernels(reports: list[dict], key) -> list[str]:
+    """Per (model, quant, prompt/new) whose rows ran different kernels in different reports: each
+    choice that differs (the decode attention, each decode GEMV op family, the prefill GEMM, the
+    int8 roles / chain), one column per report; nothing where they all ran the same, or where
+    only one report has the row."""
+    def choices(r):
+        if r is None:
+            return {}
+        got = {f: r[f] for f in _KERNEL_FIELDS if r.get(f) is not None}
+        got |= {f"decode GEMV {fam}": v for fam, v in (r.get("decode_gemv") or {}).items()}
+        return {k: ", ".join(map(str, v)) if isinstance(v, list) else str(v) for k, v in got.items()}
+    out = []
+    for k in dict.fromkeys(key(r) for rep in reports for r in rep["results"]):
+        rows = [choices(next((r for r in rep["results"] if key(r) == k and not r.get("error")), None)) for rep in reports]
+        if sum(bool(c) for c in rows) < 2:
+            continue
+        differ = [f for f in dict.fromkeys(f for c in rows for f in c) if len({c.get(f, "-") for c in rows if c}) > 1]
+        if differ:
+            out += ["", f"Kernels that differ, {k[0]} {k[1]} {k[2]}/{k[3]}:", "",
+                    "| | " + " | ".join(f"report {i + 1}" for i in range(len(reports))) + " |",
+                    "|---|" + "---|" * len(reports)]
+            out += [f"| {f} | " + " | ".join(c.get(f, "-") for c in rows) + " |" for f in differ]
+    return out
 
 
 _PROFILE_ROWS = {   # kernel_profile fields shown by --compare before the kernel families
