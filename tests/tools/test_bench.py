@@ -52,13 +52,21 @@ def test_bench_quick_report_is_complete(tmp_path, capsys):
 
 
 def test_gemv_variant_names():
-    """How a report names a decode GEMV variant: the fields that differ from their defaults."""
+    """How a report names a decode GEMV variant: the fields that differ from their defaults; the
+    name reads back into the variant."""
     from webdrift.kernels.linear import GemvVariant
     assert GemvVariant("wide", rows=16, wg=128, mrows=4).name == "wide r16 wg128 m4"
     assert GemvVariant("wide", rows=2, wg=256, unroll=4, mrows=2, ksplit=True).name == "wide r2 wg256 u4 m2 ksplit"
     assert GemvVariant("blk", rows=32, wg=512, rps=2).name == "blk r32 wg512 rps2"
     assert GemvVariant("blk", rows=4, wg=64, qlast=True).name == "blk r4 wg64 qlast"
     assert GemvVariant("blk", rows=2, wg=64, cols=4).name == "blk r2 wg64 cols4"
+    # ... and read back (scripts/gemv_ab.py forces variants by these names)
+    for v in (GemvVariant("wide", rows=2, wg=256, unroll=4, mrows=2, ksplit=True), GemvVariant("blk", rows=32, wg=512, rps=2),
+              GemvVariant("blk", rows=4, wg=64, qlast=True), GemvVariant("row", rows=1, wg=64), GemvVariant("subgroup", cols=8)):
+        assert GemvVariant.from_name(v.name) == v
+    for bad, words in (("fast r1", "unknown kind 'fast'"), ("wide r16 x3", "cannot read 'x3'"), ("wide rfoo", "'rfoo'")):
+        with pytest.raises(ValueError, match=words):
+            GemvVariant.from_name(bad)
 
 
 def test_missing_fields_names_what_is_absent():

@@ -39,6 +39,10 @@ DECODE_TEMPLATES = {"split": "linear_split", "row": "linear_row", "subgroup": "l
                     "wide": "linear_wide", "blk": "linear_blk"}
 
 
+# GemvVariant.name's numeric parts: (prefix, field), longer prefixes first
+_NAME_FIELDS = (("rps", "rps"), ("cols", "cols"), ("wg", "wg"), ("r", "rows"), ("u", "unroll"), ("m", "mrows"))
+
+
 @dataclass(frozen=True)
 class GemvVariant:
     """A decode GEMV variant (autotune's choice or the static rule; prefill ignores it)."""
@@ -67,6 +71,26 @@ class GemvVariant:
         parts += ["ksplit"] * self.ksplit + [f"cols{self.cols}"] * (self.cols != 1) + ["qlast"] * self.qlast
         parts += [f"rps{self.rps}"] * (self.variant == "blk" and self.rows == 32 and not self.qlast)
         return " ".join(parts)
+
+    @classmethod
+    def from_name(cls, name: str) -> GemvVariant:
+        """The variant `name` names (its inverse; for scripts that force a variant); ValueError
+        naming the part it cannot read."""
+        head, *parts = name.split()
+        if head not in ("split", "row", "subgroup", "wide", "blk"):
+            raise ValueError(f"GEMV variant {name!r}: unknown kind {head!r}")
+        kw: dict = {"variant": head}
+        for part in parts:
+            if part in ("ksplit", "qlast"):
+                kw[part] = True
+                continue
+            # longer prefixes first ("rps2" is not rows)
+            pre, field = next(((p, f) for p, f in _NAME_FIELDS if part.startswith(p) and part[len(p):].isdigit()),
+                              (None, None))
+            if field is None:
+                raise ValueError(f"GEMV variant {name!r}: cannot read {part!r}")
+            kw[field] = int(part[len(pre):])
+        return cls(**kw)
 
 
 def rope_variant(v: GemvVariant) -> GemvVariant:
