@@ -281,9 +281,10 @@ def decode_gemvs(eng) -> dict:
     """The decode GEMV variants the engine runs, by op family (the label without its layer), e.g.
     {"norm+gate_up+act": ["wide r16 wg128 m4"], ...}; several where layers differ (a Q4_K_M file's
     row-split layers). Load-time choices (kernels/autotune.choose_gemv): they differ between
-    adapters and can between fresh tunings of one machine type (H200, 2026-11-29: the 8B f16
-    gate/up variant chosen in two leases ran 61.4 and 75.0 us a layer on the same weights,
-    docs/BENCHMARKS.md session 34), so a report names them."""
+    adapters and can between fresh tunings of one machine type (H200, 2026-11-29: an engine's 8B
+    f16 gate/up pick ran 75.0 us a layer where another variant ran 61.4 on the same weights, and
+    the same code decoded 175 and 196 tok/s in two leases; docs/BENCHMARKS.md session 34), so a
+    report names them."""
     from ..kernels.linear import GemvVariant
     from ..models.forward import Linear
     out: dict = {}
