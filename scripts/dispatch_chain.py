@@ -1,6 +1,7 @@
 """What a dependent dispatch costs on this adapter beyond its bytes: N streaming reads of S bytes
 each (profile/roofline.py's kernel, each over its own buffer), back to back in one pass timed as a
-whole (the best of 5 after 0.4 s of the same pass to raise the clocks); per kernel = total / N.
+whole (the best of 5 after at least 0.4 s of the same pass, until the clocks stop rising:
+autotune._busy); per kernel = total / N.
 "barrier": every read writes one shared sink, so wgpu puts a barrier between each two, as between
 a decode step's dependent kernels; "free": a sink each (no hazard, so kernels may overlap). Then
 a least-squares fit per grid of the barrier column, t = fixed + S / bandwidth:
@@ -8,10 +9,10 @@ a least-squares fit per grid of the barrier column, t = fixed + S / bandwidth:
 (defaults: 32 reads; 2, 8, 16, 33.5, 50, 117, 235 MB, the 8B's matrix sizes among them; grids of
 8192 and 1056 workgroups of 256, clamped to the buffer). Results: docs/BENCHMARKS.md, session 34."""
 import sys
-import time
 
-from webdrift.gpu.base import Dispatch, TimestampRecorder
+from webdrift.gpu.base import Dispatch
 from webdrift.gpu.native import get_device
+from webdrift.kernels import autotune as A
 from webdrift.kernels.bindings import Bindings
 from webdrift.profile.roofline import FILL_WGSL, STREAM_READ_WGSL, WG
 
@@ -21,18 +22,10 @@ MB = [float(v) for v in (sys.argv[2] if len(sys.argv) > 2 else "2,8,16,33.5,50,1
 GRIDS = [int(v) for v in (sys.argv[3] if len(sys.argv) > 3 else "8192,1056").split(",")]
 
 
-def per_kernel_us(ds: list, probe) -> float:
-    t = time.perf_counter()
-    while time.perf_counter() - t < 0.4:
-        dev.submit(ds)
-        dev.read_buffer_sync(probe, 0, 4)
-    best = float("inf")
-    for _ in range(5):
-        rec = TimestampRecorder(1, whole=True)
-        dev.submit(ds, timestamps=rec)
-        dev.read_timestamps_sync(rec)
-        best = min(best, (rec.ticks_ns[0][1] - rec.ticks_ns[0][0]) / len(ds) / 1e3)
-    return best
+def per_kernel_us(ds: list) -> float:
+    """The pass of ds timed whole, the best of 5, per dispatch (us), after the tuner's warm-up."""
+    A._drive_sync(dev, A._busy(dev, ds, 0.4))
+    return min(A._drive_sync(dev, A._batch_ns(dev, ds)) for _ in range(5)) / len(ds) / 1e3
 
 
 fits = {g: [] for g in GRIDS}   # grid: [(bytes, barrier us)]
@@ -54,7 +47,7 @@ for mb in MB:
         for shared in (True, False):
             ds = [Dispatch(read, dev.create_bind_group(read, rb.buffers({"src": s, "sink": sinks[0] if shared else sinks[i]})),
                            (g, 1, 1), "read") for i, s in enumerate(srcs)]
-            us = per_kernel_us(ds, sinks[0])
+            us = per_kernel_us(ds)
             line.append(f"grid {g} {'barrier' if shared else 'free'} {us:.2f} us")
             if shared:
                 fits[grid].append((cap, us))

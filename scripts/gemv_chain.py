@@ -1,17 +1,16 @@
 """The 8B f16 decode GEMV candidates (autotune.CANDIDATES but split / row) timed two ways: alone, as
 the tuner times them (after an L2 flush, the median of 5), and in a chain of K dependent
-dispatches over K weight copies (one pass timed whole after 0.4 s of it to raise the clocks, the
-best of 5; per kernel = total / K), the way a decode step runs a role layer after layer; fastest
-in the chain first, with the tuner's pick and the chain's:
+dispatches over K weight copies (one pass timed whole after at least 0.4 s of it, until the
+clocks stop rising: autotune._busy; the best of 5; per kernel = total / K), the way a decode
+step runs a role layer after layer; fastest in the chain first, with the tuner's pick and the
+chain's:
     K=12 PYTHONPATH=. python scripts/gemv_chain.py [gateup] [down] [qkv] [o]
 Results: docs/BENCHMARKS.md, session 34."""
 import os
 import sys
-import time
 
 import numpy as np
 
-from webdrift.gpu.base import TimestampRecorder
 from webdrift.gpu.native import get_device
 from webdrift.kernels import autotune as A
 from webdrift.kernels.convert import allocate_weight
@@ -52,16 +51,8 @@ for role in only:
                                 | ({"w2": w2.buffers} if dual else {}) | ({"nw": nw} if norm else {}), kern.workgroups(1))
                   for w, w2 in ws]
             alone = A._drive_sync(dev, A._time(dev, ds[0])) / 1000
-            t = time.perf_counter()
-            while time.perf_counter() - t < 0.4:
-                dev.submit(ds)
-                dev.read_buffer_sync(yb, 0, 4)
-            best = 1e9
-            for _ in range(5):
-                rec = TimestampRecorder(1, whole=True)
-                dev.submit(ds, timestamps=rec)
-                dev.read_timestamps_sync(rec)
-                best = min(best, (rec.ticks_ns[0][1] - rec.ticks_ns[0][0]) / K / 1000)
+            A._drive_sync(dev, A._busy(dev, ds, 0.4))     # clocks up
+            best = min(A._drive_sync(dev, A._batch_ns(dev, ds)) for _ in range(5)) / K / 1000
             rows.append((best, alone, v))
         except Exception as e:  # noqa: BLE001
             print(f"  {role} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
