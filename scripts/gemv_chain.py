@@ -4,7 +4,9 @@ dispatches over K weight copies (one pass timed whole after at least 0.4 s of it
 clocks stop rising: autotune._busy; the best of 5; per kernel = total / K), the way a decode
 step runs a role layer after layer; fastest in the chain first, with the tuner's pick and the
 chain's:
-    K=12 PYTHONPATH=. python scripts/gemv_chain.py [gateup] [down] [qkv] [o]
+    K=12 PYTHONPATH=. python scripts/gemv_chain.py [gateup] [gatecat] [down] [qkv] [o]
+("gatecat": gate and up as one weight of 2 x 14336 rows, one GEMV: the same bytes as gateup's
+pair in one stream, what a layout with the two's rows interleaved would read.)
 Results: docs/BENCHMARKS.md, session 34."""
 import os
 import sys
@@ -22,7 +24,7 @@ dev = get_device()
 rng = np.random.default_rng(0)
 K = int(os.environ.get("K", "12"))
 h, f, nh, nkv, dh = 4096, 14336, 32, 8, 128
-roles = {"gateup": (f, h, True, True, False), "down": (h, f, False, False, True),
+roles = {"gateup": (f, h, True, True, False), "gatecat": (2 * f, h, False, True, False), "down": (h, f, False, False, True),
          "qkv": ((nh + 2 * nkv) * dh, h, False, True, False), "o": (h, nh * dh, False, False, True)}
 only = sys.argv[1:] or list(roles)
 for role in only:

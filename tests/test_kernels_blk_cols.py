@@ -391,3 +391,89 @@ def test_fastest_confirms_its_leaders(monkeypatch):
         got = autotune._drive_sync(None, autotune._fastest(None, ["a", "broken", "b", "c"], build, {}, 1,
                                                             confirm=confirm))
         assert got == want
+
+
+@pytest.mark.parametrize("fmt,case,I,wg,unroll,cols", [
+    ("q4", "dual", 1536, 32, 2, 1),      # 48 blocks: lanes 16..31's second block is past the row
+    ("q8", "pre_norm", 1536, 64, 3, 1),  # 48 blocks, a stride of 64: every later block masked
+    ("q4_0", "plain", 4096, 64, 2, 1),   # 128 blocks: two strides exactly
+    ("q6k", "bias_residual", 1536, 32, 3, 1),
+    ("q4k", "plain", 1536, 32, 2, 1),
+    ("q4", "dual", 1536, 32, 2, 4),      # several columns
+    ("q8", "pre_norm", 576, 32, 2, 2),
+])
+def test_unroll_same_sums(fmt, case, I, wg, unroll, cols):
+    """GemvVariant.unroll on the integer-dot GEMV (BU blocks a stride apart per iteration, their
+    loads issued together): the same outputs as one block an iteration, bit for bit (the sums
+    are added in the same order), and against numpy; blocks past a row's end (NB not a multiple
+    of the stride x unroll) add nothing."""
+    dev = device()
+    T, O = 3, 37
+    rng = np.random.default_rng(I + unroll)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    gw, wref = make_weight(_weights(O, I, seed=31) * 3, fmt)
+    gw2 = w2ref = None
+    if case == "dual":
+        gw2, w2ref = make_weight(_weights(O, I, seed=32), fmt, name="w2")
+    bias = rng.standard_normal(O).astype(np.float32) if case == "bias_residual" else None
+    y0 = rng.standard_normal((T, O)).astype(np.float32) if case == "bias_residual" else None
+    nw = rng.standard_normal(I).astype(np.float32) if case == "pre_norm" else None
+    qd, qb, norm = quantized_input(x, fmt, nw)
+    yd = TensorDesc("y", O, CAP)
+    ep = Epilogue(bias=bias is not None, residual=y0 is not None)
+    extra = {"bias": f32_buffer(bias)} if bias is not None else {}
+    outs = {u: download(yd, gemv(dev, GemvVariant("blk", rows=4, wg=wg, unroll=u, cols=cols), qd, qb, yd, y0, gw,
+                                 gw2, norm, ep, T, extra)) for u in (1, unroll)}
+    y = outs[unroll]
+    np.testing.assert_array_equal(y, outs[1])
+    src = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=GemvVariant("blk", rows=4, wg=wg, unroll=unroll, cols=cols),
+                       pre_norm=norm, epilogue=ep).source
+    assert f"const BU: u32 = {unroll}u;" in src and src.count("let ok = b0 +") == unroll - 1
+    if fmt in ("q4_0", "q4k"):   # (check's emulation takes the block minimum as q4's min term)
+        exact = x.astype(np.float64) @ wref.T.astype(np.float64)
+        np.testing.assert_allclose(y[:T], exact, atol=0.03 * np.abs(exact).max())
+        return
+    kfmt = fmt
+    if case == "pre_norm":
+        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+        check(y[:T], rms_norm_ref(x, nw).astype(np.float32), wref, kfmt, row_scale=inv)
+    elif case == "dual":
+        check(y[:T], x, wref, kfmt, lambda lin: silu(lin(WREF)) * lin(w2ref))
+    elif case == "bias_residual":
+        check(y[:T], x, wref, kfmt, lambda lin: lin(WREF) + bias + y0)
+    else:
+        check(y[:T], x, wref, kfmt)
+
+
+@pytest.mark.parametrize("qlast", [0, 4])
+def test_unroll_quantizing_epilogue(qlast):
+    """The int8 chain's GEMVs unrolled (32 rows a workgroup, lanes striding the blocks; or the
+    last workgroup of each 32-block quantizing it): y and the int8 row bit for bit those of one
+    block an iteration."""
+    from tests.gpu_util import step_buffer
+    dev = device()
+    T, O, I = 2, 96, 1536
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    qd, qb, _ = quantized_input(x, "q4")
+    gw, _ = make_weight(_weights(O, I, seed=33), "q4")
+    yd, nd = TensorDesc("y", O, CAP), xq_desc("next", O, CAP)
+    y0 = rng.standard_normal((T, O)).astype(np.float32)
+    nw = rng.standard_normal(O).astype(np.float32)
+    got = {}
+    for u in (1, 3):
+        v = GemvVariant("blk", rows=qlast, wg=64, unroll=u, qlast=True) if qlast else GemvVariant("blk", wg=64, rps=2, unroll=u)
+        k = LinearKernel(dev, "decode", qd, yd, gw, None, variant=v,
+                         epilogue=Epilogue(residual=True, qout=QuantOut(nd, "q4", 0.0, True)))
+        yb, ob = upload(yd, y0), upload(nd, None)
+        binds = {"step": step_buffer(), "x": qb, "y": yb, "w": gw.buffers, "qout": ob, "qnw": f32_buffer(nw)}
+        if qlast:
+            binds |= {"qy": upload(TensorDesc("qy", O, CAP), None),
+                      "qcnt": f32_buffer(np.zeros(CAP * O // 32, np.float32))}
+        write_step(T)
+        dev.submit([k.dispatch(binds, k.workgroups(T))])
+        got[u] = (download(yd, yb)[:T], dev.read_buffer_sync(ob))
+    np.testing.assert_array_equal(got[3][0], got[1][0])
+    assert got[3][1] == got[1][1]
+    ref = (x.astype(np.float64) @ _weights(O, I, seed=33).T.astype(np.float64)) + y0
+    np.testing.assert_allclose(got[3][0], ref, rtol=0.05, atol=0.05 * np.abs(ref).max())

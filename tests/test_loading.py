@@ -46,6 +46,51 @@ def test_load_checks_options_before_resolving_the_model(monkeypatch):
         webdrift.load(weight_format="int4")
 
 
+def test_synthetic_q4_k_m_is_llama_quantizes_mix(gemma3_gguf_path):
+    """synthetic "q4_k_m" gives each matrix the GGUF type llama-quantize gives it in a Q4_K_M
+    file: every matrix of the real Gemma 3 270M Q4_K_M file (llama-quantize's output, read by
+    gguf-py; 18 layers, tied embeddings, 640-wide rows: the Q5_0 / Q8_0 fallbacks) has the type
+    q4_k_m_type names; the 8B shape holds V and down in Q6_K on 16 of its 32 layers (as the
+    8B Q4_K_M file llama-quantize made, docs/BENCHMARKS.md session 25) and the LM head in Q6_K."""
+    import gguf
+
+    from webdrift.weights.synthetic import q4_k_m_type, synthetic_source
+    r = gguf.GGUFReader(str(gemma3_gguf_path))
+    n_layers = int(r.fields["gemma3.block_count"].parts[-1][0])
+    mats = [t for t in r.tensors if len(t.shape) == 2]
+    assert n_layers == 18 and len(mats) == 18 * 7 + 1
+    got = {t.name: q4_k_m_type(t.name, tuple(int(d) for d in reversed(t.shape)), n_layers, True) for t in mats}
+    assert got == {t.name: t.tensor_type.name for t in mats}
+    assert {"Q4_K", "Q6_K", "Q5_0", "Q8_0"} <= set(got.values())
+    src = synthetic_source("llama-3.1-8b", "q4_k_m")
+    six = [i for i in range(32) if src.tensors[f"blk.{i}.attn_v.weight"].type_name == "Q6_K"]
+    assert six == [i for i in range(32) if src.tensors[f"blk.{i}.ffn_down.weight"].type_name == "Q6_K"]
+    assert len(six) == 16 and src.tensors["output.weight"].type_name == "Q6_K"
+    assert src.tensors["blk.5.attn_q.weight"].type_name == src.tensors["token_embd.weight"].type_name == "Q4_K"
+
+
+def test_synthetic_k_quant_blocks_are_small_finite_values():
+    """The random blocks of the Q4_K_M mix's types, dequantized by gguf-py: finite, small, not all
+    equal; a tiny Q4_K_M model loads them in their own formats (Q4_K / Q6_K natively, Q5_0 as
+    q8_0) and its logits are finite."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from webdrift.gpu.native import get_device
+    from webdrift.weights.synthetic import _BLOCK, NullTokenizer, _pool, synthetic_source
+    for t in ("Q4_K", "Q6_K", "Q5_0"):
+        bb, be = _BLOCK[t]
+        vals = dequantize(np.frombuffer(_pool(t), np.uint8).reshape(-1, bb)[:4096], GGMLQuantizationType[t])
+        assert vals.size == 4096 * be and np.isfinite(vals).all(), t
+        assert 0 < np.abs(vals).max() < 1.0 and vals.std() > 1e-4, t
+    eng = assemble(synthetic_source("tiny", "q4_k_m"), EngineOptions(max_context=40, autotune=False), get_device(),
+                   tokenizer=NullTokenizer())
+    assert [lw.w_down.fmt for lw in eng.model.layers] == ["q4k", "q6k"]    # layer 1 of 2: "more bits"
+    assert eng.model.layers[0].wqkv.fmt == "q8_0"                          # 128-wide rows: Q5_0
+    assert np.isfinite(eng.logits([1, 5, 9, 200])).all()
+
+
 def test_kv_cache_follows_the_adapter(monkeypatch):
     """The KV cache holds f16 where the adapter has shader-f16 (half the bytes of f32), f32
     without it; kv_cache="f16" there is an UnsupportedModelError naming the feature."""

@@ -47,6 +47,7 @@ const ROWS: u32 = {{ROWS}}u;
 const NCOL: u32 = {{NCOL}}u;      // token rows per workgroup
 #endif
 const WG: u32 = {{WG}}u;
+const BU: u32 = {{BU}}u;            // blocks per invocation and loop iteration, a stride apart (unroll)
 const NB: u32 = {{NB}}u;            // 32-blocks per row
 const STRIDE4: u32 = {{STRIDE4}}u;  // vec4s per quantized row
 const D4: u32 = {{D4}}u;            // first vec4 of the block scales, then of the block sums
@@ -87,6 +88,15 @@ fn x_block(xr: u32, b: u32) -> XBlock {
   s = bitcast<f32>(xq[xr + S4 + b / 4u][b % 4u]);
 #endif
   return XBlock(xq[xr + 2u * b], xq[xr + 2u * b + 1u], bitcast<f32>(xq[xr + D4 + b / 4u][b % 4u]), s);
+}
+
+// x_block where ok, else the block with its scale and sum zero (its products add exactly +-0 to
+// the sums: an unrolled loop's sub-block past the row's last block, loaded clamped; BU > 1)
+fn x_block_m(xr: u32, b: u32, ok: bool) -> XBlock {
+  var k = x_block(xr, b);
+  k.d = select(0.0, k.d, ok);
+  k.s = select(0.0, k.s, ok);
+  return k;
 }
 #if QWRITE
 {{QOUT_DECL}}
@@ -280,10 +290,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if QOUT
   for (var r0 = (lid / sg) * RPS; r0 < ROWS; r0 += (WG / sg) * RPS) {
 {{ACC_DECL}}
-    for (var b = lane; b < NB; b += sg) {
-#if !COLS
-      let xk = x_block(xr, b);
-#endif
+    for (var b0 = lane; b0 < NB; b0 += sg * BU) {
 {{ROW_BODY}}
     }
 {{SG_STORE}}
@@ -328,10 +335,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 #else
 {{ACC_DECL}}
-  for (var b = lid; b < NB; b += WG) {
-#if !COLS
-    let xk = x_block(xr, b);
-#endif
+  for (var b0 = lid; b0 < NB; b0 += WG * BU) {
 {{ROW_BODY}}
   }
 #if XNORM

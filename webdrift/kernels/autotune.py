@@ -82,9 +82,14 @@ CANDIDATES = (
     GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True, unroll=2),
     GemvVariant("wide", rows=4, wg=128, mrows=4, ksplit=True, unroll=4),
 )
-# the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights)
-BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w)
-                       for r, w in ((2, 32), (4, 32), (2, 64), (4, 64), (8, 64), (2, 128), (4, 128), (4, 256)))
+# the integer-dot GEMV (int8 activations from QuantizeKernel; q4 / q8 weights); unroll: blocks a
+# stride apart per iteration, their loads issued together (H200, 2026-11-29, 8B q4_0 in chains of
+# 16 dependent dispatches: down 12.1 us with r2 wg64 u4 against 12.6 at best without, O 6.1 (u2)
+# against 6.6, and with each 32-block quantized by its last workgroup 16.0 / 9.9 against 16.9 /
+# 10.4; docs/BENCHMARKS.md session 35)
+BLK_CANDIDATES = tuple(GemvVariant("blk", rows=r, wg=w, unroll=u)
+                       for r, w, u in ((2, 32, 1), (4, 32, 1), (2, 64, 1), (4, 64, 1), (8, 64, 1), (2, 128, 1),
+                                       (4, 128, 1), (4, 256, 1), (2, 32, 2), (2, 64, 2), (4, 128, 2), (2, 64, 4)))
 # the integer-dot GEMV with a quantizing epilogue (32 outputs per workgroup): RPS rows per
 # subgroup at a time; bigger workgroups give more subgroups per 32 rows
 QOUT_CANDIDATES = tuple(GemvVariant("blk", rows=32, wg=w, rps=r) for w, r in ((256, 4), (512, 2), (1024, 1), (128, 8)))

@@ -409,7 +409,7 @@ class LinearKernel(Kernel):
             d.update(linear_blk.defines(w.fmt, w.i, rows, wg, w2 is not None, dev.has_subgroups,
                                         x_partials=pre_norm.x_partials if pre_norm else None,
                                         qout=qout is not None and not qlast, rps=variant.rps, rope=rope is not None,
-                                        cols=variant.cols, qlast=qlast, lora=fused),
+                                        cols=variant.cols, qlast=qlast, lora=fused, unroll=variant.unroll),
                      XNORM=pre_norm is not None, XC=w.i, XEPS=wgsl_float(pre_norm.eps) if pre_norm else "0.0",
                      QOUT=qout is not None and not qlast, QLAST=qlast, QWRITE=qout is not None)
             if qout is not None:

@@ -29,6 +29,8 @@ Must not: import numpy or wgpu.
 
 from __future__ import annotations
 
+import re
+
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, NATURAL_ORDER, ceil4, n_partials, order_format, row_words
 from .weights import (
@@ -466,14 +468,38 @@ def xnorm_cols(cols: int, xp: int, xcg: int, subgroups: bool = False) -> str:
 XNORM_TREE_FLOATS = 1024   # workgroup floats for the side-by-side trees of several columns' 1/rms
 
 
+def unrolled_body(body: str, unroll: int, stride: str, cols: int) -> str:
+    """The block loop's body over `unroll` blocks b0, b0 + stride, ... (stride: WG, or the
+    subgroup size with the quantizing epilogue), each in a scope of its own with its b and x
+    block(s), in the loop's order, so every sum is formed exactly as with one block an
+    iteration: only the loads of later blocks can be issued before the products of earlier ones
+    (more weight bytes in flight per invocation). A block past the row's end (NB not a multiple
+    of the stride times unroll) loads block NB - 1 and its x block with scale and sum zero
+    (x_block_m): its terms add +-0."""
+    if unroll == 1:
+        return "    let b = b0;\n" + ("" if cols > 1 else "    let xk = x_block(xr, b);\n") + body
+    out = []
+    for u in range(unroll):
+        if u == 0:
+            head = ["    let b = b0;"] + ([] if cols > 1 else ["    let xk = x_block(xr, b);"])
+            text = body
+        else:
+            head = [f"    let ok = b0 + {u}u * {stride} < NB;", f"    let b = min(b0 + {u}u * {stride}, NB - 1u);"]
+            head += [] if cols > 1 else ["    let xk = x_block_m(xr, b, ok);"]
+            text = re.sub(r"x_block\((xr\d*), b\)", r"x_block_m(\1, b, ok)", body)
+        out += ["    {", *head, text, "    }"]
+    return "\n".join(out)
+
+
 def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
             x_partials: int | None = None, qout: bool = False, rps: int = 4, rope: bool = False, cols: int = 1,
-            qlast: bool = False, lora: bool = False) -> dict:
+            qlast: bool = False, lora: bool = False, unroll: int = 1) -> dict:
     """x_partials: how many partial sums of x^2 the input rows carry (XNORM): QuantizeKernel's
     n_partials(i) by default, i / 32 from a quantizing GEMV epilogue. qout: the quantizing
     epilogue (rows == 32; each subgroup accumulates RPS rows at a time); qlast: the quantizing
     epilogue in each 32-block's last workgroup (the one-row kernel otherwise). cols: token rows
-    per workgroup (NCOL). lora: the fused LoRA shrink's terms in the epilogue (LFUSE)."""
+    per workgroup (NCOL). lora: the fused LoRA shrink's terms in the epilogue (LFUSE). unroll:
+    blocks per invocation an iteration (BU, unrolled_body)."""
     nb = i // 32
     acc_rows = rps if qout else rows
     np_ = x_partials or n_partials(i)
@@ -490,6 +516,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
             "XNORM_COLS": xnorm_cols(cols, xp, xcg, subgroups),
             "SG_STORE": sg_store(rps, dual, cols) if qout else "",
             "ACC_DECL": acc_decl(acc_rows, dual, cols),
-            "ROW_BODY": row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
+            "ROW_BODY": unrolled_body(row_body(fmt, acc_rows, dual, "o0 + r0" if qout else "o0", rope=rope, cols=cols),
+                                      unroll, "sg" if qout else "WG", cols), "BU": unroll,
             "REDUCE": "" if qout else reduce(rows, dual, subgroups, rope=rope, cols=cols, qlast=qlast, lora=lora),
             "SG_ARGS": (", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg: u32" if subgroups else "")}

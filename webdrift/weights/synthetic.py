@@ -2,7 +2,8 @@
 
 `synthetic_source(name, quant)` returns a ModelSource-like object (the duck type GPUModel loads:
 `.path`, `.config`, `.tensors[name] -> .name, .shape, .type_name, .raw()`) whose matrices are
-random bytes in a GGUF block layout (F16, Q8_0, Q4_1 or Q4_0) and whose norm weights are F32 ones.
+random bytes in a GGUF block layout (F16, Q8_0, Q4_1 or Q4_0, or Q4_K_M's mix of Q4_K and Q6_K,
+with Q5_0 / Q8_0 where a row is not a multiple of 256) and whose norm weights are F32 ones.
 The bytes go through the normal GPU conversion path at load, so the runtime weights are exactly
 the formats a real file of that type gives. Decode speed does not depend on the values; they are
 only kept finite and small (every f16 scale / value field is set to a small normal number) so no
@@ -54,11 +55,34 @@ PRESETS: dict[str, Shape] = {
     "llama-3.1-8b": Shape(4096, 32, 32, 8, 128, 14336, 128256, False, 500000.0, _LLAMA31_ROPE),
 }
 
-# --quant -> the GGUF storage type of every matrix (norms stay F32, as in real GGUF files)
-QUANTS: dict[str, str] = {"f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q4_0": "Q4_0"}
+# --quant -> the GGUF storage type of every matrix (norms stay F32, as in real GGUF files);
+# "q4_k_m": llama-quantize's Q4_K_M mix (q4_k_m_type)
+QUANTS: dict[str, str] = {"f16": "F16", "q8": "Q8_0", "q4": "Q4_1", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 
 # GGUF block layouts: (bytes per block, elements per block)
-_BLOCK = {"F32": (4, 1), "F16": (2, 1), "Q8_0": (34, 32), "Q4_1": (20, 32), "Q4_0": (18, 32)}
+_BLOCK = {"F32": (4, 1), "F16": (2, 1), "Q8_0": (34, 32), "Q4_1": (20, 32), "Q4_0": (18, 32), "Q5_0": (22, 32),
+          "Q4_K": (144, 256), "Q6_K": (210, 256)}
+
+
+def _more_bits(i: int, n: int) -> bool:
+    """llama-quantize's use_more_bits: the layers whose attn_v / ffn_down a Q4_K_M file holds in Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, shape: tuple[int, ...], n_layers: int, tied: bool) -> str:
+    """The GGUF type llama-quantize gives matrix `name` (numpy-order shape) of a Llama model made
+    Q4_K_M (src/llama-quant.cpp, llama_tensor_get_type_impl): the LM head (the token embedding
+    where it is tied) Q6_K; attn_v and ffn_down Q6_K in the _more_bits layers; every other matrix
+    Q4_K; a row whose length is not a multiple of 256 falls back to Q5_0 for Q4_K and Q8_0 for
+    Q6_K (the LM head's to Q8_0)."""
+    want = "Q4_K"
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        want = "Q6_K"
+    elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(int(name.split(".")[1]), n_layers):
+        want = "Q6_K"
+    if shape[-1] % 256:
+        return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[want]
+    return want
 
 
 def check_choice(what: str, value: str, choices) -> None:
@@ -118,6 +142,13 @@ def _pool(type_name: str) -> bytes:
         raw[1::bb] = raw[1::bb].translate(_f16_high(5, False))
         raw[2::bb] = raw[0::bb]
         raw[3::bb] = raw[1::bb].translate(_f16_high(8, True))
+    elif type_name == "Q5_0":       # d in [2^-10, 2^-9), x = d (q - 16)
+        raw[1::bb] = raw[1::bb].translate(_f16_high(5, False))
+    elif type_name == "Q4_K":       # d, dmin in [2^-14, 2^-13): x = d sc q - dmin m (6-bit sc, m)
+        raw[1::bb] = raw[1::bb].translate(_f16_high(1, False))
+        raw[3::bb] = raw[3::bb].translate(_f16_high(1, False))
+    elif type_name == "Q6_K":       # d (its last two bytes) in [2^-14, 2^-13): x = d sc (q - 32), int8 sc
+        raw[bb - 1::bb] = raw[bb - 1::bb].translate(_f16_high(1, False))
     p = bytes(raw)
     _POOLS[type_name] = p
     return p
@@ -165,9 +196,10 @@ class SyntheticSource:
         self.name, self.quant = name, quant
         self.path = f"synthetic:{name}:{quant}"
         self.config = synthetic_config(name)
-        qt = QUANTS[quant]
-        self.tensors = {n: SyntheticTensor(n, s, "F32" if len(s) == 1 else qt)
-                        for n, s in expected_tensor_shapes(self.config).items()}
+        qt, c = QUANTS[quant], self.config
+        self.tensors = {n: SyntheticTensor(n, s, "F32" if len(s) == 1 else qt if qt != "Q4_K_M"
+                                           else q4_k_m_type(n, s, c.n_layers, c.tied_embeddings))
+                        for n, s in expected_tensor_shapes(c).items()}
 
     @property
     def n_params(self) -> int:
