@@ -489,7 +489,7 @@ def test_float_qkv_rope_epilogue_end_to_end(tmp_path, hf_tokenizer_dir, monkeypa
     from webdrift.models import forward
 
     real = forward.choose_gemv
-    monkeypatch.setattr(forward, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False: (
+    monkeypatch.setattr(forward, "choose_gemv", lambda dev, w, w2=None, enabled=True, int8=False, siblings=None: (
         real(dev, w, w2, enabled=enabled, int8=True) if int8 else float_gemv))
     d, ref = make_model(case, tmp_path, hf_tokenizer_dir)
     eng = webdrift.load(str(d), max_context=256, prefill_chunk=64, prefill_kernels="gemv")

@@ -151,7 +151,7 @@ def test_int8_chain_last_workgroup_quantizes(smollm2_gguf_path, ref_model, monke
     greedy tokens stay within transformers' tolerance as in test_int8_activations_greedy."""
     from webdrift.kernels.linear import GemvVariant
     from webdrift.models import forward
-    monkeypatch.setattr(forward, "choose_qout", lambda dev, w, w2=None, enabled=True:
+    monkeypatch.setattr(forward, "choose_qout", lambda dev, w, w2=None, enabled=True, siblings=None:
                         GemvVariant("blk", rows=2 if w2 is None else 4, wg=64, qlast=True))
     eng = webdrift.load(str(smollm2_gguf_path), max_context=160, int8_activations=True)
     quantizing = [k for op, k, _ in eng.decode.kernels() if getattr(op, "qout", None) is not None]

@@ -340,7 +340,7 @@ def test_last_workgroup_choice_in_the_column_search(monkeypatch, tmp_path):
     monkeypatch.setattr(autotune, "_memory", {})
     qlast = GemvVariant("blk", rows=2, wg=32, qlast=True)
 
-    def search_qout(dev, w, w2):   # a generator like the real search
+    def search_qout(dev, w, w2, siblings=None):   # a generator like the real search
         return autotune._as_dict(qlast)
         yield  # (makes this a generator)
     monkeypatch.setattr(autotune, "_search_qout", search_qout)

@@ -353,12 +353,12 @@ def small_workgroups(monkeypatch):
     from webdrift.models import forward
     gemv, qout = forward.choose_gemv, forward.choose_qout
 
-    def choose_gemv(dev, w, w2=None, enabled=True, int8=False):
-        v = gemv(dev, w, w2, enabled=enabled, int8=int8)
+    def choose_gemv(dev, w, w2=None, enabled=True, int8=False, siblings=None):
+        v = gemv(dev, w, w2, enabled=enabled, int8=int8, siblings=siblings)
         return replace(v, rows=2, wg=32) if v.variant == "blk" else v
 
-    def choose_qout(dev, w, w2=None, enabled=True):
-        v = qout(dev, w, w2, enabled=enabled)
+    def choose_qout(dev, w, w2=None, enabled=True, siblings=None):
+        v = qout(dev, w, w2, enabled=enabled, siblings=siblings)
         return replace(v, rows=2, wg=32, qlast=True) if w.i > w.o else replace(v, rps=2)
     monkeypatch.setattr(forward, "choose_gemv", choose_gemv)
     monkeypatch.setattr(forward, "choose_qout", choose_qout)

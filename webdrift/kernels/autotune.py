@@ -771,10 +771,15 @@ def static_choice(dev: Device, int8: bool = False) -> GemvVariant:
     return GemvVariant("split", rows=4, wg=64)
 
 
-def choose_gemv(dev: Device, w, w2=None, enabled=True, int8: bool = False) -> GemvVariant:
+def choose_gemv(dev: Device, w, w2=None, enabled=True, int8: bool = False, siblings=None) -> GemvVariant:
     """The fastest decode GEMV configuration for weight w (and w2 when gate/up are fused);
-    int8: among the integer-dot variants (input quantized by QuantizeKernel)."""
-    return GemvVariant(**_decide(dev, _gemv_key(dev, w, w2, int8), enabled, lambda: _search(dev, w, w2, int8),
+    int8: among the integer-dot variants (input quantized by QuantizeKernel). siblings: the
+    (w, w2) of this role in the model's layers, w's first (models/forward.py): the CHAIN_TOP
+    fastest alone are timed again in a chain over CHAIN_LAYERS of them and the fastest there
+    kept (_chain_best; cached apart from the choices timed alone)."""
+    sib = chained(dev, siblings)
+    key = _gemv_key(dev, w, w2, int8) + (f"|ch{len(sib)}" if sib else "")
+    return GemvVariant(**_decide(dev, key, enabled, lambda: _search(dev, w, w2, int8, sib),
                                  _as_dict(static_choice(dev, int8))))
 
 
@@ -841,15 +846,16 @@ def gemv_cols(v: GemvVariant, tokens: int, dual: bool, qout: bool = False, subgr
     return replace(v, cols=cols)
 
 
-def choose_qout(dev: Device, w, w2=None, enabled=True) -> GemvVariant:
+def choose_qout(dev: Device, w, w2=None, enabled=True, siblings=None) -> GemvVariant:
     """The fastest quantizing-epilogue configuration (variant "blk", 32 rows, its wg and rps)
-    for weight w, timed like choose_gemv."""
-    return GemvVariant(**_decide(dev, _qout_key(dev, w, w2), enabled, lambda: _search_qout(dev, w, w2),
-                                 _as_dict(QOUT_STATIC)))
+    for weight w, timed like choose_gemv (siblings: as there)."""
+    sib = chained(dev, siblings)
+    key = _qout_key(dev, w, w2) + (f"|ch{len(sib)}" if sib else "")
+    return GemvVariant(**_decide(dev, key, enabled, lambda: _search_qout(dev, w, w2, sib), _as_dict(QOUT_STATIC)))
 
 
 def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, UnsupportedModelError, ValueError),
-             confirm: int = 0):
+             confirm: int = 0, ranked: list | None = None):
     """The fastest of `cands` (a generator, driven like every measurement): build(cand) makes the
     kernel (a candidate this adapter or weight cannot run raises one of `errors`, or fails to
     compile, and is skipped), each dispatched on `binds` over t token rows and timed; confirm:
@@ -858,28 +864,64 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
     compiling between timings left the GPU idle for a driver's compile time each (hundreds of ms
     with a cold shader cache), and on an H100 the first process of a fresh machine timed small
     kernels 1.5-4x slow, its later processes, compiling from the cache, not (2026-11-25).
+    ranked: a list given here gets every timed (candidate, kernel), fastest first.
     Returns (the fastest candidate or None, its GPU ns or None)."""
-    built = []     # (candidate, dispatch)
+    built = []     # (candidate, kernel, dispatch)
     for cand in cands:
         try:
             k = build(cand)
             yield CHECK
         except errors:
             continue
-        built.append((cand, k.dispatch(_declared(k, binds), k.workgroups(t))))
-    timed = []     # (ns, order, candidate, dispatch)
-    for cand, d in built:
+        built.append((cand, k, k.dispatch(_declared(k, binds), k.workgroups(t))))
+    timed = []     # (ns, order, candidate, kernel, dispatch)
+    for cand, k, d in built:
         ns = yield from _time(dev, d)
         if ns > 0:
-            timed.append((ns, len(timed), cand, d))
+            timed.append((ns, len(timed), cand, k, d))
     timed.sort(key=lambda r: r[:2])
-    for i, (ns, order, cand, d) in enumerate(timed[:confirm]):
+    for i, (ns, order, cand, k, d) in enumerate(timed[:confirm]):
         again = yield from _time(dev, d)
-        timed[i] = (min(ns, again) if again > 0 else ns, order, cand, d)
+        timed[i] = (min(ns, again) if again > 0 else ns, order, cand, k, d)
+    timed.sort(key=lambda r: r[:2])
+    if ranked is not None:
+        ranked.extend((cand, k) for _, _, cand, k, _ in timed)
     if not timed:
         return None, None
-    ns, _, best, _ = min(timed, key=lambda r: r[:2])
-    return best, ns
+    return timed[0][2], timed[0][0]
+
+
+CHAIN_LAYERS = 8   # a decode GEMV's candidates re-timed in a chain over this many layers' weights of its role
+CHAIN_TOP = 4      # ... the fastest this many of them timed alone
+
+
+def _chain_best(dev: Device, ranked: list, binds: dict, siblings: list):
+    """Of `ranked` (candidate, kernel), fastest alone first: the one whose chain of dispatches
+    over the `siblings` weights ((w, w2 or None) of consecutive layers of one role), run back to
+    back in one pass after an L2 flush (_time_seq), takes the least time; the first where none
+    ran. Timed alone, a kernel's start and end weigh more than in the decode step, where each
+    layer's GEMV follows the one before: on an H200 the 8B f16 gate/up the tuner picked alone
+    ran 67.1 us a layer in the engine's own chain where another candidate ran 61.0, and the 8B
+    q4_0 int8 chain's picks 0.5-1 us behind the chain's best (2026-11-29, docs/BENCHMARKS.md
+    session 35)."""
+    best, best_ns = ranked[0][0], None
+    for cand, k in ranked:
+        try:
+            ds = [k.dispatch(_declared(k, {**binds, **_weights(sw, sw2)}), k.workgroups(1)) for sw, sw2 in siblings]
+            ns = yield from _time_seq(dev, ds)
+        except (GPUError, UnsupportedModelError, ValueError):
+            continue
+        if ns > 0 and (best_ns is None or ns < best_ns):
+            best, best_ns = cand, ns
+    return best
+
+
+def chained(dev: Device, siblings) -> list | None:
+    """The sibling weights a decode GEMV choice is re-timed over (_chain_best), or None: fewer
+    than two, or no whole-pass timestamps (browsers: a chain there is timed as its dispatches
+    alone, no new information)."""
+    ok = siblings and len(siblings) >= 2 and CHAIN_LAYERS >= 2 and dev.can_time_sync
+    return list(siblings[:CHAIN_LAYERS]) if ok else None
 
 
 def _declared(k, binds: dict) -> dict:
@@ -897,17 +939,20 @@ def _qout_buffers(dev: Device, w, t: int = 1) -> dict:
             "qcnt": dev.create_buffer(qcnt, label="tune.qcnt")}
 
 
-def _search_qout(dev: Device, w, w2):
+def _search_qout(dev: Device, w, w2, siblings=None):
     x, y, q = xq_desc("x", w.i, 1), TensorDesc("y", w.o, 1), xq_desc("q", w.o, 1)
     bufs = {"x": dev.create_buffer(x.nbytes, label="tune"), "y": dev.create_buffer(y.nbytes, label="tune"),
             "step": _step_buffer(dev), **_qout_buffers(dev, w)}
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
+    ranked = [] if siblings else None
     try:
         best, _ = yield from _fastest(
             dev, [c for c in QOUT_CANDIDATES + QLAST_CANDIDATES if c.wg <= limit],
             lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
                                    epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True))),
-            {**bufs, **_weights(w, w2)}, 1)
+            {**bufs, **_weights(w, w2)}, 1, ranked=ranked)
+        if ranked:
+            best = yield from _chain_best(dev, ranked[:CHAIN_TOP], bufs, siblings)
     finally:
         for b in bufs.values():
             dev.release_buffer(b)
@@ -1027,13 +1072,15 @@ def _time_programs(dev: Device, make, variants: list, positions: list):
     return {"ns": ns, "best": min(variants, key=lambda v: ns[v])}
 
 
-def _search(dev: Device, w, w2, int8: bool):
-    best, _ = yield from _search_timed(dev, w, w2, int8)
+def _search(dev: Device, w, w2, int8: bool, siblings=None):
+    best, _ = yield from _search_timed(dev, w, w2, int8, siblings)
     return _as_dict(best)
 
 
-def _search_timed(dev: Device, w, w2, int8: bool):
-    """The fastest decode GEMV candidate for w (and w2) and its GPU ns (None: none ran)."""
+def _search_timed(dev: Device, w, w2, int8: bool, siblings=None):
+    """The fastest decode GEMV candidate for w (and w2) and its GPU ns alone (None: none ran);
+    siblings: the fastest in a chain over them among the CHAIN_TOP fastest alone (_chain_best;
+    the ns stays the fastest alone's: only _measure_layout reads it, without siblings)."""
     x = xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
@@ -1043,10 +1090,14 @@ def _search_timed(dev: Device, w, w2, int8: bool):
     cands = [c for c in (BLK_CANDIDATES if int8 else CANDIDATES)
              if (c.variant not in ("subgroup", "wide") or dev.has_subgroups) and (c.variant != "wide" or wide_ok)
              and ceil_div(w.o, c.wg if c.variant == "row" else c.rows) <= dev.max_workgroups]
+    ranked = [] if siblings else None
+    binds = {"step": sb, "x": xb, "y": yb}
     try:
         best, best_ns = yield from _fastest(dev, cands, lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c),
-                                            {"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, 1,
-                                            errors=(GPUError, UnsupportedModelError))
+                                            {**binds, **_weights(w, w2)}, 1,
+                                            errors=(GPUError, UnsupportedModelError), ranked=ranked)
+        if ranked:
+            best = yield from _chain_best(dev, ranked[:CHAIN_TOP], binds, siblings)
     finally:
         for b in (xb, yb, sb):
             dev.release_buffer(b)

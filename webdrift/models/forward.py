@@ -59,6 +59,7 @@ from ..kernels.autotune import (
     choose_gemv,
     choose_qout,
     large_gemm_rows,
+    layout_name,
     static_gemm,
 )
 from ..kernels.base import ceil_div
@@ -67,6 +68,7 @@ from ..kernels.lora import partial_words, u_width
 from ..kernels.quantize import row_words
 from ..kernels.weights import GPUWeight
 from ..weights.forecast import MAX_BRANCH as TREE_TOPK
+from .choices import layer_role_weights
 
 
 # -- the ops ------------------------------------------------------------------------------------
@@ -635,8 +637,23 @@ class ForwardBuilder:
         adapter (the static rule where it is not measured)."""
         m = self.m
         if self.stage == "decode":
-            return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8), w, w2)
+            return self._cols(choose_gemv(m.dev, w, w2, enabled=m.autotune, int8=int8, siblings=self._siblings(w, w2)),
+                              w, w2)
         return choose_gemm(m.dev, w, w2, enabled=m.autotune, int8=int8)
+
+    def _siblings(self, w: GPUWeight, w2: GPUWeight | None) -> list | None:
+        """The (weight, second weight) of w's role in every layer whose weights have w's format
+        and shape (w's own first): a decode GEMV's candidates are re-timed in a chain over them
+        (autotune.choose_gemv). None for a weight of no layer role (the LM head)."""
+        def same(a, b):
+            return b is None if a is None else (b is not None and (a.fmt, a.o, a.i, layout_name(a)) ==
+                                                (b.fmt, b.o, b.i, layout_name(b)))
+        roles = [layer_role_weights(lw) for lw in self.m.layers]
+        for role in roles[0]:
+            pairs = [r[role] for r in roles]
+            if any(p[0] is w for p in pairs):
+                return [(w, w2)] + [p for p in pairs if p[0] is not w and same(w, p[0]) and same(w2, p[1])]
+        return None
 
     def _variants(self, w: GPUWeight, w2: GPUWeight | None = None, int8: bool = False) -> dict:
         """A layer Linear's `variant` (`_variant`) and, for a prefill program of more than
@@ -652,7 +669,8 @@ class ForwardBuilder:
     def _qout_variant(self, w: GPUWeight, w2: GPUWeight | None = None) -> GemvVariant:
         """The integer-dot GEMV variant with a quantizing epilogue (its rows: one int8 block)."""
         m = self.m
-        return self._cols(choose_qout(m.dev, w, w2, enabled=m.autotune), w, w2, qout=True)
+        return self._cols(choose_qout(m.dev, w, w2, enabled=m.autotune, siblings=self._siblings(w, w2)), w, w2,
+                          qout=True)
 
     def _cols(self, v: GemvVariant, w: GPUWeight, w2: GPUWeight | None, qout: bool = False) -> GemvVariant:
         """A program of several rows per step (tree verification, the streams, a prefill over

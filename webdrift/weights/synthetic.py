@@ -76,9 +76,7 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], n_layers: int, tied: bool) ->
     Q4_K; a row whose length is not a multiple of 256 falls back to Q5_0 for Q4_K and Q8_0 for
     Q6_K (the LM head's to Q8_0)."""
     want = "Q4_K"
-    if name == "output.weight" or (tied and name == "token_embd.weight"):
-        want = "Q6_K"
-    elif name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(int(name.split(".")[1]), n_layers):
+    if name == "output.weight" or (tied and name == "token_embd.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(int(name.split(".")[1]), n_layers):
         want = "Q6_K"
     if shape[-1] % 256:
         return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[want]
