@@ -11,7 +11,6 @@ import pytest
 from tests.gpu_util import device, make_weight
 from tests.test_kernels_linear import _weights
 from webdrift.kernels import autotune
-from webdrift.kernels.linear import GemvVariant
 
 
 @pytest.fixture
