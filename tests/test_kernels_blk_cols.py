@@ -17,6 +17,8 @@ GemvVariant.cols: each weight block read once for NCOL rows) vs numpy, and vs th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -79,37 +81,53 @@ CASES = [("plain", 3), ("dual", 5), ("bias_residual", 11), ("pre_norm", 5)]
 def test_cols_vs_numpy_and_one_row(fmt, case, T, cols):
     dev = device()
     O, I = 45, 512 if fmt == "q6k" else 576
-    rng = np.random.default_rng(cols * 100 + T)
-    x = rng.standard_normal((T, I)).astype(np.float32)
-    W = _weights(O, I, seed=13) * 3
-    gw, wref = make_weight(W, fmt)
-    gw2 = w2ref = None
-    if case == "dual":
-        gw2, w2ref = make_weight(_weights(O, I, seed=14), fmt, name="w2")
-    bias = rng.standard_normal(O).astype(np.float32) if case == "bias_residual" else None
-    y0 = rng.standard_normal((T, O)).astype(np.float32) if case == "bias_residual" else None
-    nw = rng.standard_normal(I).astype(np.float32) if case == "pre_norm" else None
-    qd, qb, norm = quantized_input(x, fmt, nw)
-    yd = TensorDesc("y", O, CAP)
-    ep = Epilogue(bias=bias is not None, residual=y0 is not None)
-    extra = {"bias": f32_buffer(bias)} if bias is not None else {}
-    outs = {}
-    for c in (1, cols):
-        yb = gemv(dev, GemvVariant("blk", rows=4, wg=64, cols=c), qd, qb, yd, y0, gw, gw2, norm, ep, T, extra)
-        outs[c] = download(yd, yb)
+    c = Case(case, fmt, T, O, I, np.random.default_rng(cols * 100 + T), seeds=(13, 14))
+    outs = {k: download(c.yd, c.run(dev, GemvVariant("blk", rows=4, wg=64, cols=k))) for k in (1, cols)}
     y = outs[cols]
     assert (y[T:] == SENTINEL).all()
     np.testing.assert_array_equal(y[:T], outs[1][:T])      # the one-row kernel's sums, bit for bit
-    if case == "pre_norm":
-        xn = rms_norm_ref(x, nw).astype(np.float32)
-        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
-        check(y[:T], xn, wref, fmt, row_scale=inv)
-    elif case == "dual":
-        check(y[:T], x, wref, fmt, lambda lin: silu(lin(WREF)) * lin(w2ref))
-    elif case == "bias_residual":
-        check(y[:T], x, wref, fmt, lambda lin: lin(WREF) + bias + y0)
-    else:
-        check(y[:T], x, wref, fmt)
+    c.check(y)
+
+
+class Case:
+    """A blk GEMV case over T random rows of I inputs and O outputs: "plain", "dual" (gate/up +
+    SiLU), "bias_residual" or "pre_norm" (the RMSNorm's 1/rms), its weights (seeds, x 3 for the
+    first) and quantized input; run(dev, variant) -> its y buffer; check(y) against numpy."""
+
+    def __init__(self, case, fmt, T, O, I, rng, seeds):
+        self.case, self.fmt, self.T = case, fmt, T
+        self.x = rng.standard_normal((T, I)).astype(np.float32)
+        self.gw, self.wref = make_weight(_weights(O, I, seed=seeds[0]) * 3, fmt)
+        self.gw2 = self.w2ref = None
+        if case == "dual":
+            self.gw2, self.w2ref = make_weight(_weights(O, I, seed=seeds[1]), fmt, name="w2")
+        self.bias = rng.standard_normal(O).astype(np.float32) if case == "bias_residual" else None
+        self.y0 = rng.standard_normal((T, O)).astype(np.float32) if case == "bias_residual" else None
+        self.nw = rng.standard_normal(I).astype(np.float32) if case == "pre_norm" else None
+        self.qd, self.qb, self.norm = quantized_input(self.x, fmt, self.nw)
+        self.yd = TensorDesc("y", O, CAP)
+        self.ep = Epilogue(bias=self.bias is not None, residual=self.y0 is not None)
+        self.extra = {"bias": f32_buffer(self.bias)} if self.bias is not None else {}
+
+    def run(self, dev, variant):
+        return gemv(dev, variant, self.qd, self.qb, self.yd, self.y0, self.gw, self.gw2, self.norm, self.ep, self.T,
+                    self.extra)
+
+    def source(self, dev, variant) -> str:
+        return LinearKernel(dev, "decode", self.qd, self.yd, self.gw, self.gw2, variant=variant, pre_norm=self.norm,
+                            epilogue=self.ep).source
+
+    def check(self, y):
+        T, x, wref, fmt = self.T, self.x, self.wref, self.fmt
+        if self.case == "pre_norm":
+            inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
+            check(y[:T], rms_norm_ref(x, self.nw).astype(np.float32), wref, fmt, row_scale=inv)
+        elif self.case == "dual":
+            check(y[:T], x, wref, fmt, lambda lin: silu(lin(WREF)) * lin(self.w2ref))
+        elif self.case == "bias_residual":
+            check(y[:T], x, wref, fmt, lambda lin: lin(WREF) + self.bias + self.y0)
+        else:
+            check(y[:T], x, wref, fmt)
 
 
 @pytest.mark.parametrize("fmt,dual", [("q8", True), ("q4", False)])
@@ -408,41 +426,19 @@ def test_unroll_same_sums(fmt, case, I, wg, unroll, cols):
     are added in the same order), and against numpy; blocks past a row's end (NB not a multiple
     of the stride x unroll) add nothing."""
     dev = device()
-    T, O = 3, 37
-    rng = np.random.default_rng(I + unroll)
-    x = rng.standard_normal((T, I)).astype(np.float32)
-    gw, wref = make_weight(_weights(O, I, seed=31) * 3, fmt)
-    gw2 = w2ref = None
-    if case == "dual":
-        gw2, w2ref = make_weight(_weights(O, I, seed=32), fmt, name="w2")
-    bias = rng.standard_normal(O).astype(np.float32) if case == "bias_residual" else None
-    y0 = rng.standard_normal((T, O)).astype(np.float32) if case == "bias_residual" else None
-    nw = rng.standard_normal(I).astype(np.float32) if case == "pre_norm" else None
-    qd, qb, norm = quantized_input(x, fmt, nw)
-    yd = TensorDesc("y", O, CAP)
-    ep = Epilogue(bias=bias is not None, residual=y0 is not None)
-    extra = {"bias": f32_buffer(bias)} if bias is not None else {}
-    outs = {u: download(yd, gemv(dev, GemvVariant("blk", rows=4, wg=wg, unroll=u, cols=cols), qd, qb, yd, y0, gw,
-                                 gw2, norm, ep, T, extra)) for u in (1, unroll)}
+    T = 3
+    c = Case(case, fmt, T, 37, I, np.random.default_rng(I + unroll), seeds=(31, 32))
+    v = GemvVariant("blk", rows=4, wg=wg, unroll=unroll, cols=cols)
+    outs = {u: download(c.yd, c.run(dev, replace(v, unroll=u))) for u in (1, unroll)}
     y = outs[unroll]
     np.testing.assert_array_equal(y, outs[1])
-    src = LinearKernel(dev, "decode", qd, yd, gw, gw2, variant=GemvVariant("blk", rows=4, wg=wg, unroll=unroll, cols=cols),
-                       pre_norm=norm, epilogue=ep).source
+    src = c.source(dev, v)
     assert f"const BU: u32 = {unroll}u;" in src and src.count("let ok = b0 +") == unroll - 1
     if fmt in ("q4_0", "q4k"):   # (check's emulation takes the block minimum as q4's min term)
-        exact = x.astype(np.float64) @ wref.T.astype(np.float64)
+        exact = c.x.astype(np.float64) @ c.wref.T.astype(np.float64)
         np.testing.assert_allclose(y[:T], exact, atol=0.03 * np.abs(exact).max())
         return
-    kfmt = fmt
-    if case == "pre_norm":
-        inv = 1.0 / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-5)
-        check(y[:T], rms_norm_ref(x, nw).astype(np.float32), wref, kfmt, row_scale=inv)
-    elif case == "dual":
-        check(y[:T], x, wref, kfmt, lambda lin: silu(lin(WREF)) * lin(w2ref))
-    elif case == "bias_residual":
-        check(y[:T], x, wref, kfmt, lambda lin: lin(WREF) + bias + y0)
-    else:
-        check(y[:T], x, wref, kfmt)
+    c.check(y)
 
 
 @pytest.mark.parametrize("qlast", [0, 4])
