@@ -75,9 +75,9 @@ def q4_k_m_type(name: str, shape: tuple[int, ...], n_layers: int, tied: bool) ->
     where it is tied) Q6_K; attn_v and ffn_down Q6_K in the _more_bits layers; every other matrix
     Q4_K; a row whose length is not a multiple of 256 falls back to Q5_0 for Q4_K and Q8_0 for
     Q6_K (the LM head's to Q8_0)."""
-    want = "Q4_K"
-    if name == "output.weight" or (tied and name == "token_embd.weight") or name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(int(name.split(".")[1]), n_layers):
-        want = "Q6_K"
+    head = name == "output.weight" or (tied and name == "token_embd.weight")
+    more = name.endswith(("attn_v.weight", "ffn_down.weight")) and _more_bits(int(name.split(".")[1]), n_layers)
+    want = "Q6_K" if head or more else "Q4_K"
     if shape[-1] % 256:
         return {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[want]
     return want
