@@ -240,3 +240,56 @@ def test_mixed_8_4_4_policy():
     assert runtime_format(["F16"], "8/4/4", "embd") == "q4pc"
     with pytest.raises(InvalidArgumentError, match="chooses by a matrix's role"):
         runtime_format(["F16"], "8/4/4", None)
+
+
+# -- the integer-dot paths (int8 activations) ------------------------------------------------------
+
+def _int8_ref(x, q, par, wv, fmt):
+    """The integer-dot kernels' result for int8-quantized x (test_kernels_linear_blk.quant_x):
+    per 32-block d_w d_x sum(q_w q_x) + m_w sum(x), i.e. xq W^T + (x - xq) M^T with M the
+    weight's value at code 0 (q4 kinds: the pair's min; e0m4: s + b); q8pc has no min term."""
+    from tests.test_kernels_linear_blk import quant_x
+    xq = quant_x(x)
+    out = xq @ wv.T.astype(np.float64)
+    if fmt != "q8pc":
+        m = wv - (q * (par[..., 0][:, _cols(x.shape[1], fmt)] / (16 if fmt == "e0m4" else 1)))
+        out += (x.astype(np.float64) - xq) @ m.T.astype(np.float64)
+    return out
+
+
+def _cols(I, fmt):
+    gs = _groups(I, GROUP[fmt])
+    return np.concatenate([np.full(b - a, k) for k, (a, b) in enumerate(gs)])
+
+
+@pytest.mark.parametrize("fmt", NEW)
+@pytest.mark.parametrize("I", [576, 1536])
+def test_integer_dot_paths(fmt, I):
+    """q8pc, q4g128, q4pc and e0m4 read by the integer-dot decode GEMV (one row, unrolled, several
+    columns) and the int8 prefill GEMM on QuantizeKernel's rows: against numpy's emulation of the
+    int8 arithmetic from the stored codes and scales (tight: only f32 summation differs), and
+    within the int8 activations' error of the exact product."""
+    from tests.gpu_util import step_buffer, write_step
+    from webdrift.kernels.linear import GemmVariant
+    from webdrift.kernels.quantize import QuantizeKernel, xq_desc
+    dev = device()
+    O, T, cap = 45, 5, 72
+    rng = np.random.default_rng(I)
+    W = (rng.standard_normal((O, I)) / np.sqrt(I)).astype(np.float32)
+    x = rng.standard_normal((T, I)).astype(np.float32)
+    w, _, (q, par, wv) = gpu_weight(W, fmt)
+    xd, qd, yd = TensorDesc("x", I, cap), xq_desc("xq", I, cap), TensorDesc("y", O, cap)
+    qb = upload(qd, None)
+    run(QuantizeKernel(dev, xd, qd, fmt), {"x": upload(xd, x), "xq": qb}, T)
+    want = _int8_ref(x, q, par, wv, fmt)
+    exact = x.astype(np.float64) @ wv.T.astype(np.float64)
+    for stage, v in (("decode", GemvVariant("blk", rows=4, wg=64)), ("decode", GemvVariant("blk", rows=2, wg=32, unroll=2)),
+                     ("decode", GemvVariant("blk", rows=4, wg=64, cols=4)), ("prefill", GemmVariant(int8=True))):
+        yb = upload(yd, None, fill=SENTINEL)
+        k = LinearKernel(dev, stage, qd, yd, w, variant=v)
+        write_step(T)
+        dev.submit([k.dispatch({"step": step_buffer(), "x": qb, "y": yb, "w": w.buffers}, k.workgroups(T))])
+        y = download(yd, yb)
+        assert (y[T:] == SENTINEL).all()
+        np.testing.assert_allclose(y[:T], want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"{fmt} {v}")
+        assert np.abs(y[:T] - exact).max() < 0.03 * np.abs(exact).max()

@@ -138,7 +138,7 @@ def test_int8_gemm_fusions(fusion, fmt):
 def test_int8_gemm_refuses_what_it_cannot_read():
     dev = device()
     gw, _ = make_weight(_weights(4, 64), "f16")
-    with pytest.raises(UnsupportedModelError, match="reads q8, q4 .*q4k and q6k"):
+    with pytest.raises(UnsupportedModelError, match="reads q8, q4 .*q4k, q5k and q6k"):
         LinearKernel(dev, "prefill", xq_desc("xq", 64, 1), TensorDesc("y", 4, 1), gw, variant=GemmVariant(int8=True))
     gq, _ = make_weight(_weights(4, 64), "q8")
     with pytest.raises(ValueError, match="QuantizeKernel"):

@@ -148,7 +148,7 @@ def test_blk_fusions(fusion, fmt):
 
 def test_blk_refuses_float_weights_and_unquantized_inputs():
     gw, _ = make_weight(_weights(4, 64), "f16")
-    with pytest.raises(UnsupportedModelError, match="reads q8, q4 .*q4k and q6k"):
+    with pytest.raises(UnsupportedModelError, match="reads q8, q4 .*q4k, q5k and q6k"):
         LinearKernel(device(), "decode", xq_desc("xq", 64, 1), TensorDesc("y", 4, 1), gw, variant=GemvVariant("blk"))
     gq, _ = make_weight(_weights(4, 64), "q8")
     with pytest.raises(ValueError, match="QuantizeKernel"):

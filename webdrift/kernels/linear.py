@@ -306,8 +306,9 @@ class LinearKernel(Kernel):
         if i8:
             for u in (w, w2):
                 if u is not None and not linear_blk.supported(u.fmt, u.i):
-                    raise UnsupportedModelError(f"the integer-dot GEMV reads q8, q4 (inputs a multiple of 32), q4k and q6k "
-                                                f"(of 256) weights; {u.name} is {u.fmt} ({u.o} x {u.i})")
+                    raise UnsupportedModelError(f"the integer-dot GEMV reads q8, q4 and their group / per-channel / "
+                                                f"e0m4 forms (inputs a multiple of 32), q4k, q5k and q6k (of 256) "
+                                                f"weights; {u.name} is {u.fmt} ({u.o} x {u.i})")
             if not dev.has_dp4a:
                 raise UnsupportedModelError("the integer-dot GEMV needs WGSL's packed_4x8_integer_dot_product")
             if x.c != row_words(w.i) or (w2 is not None and w2.fmt != w.fmt):

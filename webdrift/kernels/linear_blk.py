@@ -34,8 +34,10 @@ import re
 from ..errors import UnsupportedModelError
 from .quantize import FORMATS, NATURAL_ORDER, ceil4, n_partials, order_format, row_words
 from .weights import (
+    FORMAT_GROUP,
     buffer_sizes,
     format_names,
+    n_groups,
     q4_sm_decl,
     q4k_block_wgsl,
     q5k_block_wgsl,
@@ -48,7 +50,8 @@ from .weights import (
     wgsl_by_range,
 )
 
-Q8_FORMATS = ("q8", "q8_0")   # int8 weights, read in x's natural order
+Q8_FORMATS = ("q8", "q8_0", "q8pc")   # int8 weights, read in x's natural order
+Q4_FORMATS = ("q4", "q4_0", "q4g128", "q4pc", "e0m4")   # q4's nibbles and a (scale, min) pair per group
 Q6K_NAT = "q6k_nat"   # code generation's name for a q6k range read in channel order
 
 
@@ -88,10 +91,14 @@ def weight_decl(n: str, binding: int, fmt: str, o: int, i: int) -> str:
     head = f"// {n}: weight ({o} outputs, {i} inputs), format {fmt}, read one 32-block at a time\nconst {n}_O: u32 = {o}u;\n"
     if fmt in Q8_FORMATS:
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}, 2) int8 x 16\n"
-                       + q8_scale_decl(n, binding + 1, fmt, "read", o, nb))
-    if fmt in ("q4", "q4_0"):
-        return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
-                       + q4_sm_decl(n, binding + 1, fmt, "read", o, nb))
+                       + q8_scale_decl(n, binding + 1, fmt, "read", o, n_groups(fmt, i)))
+    if fmt in Q4_FORMATS:
+        decl = (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  // ({o}, {nb}) uint4 x 32\n"
+                + q4_sm_decl(n, binding + 1, fmt, "read", o, n_groups(fmt, i)))
+        if fmt == "e0m4":   # x = s (1 + q / 16) + b = (s / 16) q + (s + b): q4's (scale, min) pair
+            decl += (f"fn {n}_qpair(g: u32) -> vec2<f32> {{\n  let p = {n}_pair(g);\n"
+                     "  return vec2<f32>(p.x * 0.0625, p.x + p.y);\n}\n")
+        return head + decl
     if fmt == "q4k":
         return head + (f"@group(0) @binding({binding}) var<storage, read> {n}_data: array<vec4<u32>>;  "
                        f"// ({o}, {i // 256}, 9) Q4_K super-blocks, nibbles in q4's order\n") + q4k_block_wgsl(n)
@@ -159,9 +166,19 @@ def _q4_block(n: str, o: str, fmt: str) -> str:
     return f"{n}_data[({o} * NB + b) / 8u * 9u + 1u + b % 8u]" if fmt == "q4k" else f"{n}_data[{o} * NB + b]"
 
 
-def _q4_pair(n: str, o: str, fmt: str) -> str:
-    """q4 / q4_0 / q4k: the (scale, min) pair of block b of row o."""
-    return f"{n}_k4sm({o} * NB + b)" if fmt == "q4k" else f"{n}_pair({o} * NB + b)"
+def scale_group(fmt: str, o: str) -> str:
+    """WGSL: the index of the scale (pair) of 32-block b of row o, for a format of one scale per
+    32 inputs (o * NB + b), per 128 (ceil(NB / 4) a row) or per row (FORMAT_GROUP)."""
+    g = FORMAT_GROUP.get(fmt, 32)
+    return {32: f"{o} * NB + b", 128: f"{o} * ((NB + 3u) / 4u) + b / 4u", 0: f"{o}"}[g]
+
+
+def q4_pair(n: str, o: str, fmt: str) -> str:
+    """q4-kind formats: the (scale, min) pair of block b of row o, x = scale q + min (q4k: from
+    its super-block's header; e0m4: from its (scale, bias))."""
+    if fmt == "q4k":
+        return f"{n}_k4sm({o} * NB + b)"
+    return f"{n}_{'qpair' if fmt == 'e0m4' else 'pair'}({scale_group(fmt, o)})"
 
 
 def _row(n: str, acc: str, r: int, fmt: str, o: str) -> list[str]:
@@ -174,7 +191,7 @@ def _row(n: str, acc: str, r: int, fmt: str, o: str) -> list[str]:
         terms = [f"dot4I8Packed({n}a{r}.{c}, xk.lo.{c})" for c in "xyzw"] + [f"dot4I8Packed({n}b{r}.{c}, xk.hi.{c})" for c in "xyzw"]
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
-                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scl({o} * NB + b) * xk.d);"]
+                f"    {acc}{r} += f32({' + '.join(terms)}) * ({n}_scl({scale_group(fmt, o)}) * xk.d);"]
     terms = []
     for k, c in enumerate("xyzw"):
         src = "xk.lo" if k < 2 else "xk.hi"
@@ -182,7 +199,7 @@ def _row(n: str, acc: str, r: int, fmt: str, o: str) -> list[str]:
         terms.append(f"dot4I8Packed({n}q{r}.{c} & 0x0F0F0F0Fu, {src}.{lo})")
         terms.append(f"dot4I8Packed(({n}q{r}.{c} >> 4u) & 0x0F0F0F0Fu, {src}.{hi})")
     return [f"    let {n}q{r} = {_q4_block(n, o, fmt)};",
-            f"    let {n}m{r} = {_q4_pair(n, o, fmt)};",
+            f"    let {n}m{r} = {q4_pair(n, o, fmt)};",
             f"    {acc}{r} += {n}m{r}.x * xk.d * f32({' + '.join(terms)}) + {n}m{r}.y * xk.s;"]
 
 
@@ -245,11 +262,11 @@ def _load(n: str, r: int, fmt: str, o: str) -> list[str]:
     if fmt in Q8_FORMATS:
         return [f"    let {n}a{r} = {n}_data[2u * ({o} * NB + b)];",
                 f"    let {n}b{r} = {n}_data[2u * ({o} * NB + b) + 1u];",
-                f"    let {n}s{r} = {n}_scl({o} * NB + b);"]
+                f"    let {n}s{r} = {n}_scl({scale_group(fmt, o)});"]
     return [f"    let {n}q{r} = {_q4_block(n, o, fmt)};",
             f"    let {n}e{r} = {n}q{r} & vec4<u32>(0x0F0F0F0Fu);",
             f"    let {n}o{r} = ({n}q{r} >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);",
-            f"    let {n}m{r} = {_q4_pair(n, o, fmt)};"]
+            f"    let {n}m{r} = {q4_pair(n, o, fmt)};"]
 
 
 def _dot(n: str, acc: str, r: int, c: int, fmt: str) -> str:
@@ -506,7 +523,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
     xp = min(wg, 1 << (np_ - 1).bit_length())          # the partial sums' tree (linear_blk_xnorm.wgsl)
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": any(f in ("q4", "q4_0", "q4k", "q5k") for f in format_names(fmt)),
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": any(f in (*Q4_FORMATS, "q4k", "q5k") for f in format_names(fmt)),
             "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:

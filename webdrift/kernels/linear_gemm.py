@@ -187,23 +187,25 @@ def float_defines(v: GemmVariant, dual: bool) -> dict:
             "STORE": _store(v.tm, v.tn, dual, lambda i: "")}
 
 
-Q4_KIND = ("q4", "q4_0", "q4k", "q5k")   # int8-GEMM formats with a min term (m_w s_x) per block
+Q4_KIND = ("q4", "q4_0", "q4g128", "q4pc", "e0m4", "q4k", "q5k")   # int8-GEMM formats with a min term (m_w s_x) per block
 
 
 def _i8_block_fn(n: str, fmt: str) -> str:
     """`fn {n}_block(o, b) -> Block`: 32-block b of row o of weight n (linear_gemm_i8.wgsl's Block:
-    its 8 words in the quantizer's order for fmt, sc its pair): q4 / q4_0 the stored nibbles
-    and `{n}_pair` ((d, -8 d) for q4_0), q4k the nibbles after the super-block's header and (d sc,
+    its 8 words in the quantizer's order for fmt, sc its pair): q4 / q4_0 / q4g128 / q4pc / e0m4
+    the stored nibbles and their group's pair (linear_blk.q4_pair: (d, -8 d) for q4_0, (s / 16,
+    s + b) for e0m4), q4k the nibbles after the super-block's header and (d sc,
     -dmin m) from it, q5k the 5-bit codes from Q5_K's qs and qh (helper's q5_block), q6k the codes
-    q - 32 and d x the two halves' scales (q6_block), q8 / q8_0 the int8 words and the scale."""
+    q - 32 and d x the two halves' scales (q6_block), q8 / q8_0 / q8pc the int8 words and their
+    group's scale."""
     head = f"fn {n}_block(o: u32, b: u32) -> Block {{\n  let k = o * NB + b;\n"
     if fmt == "q5k":   # the super-block's header at s; its qs vec4s holding block k's nibbles at q
         body = ("  let s = k / 8u * 11u;\n  let q = s + 3u + 2u * (k % 8u / 2u);\n"
                 f"  return q5_block({n}_data[q], {n}_data[q + 1u], {n}_data[s + 1u], {n}_data[s + 2u], k % 8u, {n}_k4sm(k));\n")
     elif fmt == "q4k":
         body = f"  return q4_block({n}_data[k / 8u * 9u + 1u + k % 8u], {n}_k4sm(k));\n"
-    elif fmt in ("q4", "q4_0"):
-        body = f"  return q4_block({n}_data[k], {n}_pair(k));\n"
+    elif fmt in linear_blk.Q4_FORMATS:
+        body = f"  return q4_block({n}_data[k], {linear_blk.q4_pair(n, 'o', fmt)});\n"
     elif fmt == "q6k":
         body = f"  return q6_block({n}_data[3u * k], {n}_data[3u * k + 1u], {n}_data[3u * k + 2u], {n}_q6s(k));\n"
     elif fmt == linear_blk.Q6K_NAT:   # q6k in channel order (a row-split weight's: linear_blk.code_parts)
@@ -213,7 +215,8 @@ def _i8_block_fn(n: str, fmt: str) -> str:
                 f"  return Block(vec4<u32>({', '.join(words[:4])}),\n"
                 f"               vec4<u32>({', '.join(words[4:])}), p.sc);\n")
     else:
-        body = f"  return Block({n}_data[2u * k], {n}_data[2u * k + 1u], vec2<f32>({n}_scl(k), 0.0));\n"
+        body = (f"  return Block({n}_data[2u * k], {n}_data[2u * k + 1u], "
+                f"vec2<f32>({n}_scl({linear_blk.scale_group(fmt, 'o')}), 0.0));\n")
     return head + body + "}\n"
 
 

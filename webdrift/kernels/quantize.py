@@ -22,8 +22,9 @@ from .weights import split_parts
 if TYPE_CHECKING:
     from .norm import PreNorm
 
-FORMATS = ("q8", "q8_0", "q4", "q4_0", "q4k", "q5k", "q6k")   # weight formats the int8 rows are packed for
-NATURAL_ORDER = ("q8", "q8_0", "q5k")   # formats whose int8 rows are in channel order (the others: q4's)
+# weight formats the int8 rows are packed for
+FORMATS = ("q8", "q8_0", "q8pc", "q4", "q4_0", "q4g128", "q4pc", "e0m4", "q4k", "q5k", "q6k")
+NATURAL_ORDER = ("q8", "q8_0", "q8pc", "q5k")   # formats whose int8 rows are in channel order (the others: q4's)
 QWG = 256                # quantize.wgsl's workgroup: one invocation per channel, 8 blocks
 
 
