@@ -520,7 +520,8 @@ import base64, json, struct
 from webdrift.gpu.base import UNIFORM
 from webdrift.gpu.browser import create_browser_device
 from webdrift.kernels.convert import allocate_weight, upload_rows
-from webdrift.kernels.linear import GemvVariant, LinearKernel
+from webdrift.kernels.linear import GemmVariant, GemvVariant, LinearKernel
+from webdrift.kernels.quantize import QuantizeKernel, xq_desc
 from webdrift.kernels.step import STEP_BYTES, pack_step
 from webdrift.tensor import TensorDesc
 
@@ -529,9 +530,10 @@ dev = await create_browser_device()
 out = {}
 step = dev.create_buffer(STEP_BYTES, UNIFORM, "step")
 T, O, I, CAP = args["T"], args["O"], args["I"], args["CAP"]
-xd, yd = TensorDesc("x", I, CAP), TensorDesc("y", O, CAP)
+xd, yd, qd = TensorDesc("x", I, CAP), TensorDesc("y", O, CAP), xq_desc("xq", I, CAP)
 xb = dev.create_buffer(xd.nbytes, label="x"); dev.write_buffer(xb, base64.b64decode(args["x"]))
 yb = dev.create_buffer(yd.nbytes, label="y")
+qb = dev.create_buffer(qd.nbytes, label="xq")
 dev.write_buffer(step, pack_step(T, 0))
 for src, fmt in args["formats"]:
     try:
@@ -551,6 +553,15 @@ for src, fmt in args["formats"]:
             name = f"{fmt}/" + ("/".join(str(v) for v in cand.values()) if cand else stage)
             dev.submit([k.dispatch({"step": step, "x": xb, "y": yb, "w": w.buffers}, k.workgroups(T))])
             out[name] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
+        if fmt in args["int8"]:   # the integer-dot GEMV (one row; unrolled) and int8 GEMM on QuantizeKernel's rows
+            qk = QuantizeKernel(dev, xd, qd, fmt)
+            dev.submit([qk.dispatch({"step": step, "x": xb, "xq": qb}, qk.workgroups(T))])
+            for name, stage, v in (("blk", "decode", GemvVariant("blk", rows=4, wg=64)),
+                                   ("blk_u2", "decode", GemvVariant("blk", rows=2, wg=32, unroll=2)),
+                                   ("gemm_i8", "prefill", GemmVariant(int8=True))):
+                k = LinearKernel(dev, stage, qd, yd, w, variant=v)
+                dev.submit([k.dispatch({"step": step, "x": qb, "y": yb, "w": w.buffers}, k.workgroups(T))])
+                out[f"{fmt}/int8/{name}"] = list(struct.unpack(f"<{T * O}f", await dev.read_buffer(yb, 0, 4 * T * O)))
     except Exception as e:
         out[fmt] = "ERROR " + str(e)[:1500]
 await dev.check_errors()
@@ -566,11 +577,12 @@ def test_browser_new_weight_formats(chromium, server, record):
     Q6_K's integers and scales; q6k: Q6_K's bits repacked) from random blocks, and q4_0 / q8_0 (GGUF
     Q4_0 / Q8_0 with their f16 scales, two a word) from gguf-py's quantization, against gguf-py's
     dequantization; and a row-split weight (rows 0..23 Q4_K in q4k, 24..39 Q6_K in q6k: a Q4_K_M
-    Q|K|V under weight_format="exact")."""
+    Q|K|V under weight_format="exact"). q8pc, q4g128, q4pc and e0m4 also through the integer-dot GEMV
+    (one row; unrolled) and the int8 GEMM on QuantizeKernel's rows, against numpy's int8 emulation."""
     from gguf import GGMLQuantizationType, quants
 
     from tests.gpu_util import random_kquant_blocks
-    from tests.test_kernels_formats import NEW, assert_params, decode_ref, quantize_ref
+    from tests.test_kernels_formats import NEW, _int8_ref, assert_params, decode_ref, quantize_ref
     kq = [("Q4_K", "q4k"), ("Q5_K", "q5k"), ("Q6_K", "q8g16"), ("Q6_K", "q6k"), ("Q4_0", "q4_0"), ("Q8_0", "q8_0")]
     SPLIT = "q4k*24|q6k*16"
 
@@ -582,7 +594,7 @@ def test_browser_new_weight_formats(chromium, server, record):
     x = np.zeros((CAP, I), np.float32)
     x[:T] = rng.standard_normal((T, I))
     enc = lambda b: base64.b64encode(b).decode()
-    args = {"T": T, "O": O, "I": I, "CAP": CAP, "variants": VARIANTS, "x": enc(x.tobytes()),
+    args = {"T": T, "O": O, "I": I, "CAP": CAP, "variants": VARIANTS, "x": enc(x.tobytes()), "int8": list(NEW),
             "formats": [["F32", f] for f in NEW] + [[s, f] for s, f in kq] + [[[["Q4_K", 24], ["Q6_K", O - 24]], SPLIT]],
             "raw": {"F32": enc(w.tobytes()), **{s: enc(b.tobytes()) for s, b in blocks.items()},
                     "split:Q4_K": enc(blocks["Q4_K"][:24].tobytes()), "split:Q6_K": enc(blocks["Q6_K"][24:].tobytes())}}
@@ -598,6 +610,10 @@ def test_browser_new_weight_formats(chromium, server, record):
         ref = x[:T].astype(np.float64) @ val.astype(np.float64).T
         for name in [f"{fmt}/{c['variant']}/{c['rows']}/{c['wg']}" for c in VARIANTS] + [f"{fmt}/prefill"]:
             np.testing.assert_allclose(np.array(res[name]).reshape(T, O), ref, rtol=1e-4, atol=1e-4, err_msg=name)
+        want = _int8_ref(x[:T], q, par, val, fmt)   # the integer-dot paths: numpy's int8 emulation
+        for name in ("blk", "blk_u2", "gemm_i8"):
+            np.testing.assert_allclose(np.array(res[f"{fmt}/int8/{name}"]).reshape(T, O), want, rtol=1e-4,
+                                       atol=1e-4 * np.abs(want).max(), err_msg=f"{fmt} {name}")
     deq = {src: quants.dequantize(blocks[src], getattr(GGMLQuantizationType, src)) for src, _ in kq}
     deq["split"] = np.concatenate([deq["Q4_K"][:24], deq["Q6_K"][24:]])
     for src, fmt in kq + [("split", SPLIT)]:
