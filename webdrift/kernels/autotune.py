@@ -855,7 +855,7 @@ def choose_qout(dev: Device, w, w2=None, enabled=True, siblings=None) -> GemvVar
 
 
 def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, UnsupportedModelError, ValueError),
-             confirm: int = 0, ranked: list | None = None):
+             confirm: int = 0, siblings: list | None = None):
     """The fastest of `cands` (a generator, driven like every measurement): build(cand) makes the
     kernel (a candidate this adapter or weight cannot run raises one of `errors`, or fails to
     compile, and is skipped), each dispatched on `binds` over t token rows and timed; confirm:
@@ -864,8 +864,9 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
     compiling between timings left the GPU idle for a driver's compile time each (hundreds of ms
     with a cold shader cache), and on an H100 the first process of a fresh machine timed small
     kernels 1.5-4x slow, its later processes, compiling from the cache, not (2026-11-25).
-    ranked: a list given here gets every timed (candidate, kernel), fastest first.
-    Returns (the fastest candidate or None, its GPU ns or None)."""
+    siblings (a decode GEMV's: `chained`): the CHAIN_TOP fastest are timed again in a chain over
+    those weights and the fastest there is kept (_chain_best).
+    Returns (the fastest candidate or None, its GPU ns alone or None)."""
     built = []     # (candidate, kernel, dispatch)
     for cand in cands:
         try:
@@ -884,18 +885,19 @@ def _fastest(dev: Device, cands, build, binds: dict, t: int, errors=(GPUError, U
         again = yield from _time(dev, d)
         timed[i] = (min(ns, again) if again > 0 else ns, order, cand, k, d)
     timed.sort(key=lambda r: r[:2])
-    if ranked is not None:
-        ranked.extend((cand, k) for _, _, cand, k, _ in timed)
     if not timed:
         return None, None
-    return timed[0][2], timed[0][0]
+    if not siblings:
+        return timed[0][2], timed[0][0]
+    best = yield from _chain_best(dev, [(cand, k) for _, _, cand, k, _ in timed[:CHAIN_TOP]], binds, siblings, t)
+    return best, next(ns for ns, _, cand, _, _ in timed if cand == best)
 
 
 CHAIN_LAYERS = 8   # a decode GEMV's candidates re-timed in a chain over this many layers' weights of its role
 CHAIN_TOP = 4      # ... the fastest this many of them timed alone
 
 
-def _chain_best(dev: Device, ranked: list, binds: dict, siblings: list):
+def _chain_best(dev: Device, ranked: list, binds: dict, siblings: list, t: int):
     """Of `ranked` (candidate, kernel), fastest alone first: the one whose chain of dispatches
     over the `siblings` weights ((w, w2 or None) of consecutive layers of one role), run back to
     back in one pass after an L2 flush (_time_seq), takes the least time; the first where none
@@ -907,7 +909,7 @@ def _chain_best(dev: Device, ranked: list, binds: dict, siblings: list):
     best, best_ns = ranked[0][0], None
     for cand, k in ranked:
         try:
-            ds = [k.dispatch(_declared(k, {**binds, **_weights(sw, sw2)}), k.workgroups(1)) for sw, sw2 in siblings]
+            ds = [k.dispatch(_declared(k, {**binds, **_weights(sw, sw2)}), k.workgroups(t)) for sw, sw2 in siblings]
             ns = yield from _time_seq(dev, ds)
         except (GPUError, UnsupportedModelError, ValueError):
             continue
@@ -944,15 +946,12 @@ def _search_qout(dev: Device, w, w2, siblings=None):
     bufs = {"x": dev.create_buffer(x.nbytes, label="tune"), "y": dev.create_buffer(y.nbytes, label="tune"),
             "step": _step_buffer(dev), **_qout_buffers(dev, w)}
     limit = int(dev.info.limits.get("max-compute-invocations-per-workgroup", 256))
-    ranked = [] if siblings else None
     try:
         best, _ = yield from _fastest(
             dev, [c for c in QOUT_CANDIDATES + QLAST_CANDIDATES if c.wg <= limit],
             lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c,
                                    epilogue=Epilogue(qout=QuantOut(q, w.fmt, 0.0, True))),
-            {**bufs, **_weights(w, w2)}, 1, ranked=ranked)
-        if ranked:
-            best = yield from _chain_best(dev, ranked[:CHAIN_TOP], bufs, siblings)
+            {**bufs, **_weights(w, w2)}, 1, siblings=siblings)
     finally:
         for b in bufs.values():
             dev.release_buffer(b)
@@ -1079,8 +1078,7 @@ def _search(dev: Device, w, w2, int8: bool, siblings=None):
 
 def _search_timed(dev: Device, w, w2, int8: bool, siblings=None):
     """The fastest decode GEMV candidate for w (and w2) and its GPU ns alone (None: none ran);
-    siblings: the fastest in a chain over them among the CHAIN_TOP fastest alone (_chain_best;
-    the ns stays the fastest alone's: only _measure_layout reads it, without siblings)."""
+    siblings: the fastest in a chain over them among the CHAIN_TOP fastest alone (_fastest)."""
     x = xq_desc("x", w.i, 1) if int8 else TensorDesc("x", w.i, 1)
     y = TensorDesc("y", w.o, 1)
     xb, yb = dev.create_buffer(x.nbytes, label="tune.x"), dev.create_buffer(y.nbytes, label="tune.y")
@@ -1090,14 +1088,10 @@ def _search_timed(dev: Device, w, w2, int8: bool, siblings=None):
     cands = [c for c in (BLK_CANDIDATES if int8 else CANDIDATES)
              if (c.variant not in ("subgroup", "wide") or dev.has_subgroups) and (c.variant != "wide" or wide_ok)
              and ceil_div(w.o, c.wg if c.variant == "row" else c.rows) <= dev.max_workgroups]
-    ranked = [] if siblings else None
-    binds = {"step": sb, "x": xb, "y": yb}
     try:
         best, best_ns = yield from _fastest(dev, cands, lambda c: LinearKernel(dev, "decode", x, y, w, w2, variant=c),
-                                            {**binds, **_weights(w, w2)}, 1,
-                                            errors=(GPUError, UnsupportedModelError), ranked=ranked)
-        if ranked:
-            best = yield from _chain_best(dev, ranked[:CHAIN_TOP], binds, siblings)
+                                            {"step": sb, "x": xb, "y": yb, **_weights(w, w2)}, 1,
+                                            errors=(GPUError, UnsupportedModelError), siblings=siblings)
     finally:
         for b in (xb, yb, sb):
             dev.release_buffer(b)
