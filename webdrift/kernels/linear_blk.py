@@ -52,6 +52,7 @@ from .weights import (
 
 Q8_FORMATS = ("q8", "q8_0", "q8pc")   # int8 weights, read in x's natural order
 Q4_FORMATS = ("q4", "q4_0", "q4g128", "q4pc", "e0m4")   # q4's nibbles and a (scale, min) pair per group
+MIN_TERM_FORMATS = (*Q4_FORMATS, "q4k", "q5k")   # formats whose block product has a min term (m_w s_x)
 Q6K_NAT = "q6k_nat"   # code generation's name for a q6k range read in channel order
 
 
@@ -493,18 +494,14 @@ def unrolled_body(body: str, unroll: int, stride: str, cols: int) -> str:
     (more weight bytes in flight per invocation). A block past the row's end (NB not a multiple
     of the stride times unroll) loads block NB - 1 and its x block with scale and sum zero
     (x_block_m): its terms add +-0."""
+    first = ["    let b = b0;"] + ([] if cols > 1 else ["    let xk = x_block(xr, b);"])
     if unroll == 1:
-        return "    let b = b0;\n" + ("" if cols > 1 else "    let xk = x_block(xr, b);\n") + body
-    out = []
-    for u in range(unroll):
-        if u == 0:
-            head = ["    let b = b0;"] + ([] if cols > 1 else ["    let xk = x_block(xr, b);"])
-            text = body
-        else:
-            head = [f"    let ok = b0 + {u}u * {stride} < NB;", f"    let b = min(b0 + {u}u * {stride}, NB - 1u);"]
-            head += [] if cols > 1 else ["    let xk = x_block_m(xr, b, ok);"]
-            text = re.sub(r"x_block\((xr\d*), b\)", r"x_block_m(\1, b, ok)", body)
-        out += ["    {", *head, text, "    }"]
+        return "\n".join([*first, body])
+    out = ["    {", *first, body, "    }"]
+    for u in range(1, unroll):
+        head = [f"    let ok = b0 + {u}u * {stride} < NB;", f"    let b = min(b0 + {u}u * {stride}, NB - 1u);"]
+        head += [] if cols > 1 else ["    let xk = x_block_m(xr, b, ok);"]
+        out += ["    {", *head, re.sub(r"x_block\((xr\d*), b\)", r"x_block_m(\1, b, ok)", body), "    }"]
     return "\n".join(out)
 
 
@@ -523,7 +520,7 @@ def defines(fmt: str, i: int, rows: int, wg: int, dual: bool, subgroups: bool,
     xp = min(wg, 1 << (np_ - 1).bit_length())          # the partial sums' tree (linear_blk_xnorm.wgsl)
     xcg = max(1, min(cols, XNORM_TREE_FLOATS // xp))   # columns whose trees share barriers
     return {"XP": xp, "XCG": xcg, "NB": nb, "STRIDE4": row_words(i) // 4, "D4": 2 * nb, "S4": 2 * nb + ceil4(nb) // 4,
-            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": any(f in (*Q4_FORMATS, "q4k", "q5k") for f in format_names(fmt)),
+            "P0": 8 * nb + 2 * ceil4(nb), "NP": np_, "Q4": any(f in MIN_TERM_FORMATS for f in format_names(fmt)),
             "RED": max(red_floats(rows, dual, wg, subgroups, cols, qout), xcg * xp, cols * (wg // 4)), "RPS": rps,
             "NCOL": cols, "COLS": cols > 1, "RES": 2 * rows * cols,
             # columns past the workgroup's last token row read (and compute) its last row again:

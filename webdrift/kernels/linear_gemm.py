@@ -187,7 +187,6 @@ def float_defines(v: GemmVariant, dual: bool) -> dict:
             "STORE": _store(v.tm, v.tn, dual, lambda i: "")}
 
 
-Q4_KIND = ("q4", "q4_0", "q4g128", "q4pc", "e0m4", "q4k", "q5k")   # int8-GEMM formats with a min term (m_w s_x) per block
 
 
 def _i8_block_fn(n: str, fmt: str) -> str:
@@ -271,7 +270,7 @@ def int8_defines(v: GemmVariant, fmt: str, dual: bool, xnorm: bool) -> dict:
     v.check()
     body = []
     split = split_parts(fmt) is not None
-    q4 = any(f in Q4_KIND for f in format_names(fmt))
+    q4 = any(f in linear_blk.MIN_TERM_FORMATS for f in format_names(fmt))
     q6 = fmt == "q6k" or split   # a row-split weight: two half sums and three scales (i8_block_wgsl)
     sums = ("_0", "_1") if q6 else ("",)   # integer sums per block: q6k one per 16-input half
     parts = (("b", "ws", "n", "wsc", "wd", "c"), ("e", "ws2", "m", "wsc2", "we", "d")) if dual else \
