@@ -53,8 +53,7 @@ for role in sys.argv[1:] or list(roles):
                 kern = LinearKernel(dev, "decode", x, y, ws[0][0], ws[0][1] if dual else None, variant=v, epilogue=ep)
                 ds = [kern.dispatch(A._declared(kern, {**bufs, "w": p[0].buffers} | ({"w2": p[1].buffers} if dual else {})),
                                     kern.workgroups(1)) for p in ws]
-                A._drive_sync(dev, A._busy(dev, ds, 0.3))
-                best = min(A._drive_sync(dev, A._batch_ns(dev, ds)) for _ in range(5)) / K / 1000
+                best = A.best_pass_ns(dev, ds, 0.3) / K / 1000
                 rows.append((best, v))
             except Exception as e:  # noqa: BLE001
                 print(f"  {role} {v.name}: {type(e).__name__}: {str(e)[:150]}", flush=True)

@@ -24,8 +24,7 @@ GRIDS = [int(v) for v in (sys.argv[3] if len(sys.argv) > 3 else "8192,1056").spl
 
 def per_kernel_us(ds: list) -> float:
     """The pass of ds timed whole, the best of 5, per dispatch (us), after the tuner's warm-up."""
-    A._drive_sync(dev, A._busy(dev, ds, 0.4))
-    return min(A._drive_sync(dev, A._batch_ns(dev, ds)) for _ in range(5)) / len(ds) / 1e3
+    return A.best_pass_ns(dev, ds, 0.4) / len(ds) / 1e3
 
 
 fits = {g: [] for g in GRIDS}   # grid: [(bytes, barrier us)]

@@ -53,8 +53,7 @@ for role in only:
                                 | ({"w2": w2.buffers} if dual else {}) | ({"nw": nw} if norm else {}), kern.workgroups(1))
                   for w, w2 in ws]
             alone = A._drive_sync(dev, A._time(dev, ds[0])) / 1000
-            A._drive_sync(dev, A._busy(dev, ds, 0.4))     # clocks up
-            best = min(A._drive_sync(dev, A._batch_ns(dev, ds)) for _ in range(5)) / K / 1000
+            best = A.best_pass_ns(dev, ds, 0.4) / K / 1000
             rows.append((best, alone, v))
         except Exception as e:  # noqa: BLE001
             print(f"  {role} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)

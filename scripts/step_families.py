@@ -1,5 +1,5 @@
 """Synthetic models' decode steps timed from their own dispatches (one pass each, the best of 7
-after the clocks rise: autotune._busy / _batch_ns): the step in its order, the same dispatches
+after the clocks rise: autotune.best_pass_ns): the step in its order, the same dispatches
 grouped by family (the same bytes), each family alone (its layers back to back: what the family
 costs a layer in the step, against a streaming read of its bytes), gate/up + down alternating
 against grouped, and the step without attention; with several models, first their decode
@@ -40,9 +40,8 @@ def fam(d):
     return d.label.split(".", 1)[-1]
 
 
-def t(lst, n=7):
-    A._drive_sync(dev, A._busy(dev, lst, 0.3))
-    return min(A._drive_sync(dev, A._batch_ns(dev, lst)) for _ in range(n)) / 1000
+def t(lst):
+    return A.best_pass_ns(dev, lst, 0.3, passes=7) / 1000
 
 
 for spec, eng in engs.items():

@@ -428,6 +428,14 @@ def _batch_ns(dev: Device, dispatches: list):
     return sum(b - a for a, b in rec.ticks_ns)
 
 
+def best_pass_ns(dev: Device, ds: list, warm_s: float, passes: int = 5) -> int:
+    """GPU ns of the dispatches ds in one timed pass, the best of `passes`, after keeping the GPU
+    busy with them for warm_s and until its clocks settle (_busy); synchronous timing only. For
+    the scripts that time chains of dependent dispatches (scripts/gemv_chain.py and others)."""
+    _drive_sync(dev, _busy(dev, ds, warm_s))
+    return min(_drive_sync(dev, _batch_ns(dev, ds)) for _ in range(passes))
+
+
 def _time(dev: Device, d):
     """GPU ns of one dispatch (a generator: `ns = yield from _time(dev, d)`).
 
