@@ -8,28 +8,15 @@ decode GEMVs printed:
 Results: docs/BENCHMARKS.md, session 35."""
 import os
 import sys
-import tempfile
 
 from webdrift.gpu.native import get_device
 from webdrift.kernels import autotune as A
-from webdrift.profile.benchmark import build_engine, decode_gemvs, interleaved_decode_tps, prompt_ids
-from webdrift.weights.synthetic import synthetic_source
+from webdrift.profile.benchmark import tuner_ab
 
 dev = get_device()
-CHAIN = A.CHAIN_LAYERS
+CHAIN = {"CHAIN_LAYERS": A.CHAIN_LAYERS}
 for spec in sys.argv[1:]:
-    shape, quant = spec.split(":")
-    src = synthetic_source(shape, quant)
-    engs = {}
-    for name, n in (("alone", 1), ("chain", CHAIN), ("chain again", CHAIN)):
-        A.CHAIN_LAYERS = n
-        A._memory.clear()
-        os.environ["WEBDRIFT_CACHE"] = tempfile.mkdtemp()
-        engs[name] = build_engine(dev, src, 1224)
-        print(f"{spec} {name}: {decode_gemvs(engs[name])}", flush=True)
-    A.CHAIN_LAYERS = CHAIN
-    tps = interleaved_decode_tps(engs, prompt_ids(src.config.vocab_size, 1024),
-                                 rounds=int(os.environ.get("ROUNDS", "3")))
+    tps = tuner_ab(dev, spec, {"alone": {"CHAIN_LAYERS": 1}, "chain": CHAIN, "chain again": CHAIN},
+                   rounds=int(os.environ.get("ROUNDS", "3")))
     for name, v in tps.items():
         print(f"{spec} {max(v):7.1f} tok/s {[round(x, 1) for x in v]}  {name}", flush=True)
-    del engs

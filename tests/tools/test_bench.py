@@ -317,3 +317,29 @@ def test_bench_streams_kernel_profile(tmp_path):
     assert set(eng._streams.programs) == {4}
     assert kp["decode_steps"] == 4 and kp["kernels_per_step"] == len(eng._streams.program(3).dispatches(3))
     assert kp["gpu_us_per_step"] == pytest.approx(sum(kp["families_us_per_step"].values()), rel=0.01)
+
+
+def test_tuner_ab_tunes_each_engine_afresh_and_restores(monkeypatch, tmp_path, capsys):
+    """profile.benchmark.tuner_ab (the A/B scripts' helper): each engine is built under its own
+    setting of the tuner's attributes, with the in-memory choices cleared and a cache folder of
+    its own; the attributes come back after; every engine's decode tok/s is reported."""
+    from webdrift.kernels import autotune
+    from webdrift.profile import benchmark
+    monkeypatch.setenv("WEBDRIFT_CACHE", str(tmp_path))
+    seen, real = [], benchmark.build_engine
+
+    def build(dev, src, cap, **kw):
+        import os
+        seen.append((autotune.CHAIN_LAYERS, autotune.CHAIN_TOP, len(autotune._memory), os.environ["WEBDRIFT_CACHE"]))
+        return real(dev, src, cap, **kw)
+
+    monkeypatch.setattr(benchmark, "build_engine", build)
+    before = (autotune.CHAIN_LAYERS, autotune.CHAIN_TOP)
+    autotune._memory["x"] = {}
+    tps = benchmark.tuner_ab(get_device(), "tiny:q4", {"a": {"CHAIN_LAYERS": 1}, "b": {"CHAIN_LAYERS": 5, "CHAIN_TOP": 2}},
+                             rounds=1)
+    assert [s[:3] for s in seen] == [(1, before[1], 0), (5, 2, 0)]
+    assert len({s[3] for s in seen} | {str(tmp_path)}) == 3
+    assert (autotune.CHAIN_LAYERS, autotune.CHAIN_TOP) == before
+    assert set(tps) == {"a", "b"} and all(len(v) == 1 and v[0] > 0 for v in tps.values())
+    assert "tiny:q4 a: {" in capsys.readouterr().out

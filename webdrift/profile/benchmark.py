@@ -115,6 +115,35 @@ def interleaved_decode_tps(engs: dict, ids: list[int], new_tokens: int = 128, ro
     return tps
 
 
+def tuner_ab(dev, spec: str, settings: dict, rounds: int = 3) -> dict:
+    """Decode tok/s of a synthetic model (spec "shape:quant") under settings of the tuner's module
+    attributes ({engine name: {attribute of kernels/autotune.py: value}}), each engine tuned
+    afresh (a cache folder of its own, the in-memory choices cleared) and its decode GEMVs
+    printed, the engines interleaved (interleaved_decode_tps; depth 1024); the attributes are
+    restored after. For the desktop A/B scripts (scripts/blk_unroll_ab.py, gemv_chain_ab.py)."""
+    import os
+    import tempfile
+
+    from ..kernels import autotune
+    from ..weights.synthetic import synthetic_source
+    shape, quant = spec.split(":")
+    src = synthetic_source(shape, quant)
+    saved = {a: getattr(autotune, a) for kw in settings.values() for a in kw}
+    engs = {}
+    try:
+        for name, kw in settings.items():
+            for a, v in kw.items():
+                setattr(autotune, a, v)
+            autotune._memory.clear()
+            os.environ["WEBDRIFT_CACHE"] = tempfile.mkdtemp()
+            engs[name] = build_engine(dev, src, 1224)
+            print(f"{spec} {name}: {decode_gemvs(engs[name])}", flush=True)
+    finally:
+        for a, v in saved.items():
+            setattr(autotune, a, v)
+    return interleaved_decode_tps(engs, prompt_ids(src.config.vocab_size, 1024), rounds=rounds)
+
+
 async def astreams_tps(eng, ids: list[int], m: int, k: int, lora: tuple | None = None, repeats: int = 1) -> float:
     """Aggregate decode tokens/s of k streams of m tokens after `ids` (lora: one adapter per
     stream), the best of `repeats` generations, after an untimed warm-up generation (without it
